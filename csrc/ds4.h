@@ -1,0 +1,197 @@
+/*
+ * ds4.h — the whole public C API of the ds4py core.
+ *
+ * The cffi build (build_core.py) reads this file, so keep it plain C that
+ * cffi's parser accepts: no preprocessor conditionals below the marker, no
+ * inline functions, no macros other than integer constants.
+ *
+ * Conventions
+ *  - Every function that can fail returns an int status (DS4_OK == 0, else a
+ *    ds4_status code) and fills the caller's ds4_error with a message naming
+ *    the key, tensor or argument at fault. The core never prints, exits or
+ *    aborts.
+ *  - Lengths are int64_t element counts unless the name says bytes.
+ */
+#ifndef DS4_H
+#define DS4_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* --- cffi reads from here on --- */
+
+typedef enum {
+    DS4_OK = 0,
+    DS4_ERR_IO = 1,              /* open/stat/mmap failed */
+    DS4_ERR_ARG = 2,             /* bad argument from the caller */
+    DS4_ERR_NOMEM = 3,
+    DS4_ERR_UNSUPPORTED = 4,     /* type/ISA/feature known but not runnable */
+    DS4_ERR_TRUNCATED = 10,      /* a read ran past the end of the file */
+    DS4_ERR_BAD_MAGIC = 11,
+    DS4_ERR_BAD_VERSION = 12,
+    DS4_ERR_BAD_COUNT = 13,      /* tensor/kv count larger than the file allows */
+    DS4_ERR_BAD_STRING = 14,     /* string length past the file, or not UTF-8 */
+    DS4_ERR_BAD_VALUE_TYPE = 15, /* unknown metadata value type */
+    DS4_ERR_NESTING = 16,        /* arrays nested deeper than DS4_GGUF_MAX_DEPTH */
+    DS4_ERR_DUPLICATE_KEY = 17,
+    DS4_ERR_BAD_ALIGNMENT = 18,  /* general.alignment zero, not a power of two, or wrong type */
+    DS4_ERR_BAD_DIMS = 19,       /* n_dims out of range, zero/negative dim, product overflow */
+    DS4_ERR_BAD_TENSOR_TYPE = 20,/* unknown ggml type id */
+    DS4_ERR_BAD_ROW = 21,        /* row length not a multiple of the type's block size */
+    DS4_ERR_BAD_OFFSET = 22,     /* misaligned, outside data, wrapping */
+    DS4_ERR_OVERLAP = 23,        /* two tensors share bytes */
+    DS4_ERR_DUPLICATE_TENSOR = 24,
+    DS4_ERR_NOT_FOUND = 25
+} ds4_status;
+
+typedef struct {
+    int code;          /* a ds4_status */
+    char message[512]; /* NUL-terminated, names the key/tensor/argument */
+} ds4_error;
+
+/* ---------------------------------------------------------------- types -- */
+
+/* ggml type ids as GGUF files store them. 36 and 37 are ds4's own affine
+ * 64-wide formats: ggml left those ids free (IQ4_NL_4_4/_4_8 were removed), so
+ * a GGUF carrying them is "ds4-only". */
+enum {
+    DS4_TYPE_F32 = 0, DS4_TYPE_F16 = 1, DS4_TYPE_Q4_0 = 2, DS4_TYPE_Q4_1 = 3,
+    DS4_TYPE_Q5_0 = 6, DS4_TYPE_Q5_1 = 7, DS4_TYPE_Q8_0 = 8, DS4_TYPE_Q8_1 = 9,
+    DS4_TYPE_Q2_K = 10, DS4_TYPE_Q3_K = 11, DS4_TYPE_Q4_K = 12, DS4_TYPE_Q5_K = 13,
+    DS4_TYPE_Q6_K = 14, DS4_TYPE_Q8_K = 15, DS4_TYPE_IQ2_XXS = 16,
+    DS4_TYPE_IQ2_XS = 17, DS4_TYPE_IQ3_XXS = 18, DS4_TYPE_IQ1_S = 19,
+    DS4_TYPE_IQ4_NL = 20, DS4_TYPE_IQ3_S = 21, DS4_TYPE_IQ2_S = 22,
+    DS4_TYPE_IQ4_XS = 23, DS4_TYPE_I8 = 24, DS4_TYPE_I16 = 25, DS4_TYPE_I32 = 26,
+    DS4_TYPE_I64 = 27, DS4_TYPE_F64 = 28, DS4_TYPE_IQ1_M = 29, DS4_TYPE_BF16 = 30,
+    DS4_TYPE_TQ1_0 = 34, DS4_TYPE_TQ2_0 = 35, DS4_TYPE_Q4_64A = 36,
+    DS4_TYPE_Q2_64A = 37, DS4_TYPE_MXFP4 = 39, DS4_TYPE_NVFP4 = 40,
+    DS4_TYPE_Q1_0 = 41, DS4_TYPE_Q2_0 = 42,
+    DS4_TYPE_COUNT = 43
+};
+
+/* Capability flags of a type (ds4_type_info.flags). */
+enum {
+    DS4_TYPE_KNOWN = 1,      /* size is known: a GGUF tensor of it can be read */
+    DS4_TYPE_DEQUANT = 2,    /* ds4_dequantize_row works */
+    DS4_TYPE_DOT = 4,        /* ds4_vec_dot works (a weight type we compute with) */
+    DS4_TYPE_QUANTIZE = 8,   /* ds4_quantize_row works */
+    DS4_TYPE_DS4_ONLY = 16   /* not a ggml type: ds4's own id */
+};
+
+typedef struct {
+    const char *name;     /* "Q4_K", "Q4_64A", ... ; static storage */
+    int64_t block_size;   /* weights per block */
+    int64_t type_size;    /* bytes per block */
+    int vec_dot_type;     /* activation type paired with it; -1 if none */
+    int flags;            /* DS4_TYPE_* bits */
+} ds4_type_info;
+
+/* Fails (DS4_ERR_BAD_TENSOR_TYPE) for an id that is not a type. */
+int ds4_type_get_info(int type, ds4_type_info *out, ds4_error *err);
+
+/* ------------------------------------------------------------ CPU / ISA -- */
+
+/* Kernel instruction-set levels. AUTO picks the best one the CPU and the OS
+ * grant, unless the environment sets DS4_FORCE_SCALAR=1. */
+enum {
+    DS4_ISA_AUTO = 0, DS4_ISA_SCALAR = 1, DS4_ISA_AVX2 = 2, DS4_ISA_AVX512 = 3,
+    DS4_ISA_NEON = 4
+};
+
+/* Bit i set when ISA level i can run here (OS-enabled state checked). */
+int ds4_isa_available(void);
+/* The ISA that AUTO resolves to (after DS4_FORCE_SCALAR). */
+int ds4_isa_auto(void);
+const char *ds4_isa_name(int isa);
+
+/* ------------------------------------------------------------- kernels -- */
+
+/* Every kernel takes an explicit isa (DS4_ISA_AUTO for normal use); asking
+ * for an ISA this machine lacks is DS4_ERR_UNSUPPORTED, never a crash.
+ * n is the number of weights; it must be a multiple of the type's block size. */
+
+/* src: n/block_size blocks of `type`; dst: n floats. */
+int ds4_dequantize_row(int isa, int type, const void *src, float *dst,
+                       int64_t n, ds4_error *err);
+
+/* Quantize n floats into `type` blocks (activation types Q8_0, Q8_1, Q8_K,
+ * F16, BF16, F32 and the ds4 weight types Q4_64A/Q2_64A). For Q8_0 the
+ * rounding follows llama.cpp's x86-64 AVX2 build (round-to-nearest-even of
+ * x*(127/amax)); ds4_quantize_row_q8_0_ref follows ggml's reference
+ * quantizer (roundf(x/d)). */
+int ds4_quantize_row(int isa, int type, const float *src, void *dst,
+                     int64_t n, ds4_error *err);
+int ds4_quantize_row_q8_0_ref(const float *src, void *dst, int64_t n,
+                              ds4_error *err);
+
+/* Dot product of one row of `type` (n weights) with an activation row.
+ * act_type is either DS4_TYPE_F32 (plain floats) or the type's paired
+ * vec_dot_type (already quantized with ds4_quantize_row). */
+int ds4_vec_dot(int isa, int type, const void *w, int act_type,
+                const void *act, int64_t n, float *out, ds4_error *err);
+
+/* ---------------------------------------------------------------- GGUF -- */
+
+typedef struct ds4_gguf ds4_gguf;
+
+enum {
+    DS4_GGUF_UINT8 = 0, DS4_GGUF_INT8 = 1, DS4_GGUF_UINT16 = 2,
+    DS4_GGUF_INT16 = 3, DS4_GGUF_UINT32 = 4, DS4_GGUF_INT32 = 5,
+    DS4_GGUF_FLOAT32 = 6, DS4_GGUF_BOOL = 7, DS4_GGUF_STRING = 8,
+    DS4_GGUF_ARRAY = 9, DS4_GGUF_UINT64 = 10, DS4_GGUF_INT64 = 11,
+    DS4_GGUF_FLOAT64 = 12,
+    DS4_GGUF_MAX_DEPTH = 8       /* arrays of arrays nest at most this deep */
+};
+
+/* One metadata entry. Pointers point into the mapped file and live as long
+ * as the ds4_gguf. value/value_nbytes cover the encoded value exactly as in
+ * the file (for an array: its elements, after the element type and count),
+ * already validated, so a reader may walk them without bounds surprises. */
+typedef struct {
+    const char *key;         /* not NUL-terminated */
+    uint64_t key_len;
+    int type;                /* DS4_GGUF_* */
+    int array_type;          /* element type when type == ARRAY, else -1 */
+    uint64_t array_count;    /* element count when type == ARRAY */
+    const uint8_t *value;
+    uint64_t value_nbytes;
+} ds4_gguf_kv;
+
+typedef struct {
+    const char *name;        /* not NUL-terminated */
+    uint64_t name_len;
+    int type;                /* ggml type id */
+    int n_dims;              /* 1..4 */
+    int64_t ne[4];           /* GGUF order: ne[0] is the row length; unused = 1 */
+    uint64_t offset;         /* from the start of the data section */
+    uint64_t nbytes;
+    const uint8_t *data;     /* into the mapping */
+} ds4_gguf_tensor;
+
+/* Open and fully validate a file (read-only mmap). On failure *out is NULL. */
+int ds4_gguf_open(const char *path, ds4_gguf **out, ds4_error *err);
+/* Same over a caller buffer (which must outlive the handle); used by fuzzing. */
+int ds4_gguf_open_memory(const void *data, uint64_t size, ds4_gguf **out,
+                         ds4_error *err);
+void ds4_gguf_close(ds4_gguf *g);
+
+uint32_t ds4_gguf_version(const ds4_gguf *g);
+uint64_t ds4_gguf_alignment(const ds4_gguf *g);
+uint64_t ds4_gguf_data_offset(const ds4_gguf *g);  /* file offset of tensor data */
+uint64_t ds4_gguf_file_size(const ds4_gguf *g);
+int64_t ds4_gguf_n_kv(const ds4_gguf *g);
+int64_t ds4_gguf_n_tensors(const ds4_gguf *g);
+int ds4_gguf_get_kv(const ds4_gguf *g, int64_t i, ds4_gguf_kv *out, ds4_error *err);
+int ds4_gguf_get_tensor(const ds4_gguf *g, int64_t i, ds4_gguf_tensor *out,
+                        ds4_error *err);
+/* Index of a key / tensor by name, or -1. */
+int64_t ds4_gguf_find_kv(const ds4_gguf *g, const char *key);
+int64_t ds4_gguf_find_tensor(const ds4_gguf *g, const char *name);
+
+/* ---------------------------------------------------------------- Metal -- */
+
+/* 1 when a Metal device is usable; else 0 and err says why ("Metal is not
+ * available on this platform" off macOS). */
+int ds4_metal_available(ds4_error *err);
+
+#endif /* DS4_H */

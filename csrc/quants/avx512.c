@@ -1,0 +1,8 @@
+/* avx512.c — placeholder until the SIMD kernels land: provides nothing, so the
+ * dispatcher reports this ISA as unavailable. */
+#include "quants.h"
+
+int ds4_kernels_init_avx512(ds4_kernel_set *k) {
+    (void)k;
+    return 0;
+}

@@ -1,0 +1,8 @@
+/* neon.c — placeholder until the SIMD kernels land: provides nothing, so the
+ * dispatcher reports this ISA as unavailable. */
+#include "quants.h"
+
+int ds4_kernels_init_neon(ds4_kernel_set *k) {
+    (void)k;
+    return 0;
+}

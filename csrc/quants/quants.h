@@ -1,0 +1,120 @@
+/*
+ * quants.h — internal: block layouts, scalar helpers and the kernel tables.
+ *
+ * One table row per ggml type id (traits.c) says how big a block is and which
+ * activation type its dot pairs with; one kernel set per ISA (scalar.c,
+ * avx2.c, avx512.c, neon.c) holds the function pointers. A SIMD set starts as
+ * a copy of the scalar set and overrides what it implements, so a missing
+ * SIMD kernel silently falls back to the reference instead of crashing.
+ */
+#ifndef DS4_QUANTS_H
+#define DS4_QUANTS_H
+
+#include <stdint.h>
+#include <string.h>
+#include "../ds4.h"
+
+/* ------------------------------------------------------ block layouts -- */
+/* Byte-for-byte ggml's (ggml-common.h), asserted below. fp16/bf16 scales are
+ * stored as raw uint16_t and converted with the helpers further down. */
+
+#define QK4_0 32
+typedef struct { uint16_t d; uint8_t qs[QK4_0 / 2]; } block_q4_0;
+#define QK4_1 32
+typedef struct { uint16_t d, m; uint8_t qs[QK4_1 / 2]; } block_q4_1;
+#define QK5_0 32
+typedef struct { uint16_t d; uint8_t qh[4]; uint8_t qs[QK5_0 / 2]; } block_q5_0;
+#define QK5_1 32
+typedef struct { uint16_t d, m; uint8_t qh[4]; uint8_t qs[QK5_1 / 2]; } block_q5_1;
+#define QK8_0 32
+typedef struct { uint16_t d; int8_t qs[QK8_0]; } block_q8_0;
+#define QK8_1 32
+typedef struct { uint16_t d, s; int8_t qs[QK8_1]; } block_q8_1; /* s = d * sum(qs) */
+
+#define QK_K 256
+#define K_SCALE_SIZE 12
+typedef struct { uint16_t d, dmin; uint8_t scales[K_SCALE_SIZE]; uint8_t qs[QK_K / 2]; } block_q4_K;
+typedef struct { uint16_t d, dmin; uint8_t scales[K_SCALE_SIZE]; uint8_t qh[QK_K / 8]; uint8_t qs[QK_K / 2]; } block_q5_K;
+typedef struct { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16]; uint16_t d; } block_q6_K;
+typedef struct { float d; int8_t qs[QK_K]; int16_t bsums[QK_K / 16]; } block_q8_K;
+
+#define QK4_NL 32
+typedef struct { uint16_t d; uint8_t qs[QK4_NL / 2]; } block_iq4_nl;
+typedef struct { uint16_t d; uint16_t scales_h; uint8_t scales_l[QK_K / 64]; uint8_t qs[QK_K / 2]; } block_iq4_xs;
+
+/* ds4's affine 64-wide types (ds4-notes §2): codes first, then bf16 scale and
+ * bf16 bias; x = q*scale + bias. */
+#define QK64A 64
+typedef struct { uint8_t qs[QK64A / 2]; uint16_t scale, bias; } block_q4_64a; /* even j low nibble of byte j/2 */
+typedef struct { uint8_t qs[QK64A / 4]; uint16_t scale, bias; } block_q2_64a; /* j at bits 2*(j%4) of byte j/4 */
+
+_Static_assert(sizeof(block_q4_0) == 18, "q4_0");
+_Static_assert(sizeof(block_q4_1) == 20, "q4_1");
+_Static_assert(sizeof(block_q5_0) == 22, "q5_0");
+_Static_assert(sizeof(block_q5_1) == 24, "q5_1");
+_Static_assert(sizeof(block_q8_0) == 34, "q8_0");
+_Static_assert(sizeof(block_q8_1) == 36, "q8_1");
+_Static_assert(sizeof(block_q4_K) == 144, "q4_K");
+_Static_assert(sizeof(block_q5_K) == 176, "q5_K");
+_Static_assert(sizeof(block_q6_K) == 210, "q6_K");
+_Static_assert(sizeof(block_q8_K) == 292, "q8_K");
+_Static_assert(sizeof(block_iq4_nl) == 18, "iq4_nl");
+_Static_assert(sizeof(block_iq4_xs) == 136, "iq4_xs");
+_Static_assert(sizeof(block_q4_64a) == 36, "q4_64a");
+_Static_assert(sizeof(block_q2_64a) == 20, "q2_64a");
+
+/* IQ4_NL / IQ4_XS code book (ggml-common.h, kvalues_iq4nl). */
+extern const int8_t ds4_kvalues_iq4nl[16];
+
+/* --------------------------------------------------- scalar conversions -- */
+/* Bit-exact IEEE conversions, no FPU-mode dependence. fp16 -> f32 is exact
+ * for every input including subnormals, Inf and NaN (payload kept, as ggml's
+ * table does); f32 -> fp16 rounds to nearest-even like F16C's vcvtps2ph with
+ * imm 0, which is what ggml's x86 build uses. */
+static inline float ds4_f32_from_bits(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static inline uint32_t ds4_bits_from_f32(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+
+float ds4_fp16_to_f32(uint16_t h);
+uint16_t ds4_f32_to_fp16(float f);
+static inline float ds4_bf16_to_f32(uint16_t h) { return ds4_f32_from_bits((uint32_t)h << 16); }
+/* Round-to-nearest-even, NaN quieted (ggml_compute_fp32_to_bf16). */
+uint16_t ds4_f32_to_bf16(float f);
+/* Truncation: ds4's Q4_64A/Q2_64A quantizer stores scale/bias this way. */
+static inline uint16_t ds4_f32_to_bf16_trunc(float f) { return (uint16_t)(ds4_bits_from_f32(f) >> 16); }
+
+/* ----------------------------------------------------------- kernel sets -- */
+typedef void (*ds4_to_float_fn)(const void *src, float *dst, int64_t n);
+typedef void (*ds4_from_float_fn)(const float *src, void *dst, int64_t n);
+/* *s = dot(x, y) over n weights: x the weight row, y the activation row. */
+typedef void (*ds4_vec_dot_fn)(int64_t n, float *s, const void *x, const void *y);
+
+typedef struct {
+    ds4_to_float_fn to_float[DS4_TYPE_COUNT];
+    ds4_from_float_fn from_float[DS4_TYPE_COUNT];
+    ds4_vec_dot_fn vec_dot[DS4_TYPE_COUNT];      /* with the paired activation type */
+    ds4_vec_dot_fn vec_dot_f32[DS4_TYPE_COUNT];  /* with plain f32 activations */
+} ds4_kernel_set;
+
+typedef struct {
+    const char *name;
+    int64_t block_size;
+    int64_t type_size;
+    int vec_dot_type;   /* -1: not a weight type we compute with */
+    int ds4_only;
+} ds4_type_traits;
+
+/* traits.c: indexed by type id; block_size == 0 marks an unknown id. */
+extern const ds4_type_traits ds4_type_traits_table[DS4_TYPE_COUNT];
+
+/* Each file fills a set; the SIMD ones start from a copy of the scalar set.
+ * A SIMD file compiled for another architecture defines its init as a no-op
+ * returning 0 (not provided). */
+void ds4_kernels_init_scalar(ds4_kernel_set *k);
+int ds4_kernels_init_avx2(ds4_kernel_set *k);
+int ds4_kernels_init_avx512(ds4_kernel_set *k);
+int ds4_kernels_init_neon(ds4_kernel_set *k);
+
+/* dispatch.c: the set for an ISA, or NULL if unavailable here. */
+const ds4_kernel_set *ds4_kernels_for(int isa);
+
+#endif

@@ -1,0 +1,7 @@
+"""ds4py — a GGUF inference runtime for Qwen3.5-family hybrid models."""
+
+from .errors import DS4Error, GGUFError, ModelError, QuantError
+
+__version__ = "0.1.0.dev0"
+
+__all__ = ["DS4Error", "GGUFError", "ModelError", "QuantError", "__version__"]
