@@ -24,12 +24,62 @@ test-python:
 test-scalar:
 	DS4_FORCE_SCALAR=1 $(PYTEST) -q $(KERNEL_TESTS)
 
+# The arm64 NEON(+dotprod) kernels against the scalar reference, cross-built
+# and run under qemu-user (Debian packages gcc-aarch64-linux-gnu,
+# libc6-dev-arm64-cross, qemu-user). Flags mirror build_core.py's arm64 build:
+# only neon.c gets -march. On an arm64 host: make test-neon NEON_CC=gcc NEON_RUN=
+NEON_CC ?= aarch64-linux-gnu-gcc
+NEON_RUN ?= qemu-aarch64 -cpu max
+NEON_OUT = tests/neon/out
+NEON_CFLAGS = -std=c11 -O2 -ffp-contract=off -Wall -Wextra -Wno-unused-parameter -D_GNU_SOURCE -Icsrc
+NEON_SRCS = tests/neon/test_kernels.c csrc/error.c csrc/cpu.c csrc/quants/traits.c \
+	csrc/quants/scalar.c csrc/quants/dispatch.c csrc/quants/kernels_api.c \
+	csrc/quants/avx2.c csrc/quants/avx512.c
+
+test-neon:
+	mkdir -p $(NEON_OUT)
+	$(NEON_CC) $(NEON_CFLAGS) -march=armv8.2-a+dotprod+fp16 -c csrc/quants/neon.c -o $(NEON_OUT)/neon.o
+	$(NEON_CC) $(NEON_CFLAGS) -static $(NEON_SRCS) $(NEON_OUT)/neon.o -lpthread -lm -o $(NEON_OUT)/test_kernels
+	$(NEON_RUN) $(NEON_OUT)/test_kernels > $(NEON_OUT)/test_kernels.log; rc=$$?; \
+		grep -v '^PASS' $(NEON_OUT)/test_kernels.log; exit $$rc
+
 lint:
 	ruff check ds4py tests bench build_core.py setup.py
 	$(LOCK) env CFLAGS="-Werror" $(PY) setup.py -q build_ext --inplace --force
 
 bench: build
 	$(PY) bench/bench_kernels.py
+
+# Fuzz the GGUF reader with libFuzzer (clang): build fuzz/out/fuzz_gguf from
+# the reader's sources with ASan+UBSan, seed it from fuzz/make_corpus.py and
+# run FUZZ_SECONDS (findings land in fuzz/out/ as crash-*/timeout-*).
+FUZZ_CC ?= clang
+FUZZ_SECONDS ?= 60
+FUZZ_FLAGS = -std=c11 -g -O1 -D_GNU_SOURCE -Icsrc -fsanitize=fuzzer,address,undefined \
+	-fno-sanitize-recover=all
+FUZZ_SRCS = fuzz/fuzz_gguf.c csrc/gguf.c csrc/error.c csrc/quants/traits.c
+
+fuzz/out/fuzz_gguf: $(FUZZ_SRCS) csrc/ds4.h csrc/error.h csrc/quants/quants.h
+	mkdir -p fuzz/out
+	$(FUZZ_CC) $(FUZZ_FLAGS) $(FUZZ_SRCS) -o $@
+
+fuzz: fuzz/out/fuzz_gguf
+	mkdir -p fuzz/out/corpus fuzz/out/seeds
+	$(PY) fuzz/make_corpus.py fuzz/out/seeds
+	cd fuzz/out && ./fuzz_gguf -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
+		-dict=../gguf.dict -max_len=4096 corpus seeds > fuzz.log 2>&1; rc=$$?; \
+		grep -E '^(Done|SUMMARY)|ERROR' fuzz.log; grep -E 'stat::(number_of_executed_units|average_exec_per_sec|peak_rss_mb)' fuzz.log; \
+		echo "fuzz exit status $$rc (log: fuzz/out/fuzz.log)"; exit $$rc
+
+# Opt-in: ds4py's kernels against llama.cpp's ggml, live, on fresh hypothesis
+# inputs (needs llama-cpp-python built as tests/golden/quants/README.md says).
+.PHONY: golden-quants
+test-reference: build
+	DS4_REFERENCE=1 $(PYTEST) -q -m reference tests/reference
+
+# Regenerate the committed llama.cpp fixtures in tests/golden/quants/.
+golden-quants:
+	$(PY) tests/reference/make_quant_fixtures.py
 
 clean:
 	rm -rf build dist *.egg-info ds4py/_ds4core*.so ds4py/_ds4core.c fuzz/out tests/neon/out

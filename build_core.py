@@ -88,7 +88,7 @@ ffibuilder.set_source(
     sources=platform_sources(),
     include_dirs=["csrc"],
     extra_compile_args=BASE_CFLAGS,
-    libraries=["pthread"] if sys.platform != "win32" else [],
+    libraries=["pthread", "m"] if sys.platform != "win32" else [],
 )
 
 if __name__ == "__main__":

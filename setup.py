@@ -28,13 +28,18 @@ class BuildWithSimdVariants(build_ext):
     def build_extension(self, ext):
         if ext.name == "ds4py._ds4core":
             objects = []
-            for src, flags in build_core.SIMD_VARIANTS.get(build_core.machine(), []):
+            variants = build_core.SIMD_VARIANTS.get(build_core.machine(), [])
+            for src, flags in variants:
                 if flags and not self._flag_ok(flags):
                     flags = []  # the file compiles to a stub without its macros
                 objects += self.compiler.compile(
                     [src], output_dir=self.build_temp, include_dirs=["csrc"],
                     extra_postargs=build_core.BASE_CFLAGS + flags, depends=["csrc/quants/quants.h"])
             ext.extra_objects = list(ext.extra_objects or []) + objects
+            # build_ext relinks only when a source or depends entry is newer than
+            # the .so; extra_objects are not checked, so list the SIMD sources.
+            ext.depends = list(ext.depends or []) + [src for src, _ in variants] + [
+                "csrc/quants/quants.h", "csrc/ds4.h"]
         super().build_extension(ext)
 
 

@@ -76,12 +76,12 @@ static int detect(void) {
 static int detect(void) { return 1 << DS4_ISA_SCALAR; }
 #endif
 
-static int g_available = -1;
+static int g_cpu_mask = -1;
 
-int ds4_isa_available(void) {
+int ds4_cpu_isa_mask(void) {
     /* Benign race: every thread computes the same value. */
-    if (g_available < 0) g_available = detect();
-    return g_available;
+    if (g_cpu_mask < 0) g_cpu_mask = detect();
+    return g_cpu_mask;
 }
 
 int ds4_force_scalar(void) {

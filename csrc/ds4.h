@@ -98,7 +98,8 @@ enum {
     DS4_ISA_NEON = 4
 };
 
-/* Bit i set when ISA level i can run here (OS-enabled state checked). */
+/* Bit i set when ISA level i can run here: the CPU has it, the OS saves its
+ * registers (XCR0), and its kernels were compiled into this build. */
 int ds4_isa_available(void);
 /* The ISA that AUTO resolves to (after DS4_FORCE_SCALAR). */
 int ds4_isa_auto(void);
@@ -145,8 +146,12 @@ enum {
 
 /* One metadata entry. Pointers point into the mapped file and live as long
  * as the ds4_gguf. value/value_nbytes cover the encoded value exactly as in
- * the file (for an array: its elements, after the element type and count),
- * already validated, so a reader may walk them without bounds surprises. */
+ * the file (for an array: its elements, after the element type and count;
+ * for a string: its bytes, after the u64 length, so value_nbytes is the
+ * string length), already validated, so a reader may walk them without
+ * bounds surprises. Keys and tensor names are valid UTF-8; string values are
+ * not checked (any bytes). An array length too large for the file is
+ * DS4_ERR_BAD_COUNT. */
 typedef struct {
     const char *key;         /* not NUL-terminated */
     uint64_t key_len;

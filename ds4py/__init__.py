@@ -1,7 +1,12 @@
 """ds4py — a GGUF inference runtime for Qwen3.5-family hybrid models."""
 
 from .errors import DS4Error, GGUFError, ModelError, QuantError
+from . import quants
+from . import gguf
+from .gguf import GGUFFile, TensorInfo
+from .gguf_writer import GGUFWriter, write_gguf
 
 __version__ = "0.1.0.dev0"
 
-__all__ = ["DS4Error", "GGUFError", "ModelError", "QuantError", "__version__"]
+__all__ = ["DS4Error", "GGUFError", "ModelError", "QuantError", "__version__", "quants",
+           "gguf", "GGUFFile", "TensorInfo", "GGUFWriter", "write_gguf"]

@@ -40,7 +40,7 @@ def _build(tmp_path):
         subprocess.run([cc, *base, *flags, "-c", src, "-o", obj], cwd=ROOT, check=True)
         objs.append(obj)
     exe = str(tmp_path / "kernel_hashes")
-    subprocess.run([cc, *objs, "-o", exe, "-lpthread", "-static"], cwd=ROOT, check=True)
+    subprocess.run([cc, *objs, "-o", exe, "-lpthread", "-lm", "-static"], cwd=ROOT, check=True)
     return exe
 
 

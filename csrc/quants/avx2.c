@@ -1,8 +1,802 @@
-/* avx2.c — placeholder until the SIMD kernels land: provides nothing, so the
- * dispatcher reports this ISA as unavailable. */
+/*
+ * avx2.c — AVX2 + FMA + F16C kernels for every weight type ds4 computes with.
+ *
+ * Contract with the scalar reference (scalar.c, itself ggml's formulas):
+ *  - to_float is bit-exact: each output is produced by the same IEEE float
+ *    operations in the same order as the reference (a multiply then a separate
+ *    add/sub where the reference has x*d + m; never an FMA there). fp16 -> f32
+ *    goes through vcvtph2ps, which is exact for every finite value and Inf.
+ *  - from_float (Q8_0, Q8_1, Q8_K) is byte-identical: the same scale
+ *    arithmetic, round-to-nearest-even of x*id as llama.cpp's x86 build.
+ *  - dots compute the integer part of each block exactly; only the float
+ *    accumulation order differs from the reference. Every kernel uses a fixed
+ *    order that depends on nothing but n, so results are deterministic.
+ *
+ * Activation precondition for the paired dots: the int8 quants of Q8_0/Q8_1/
+ * Q8_K activations lie in [-127, 127], which every quantizer guarantees. The
+ * sign trick (|x| as unsigned times sign(x)*y, vpmaddubsw) would negate -128
+ * into itself. Weight quants may use the whole int8 range.
+ *
+ * No heap, no reads past a row's last block: every vector load is inside one
+ * block struct (see the offsets in quants.h).
+ *
+ * The body is compiled only with -mavx2 -mfma -mf16c (build_core.py); anywhere
+ * else the init reports "not provided".
+ */
 #include "quants.h"
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+
+/* ------------------------------------------------------------- helpers -- */
+
+static inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
+/* Nearest-even, as ds4_f32_to_fp16 and ggml's F16C build. */
+static inline uint16_t f2h(float f) { return (uint16_t)_cvtss_sh(f, 0); }
+
+/* Fixed-order horizontal sums: (lo128 + hi128), then pairs, then the last two. */
+static inline float hsum_ps(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline int32_t hsum_i32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* Operand order as llama.cpp's x86 quantize_row_q8_0 (hi half first): maxps
+ * returns its second operand when either is NaN, so only NaN inputs can tell
+ * the orders apart, and then the quantizers stay byte-identical to scalar.c. */
+static inline float hmax_ps(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
+/* 8 int8 from the low half of v -> 8 exact floats. */
+static inline __m256 i8x8_ps(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)); }
+
+/* The four 8-float pieces of 32 int8 lanes, in lane order. */
+static inline void i8x32_ps(__m256i q, __m256 f[4]) {
+    __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+    f[0] = i8x8_ps(lo);
+    f[1] = i8x8_ps(_mm_srli_si128(lo, 8));
+    f[2] = i8x8_ps(hi);
+    f[3] = i8x8_ps(_mm_srli_si128(hi, 8));
+}
+
+/* y[j] = (float)q[j] * d — one rounding, as the reference's q*d. */
+static inline void store_mul32(float *y, __m256i q, __m256 d) {
+    __m256 f[4];
+    i8x32_ps(q, f);
+    for (int k = 0; k < 4; k++) _mm256_storeu_ps(y + 8 * k, _mm256_mul_ps(f[k], d));
+}
+
+static inline void store_mul16(float *y, __m128i q, __m256 d) {
+    _mm256_storeu_ps(y, _mm256_mul_ps(i8x8_ps(q), d));
+    _mm256_storeu_ps(y + 8, _mm256_mul_ps(i8x8_ps(_mm_srli_si128(q, 8)), d));
+}
+
+/* y[j] = q[j]*d + m: multiply, round, add, round (q4_1/q5_1/64A). */
+static inline void store_affine32(float *y, __m256i q, __m256 d, __m256 m) {
+    __m256 f[4];
+    i8x32_ps(q, f);
+    for (int k = 0; k < 4; k++)
+        _mm256_storeu_ps(y + 8 * k, _mm256_add_ps(_mm256_mul_ps(f[k], d), m));
+}
+
+/* y[j] = d*q[j] - m: the K-quants' d1*q - m1, again unfused. */
+static inline void store_kmin32(float *y, __m256i q, __m256 d, __m256 m) {
+    __m256 f[4];
+    i8x32_ps(q, f);
+    for (int k = 0; k < 4; k++)
+        _mm256_storeu_ps(y + 8 * k, _mm256_sub_ps(_mm256_mul_ps(d, f[k]), m));
+}
+
+/* 16 bytes -> 32 lanes: low nibbles of b[0..15], then high nibbles (the
+ * Q4_0/Q4_1/Q5_x/IQ4_NL order). */
+static inline __m256i nibbles_split16(const uint8_t *p) {
+    __m128i t = _mm_loadu_si128((const __m128i *)p);
+    __m256i v = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+}
+
+/* 16 bytes -> 32 lanes in the Q4_64A order: code 2k is the low nibble of
+ * byte k, code 2k+1 its high nibble. In 16-bit lanes holding b,
+ * (b | b << 4) & 0x0F0F puts b & 15 in the low byte and b >> 4 in the high. */
+static inline __m256i nibbles_pairs16(const uint8_t *p) {
+    __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p));
+    w = _mm256_or_si256(w, _mm256_slli_epi16(w, 4));
+    return _mm256_and_si256(w, _mm256_set1_epi16(0x0F0F));
+}
+
+/* 8 bytes -> 32 lanes in the Q2_64A order: code 4k+s is bits 2s..2s+1 of
+ * byte k. In 32-bit lanes holding b, b | b<<6 | b<<12 | b<<18 (built as
+ * t = b | b<<12; t | t<<6) has bits 2s..2s+1 of b at bit 8s. */
+static inline __m256i crumbs8(const uint8_t *p) {
+    __m256i w = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    w = _mm256_or_si256(w, _mm256_slli_epi32(w, 12));
+    w = _mm256_or_si256(w, _mm256_slli_epi32(w, 6));
+    return _mm256_and_si256(w, _mm256_set1_epi32(0x03030303));
+}
+
+/* 32 bits -> 32 bytes, byte j = 0xFF when bit j is set. */
+static inline __m256i bits_to_mask32(uint32_t bits) {
+    const __m256i shuf = _mm256_setr_epi64x(0x0000000000000000LL, 0x0101010101010101LL,
+                                            0x0202020202020202LL, 0x0303030303030303LL);
+    const __m256i sel = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), shuf);
+    return _mm256_cmpeq_epi8(_mm256_and_si256(v, sel), sel);
+}
+
+/* IQ4_NL code book in both lanes, for vpshufb lookups. */
+static inline __m256i iq4nl_table(void) {
+    __m128i t = _mm_loadu_si128((const __m128i *)ds4_kvalues_iq4nl);
+    return _mm256_set_m128i(t, t);
+}
+
+/* Sums of 4 adjacent products of unsigned u (< 128 or with |y| small enough
+ * that pairs fit int16; see each caller) and signed y, as 8 int32 lanes. */
+static inline __m256i dot_u8(__m256i u, __m256i y) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, y), _mm256_set1_epi16(1));
+}
+
+/* Same for signed x: |x| (x = -128 reads as unsigned 128) times sign(x)*y.
+ * Pairs stay within int16: 2*128*127 = 32512. */
+static inline __m256i dot_i8(__m256i x, __m256i y) {
+    return dot_u8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
+}
+
+/* Same but the int16 pair sums are weighted by s before widening. */
+static inline __m256i dot_u8_scaled(__m256i u, __m256i y, __m256i s16) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, y), s16);
+}
+
+/* Q4_K/Q5_K 6-bit scales and mins (ggml-quants.c, get_scale_min_k4). */
+static inline void k4_scales(const uint8_t *q, uint8_t sc[8], uint8_t mn[8]) {
+    for (int j = 0; j < 4; j++) {
+        sc[j] = q[j] & 63;
+        mn[j] = q[j + 4] & 63;
+    }
+    for (int j = 4; j < 8; j++) {
+        sc[j] = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+        mn[j] = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+    }
+}
+
+/* IQ4_XS 6-bit sub-block scale ib (ggml-quants.c, dequantize_row_iq4_xs). */
+static inline int iq4xs_scale(const block_iq4_xs *b, int ib) {
+    return ((b->scales_l[ib / 2] >> (4 * (ib % 2))) & 0xF) | (((b->scales_h >> (2 * ib)) & 3) << 4);
+}
+
+/* Q5_K: the 32 codes of sub-block 2c (hi=0) or 2c+1 (hi=1) of a 64-chunk. */
+static inline __m256i q5k_codes(__m256i nib, __m256i qh, int bit) {
+    __m256i h = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(bit)), _mm256_set1_epi8(1));
+    return _mm256_or_si256(nib, _mm256_slli_epi16(h, 4));
+}
+
+/* Q6_K: the four 32-code groups (unsigned 0..63) of a 128-chunk, in output order. */
+static inline void q6k_codes(const uint8_t *ql, const uint8_t *qh, __m256i q[4]) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
+    __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
+    __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+    __m256i h = _mm256_loadu_si256((const __m256i *)qh);
+    q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(h, m3), 4));
+    q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m3), 4));
+    q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m3), 4));
+    q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m3), 4));
+}
+
+static inline __m256i load32(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+
+/* ----------------------------------------------------------- to_float -- */
+
+static void deq_f32(const void *src, float *y, int64_t n) { memcpy(y, src, (size_t)n * 4); }
+
+static void deq_f16(const void *src, float *y, int64_t n) {
+    const uint16_t *x = src;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))));
+    for (; i < n; i++) y[i] = h2f(x[i]);
+}
+
+static inline __m256 bf16x8_ps(const uint16_t *p) {
+    __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+
+static void deq_bf16(const void *src, float *y, int64_t n) {
+    const uint16_t *x = src;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, bf16x8_ps(x + i));
+    for (; i < n; i++) y[i] = ds4_bf16_to_f32(x[i]);
+}
+
+static void deq_q4_0(const void *src, float *y, int64_t n) {
+    const block_q4_0 *x = src;
+    for (int64_t i = 0; i < n / QK4_0; i++) {
+        __m256i q = _mm256_sub_epi8(nibbles_split16(x[i].qs), _mm256_set1_epi8(8));
+        store_mul32(y + i * 32, q, _mm256_set1_ps(h2f(x[i].d)));
+    }
+}
+
+static void deq_q4_1(const void *src, float *y, int64_t n) {
+    const block_q4_1 *x = src;
+    for (int64_t i = 0; i < n / QK4_1; i++)
+        store_affine32(y + i * 32, nibbles_split16(x[i].qs), _mm256_set1_ps(h2f(x[i].d)),
+                       _mm256_set1_ps(h2f(x[i].m)));
+}
+
+/* Q5_0/Q5_1 5-bit codes: bit j of qh is bit 4 of code j (both halves). */
+static inline __m256i q5_codes(const uint8_t qh[4], const uint8_t *qs) {
+    uint32_t h;
+    memcpy(&h, qh, 4);
+    __m256i hb = _mm256_and_si256(bits_to_mask32(h), _mm256_set1_epi8(0x10));
+    return _mm256_or_si256(nibbles_split16(qs), hb);
+}
+
+static void deq_q5_0(const void *src, float *y, int64_t n) {
+    const block_q5_0 *x = src;
+    for (int64_t i = 0; i < n / QK5_0; i++) {
+        __m256i q = _mm256_sub_epi8(q5_codes(x[i].qh, x[i].qs), _mm256_set1_epi8(16));
+        store_mul32(y + i * 32, q, _mm256_set1_ps(h2f(x[i].d)));
+    }
+}
+
+static void deq_q5_1(const void *src, float *y, int64_t n) {
+    const block_q5_1 *x = src;
+    for (int64_t i = 0; i < n / QK5_1; i++)
+        store_affine32(y + i * 32, q5_codes(x[i].qh, x[i].qs), _mm256_set1_ps(h2f(x[i].d)),
+                       _mm256_set1_ps(h2f(x[i].m)));
+}
+
+static void deq_q8_0(const void *src, float *y, int64_t n) {
+    const block_q8_0 *x = src;
+    for (int64_t i = 0; i < n / QK8_0; i++)
+        store_mul32(y + i * 32, load32(x[i].qs), _mm256_set1_ps(h2f(x[i].d)));
+}
+
+static void deq_iq4_nl(const void *src, float *y, int64_t n) {
+    const block_iq4_nl *x = src;
+    const __m256i tab = iq4nl_table();
+    for (int64_t i = 0; i < n / QK4_NL; i++) {
+        __m256i q = _mm256_shuffle_epi8(tab, nibbles_split16(x[i].qs));
+        store_mul32(y + i * 32, q, _mm256_set1_ps(h2f(x[i].d)));
+    }
+}
+
+static void deq_q4_k(const void *src, float *y, int64_t n) {
+    const block_q4_K *x = src;
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    for (int64_t i = 0; i < n / QK_K; i++, y += QK_K) {
+        const float d = h2f(x[i].d), dmin = h2f(x[i].dmin);
+        uint8_t sc[8], mn[8];
+        k4_scales(x[i].scales, sc, mn);
+        for (int c = 0; c < 4; c++) {
+            __m256i q = load32(x[i].qs + 32 * c);
+            /* d1 = d*sc and m1 = min*m rounded as floats first, as the reference. */
+            store_kmin32(y + 64 * c, _mm256_and_si256(q, m4), _mm256_set1_ps(d * sc[2 * c]),
+                         _mm256_set1_ps(dmin * mn[2 * c]));
+            store_kmin32(y + 64 * c + 32, _mm256_and_si256(_mm256_srli_epi16(q, 4), m4),
+                         _mm256_set1_ps(d * sc[2 * c + 1]), _mm256_set1_ps(dmin * mn[2 * c + 1]));
+        }
+    }
+}
+
+static void deq_q5_k(const void *src, float *y, int64_t n) {
+    const block_q5_K *x = src;
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    for (int64_t i = 0; i < n / QK_K; i++, y += QK_K) {
+        const float d = h2f(x[i].d), dmin = h2f(x[i].dmin);
+        uint8_t sc[8], mn[8];
+        k4_scales(x[i].scales, sc, mn);
+        __m256i qh = load32(x[i].qh);
+        for (int c = 0; c < 4; c++) {
+            __m256i q = load32(x[i].qs + 32 * c);
+            __m256i lo = q5k_codes(_mm256_and_si256(q, m4), qh, 2 * c);
+            __m256i hi = q5k_codes(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), qh, 2 * c + 1);
+            store_kmin32(y + 64 * c, lo, _mm256_set1_ps(d * sc[2 * c]),
+                         _mm256_set1_ps(dmin * mn[2 * c]));
+            store_kmin32(y + 64 * c + 32, hi, _mm256_set1_ps(d * sc[2 * c + 1]),
+                         _mm256_set1_ps(dmin * mn[2 * c + 1]));
+        }
+    }
+}
+
+static void deq_q6_k(const void *src, float *y, int64_t n) {
+    const block_q6_K *x = src;
+    const __m256i m32 = _mm256_set1_epi8(32);
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float d = h2f(x[i].d);
+        for (int c = 0; c < 2; c++, y += 128) {
+            __m256i q[4];
+            q6k_codes(x[i].ql + 64 * c, x[i].qh + 32 * c, q);
+            const int8_t *sc = x[i].scales + 8 * c;
+            for (int g = 0; g < 4; g++) {
+                __m256i s = _mm256_sub_epi8(q[g], m32);
+                /* (d * sc) * q, left to right as the reference. */
+                store_mul16(y + 32 * g, _mm256_castsi256_si128(s), _mm256_set1_ps(d * sc[2 * g]));
+                store_mul16(y + 32 * g + 16, _mm256_extracti128_si256(s, 1),
+                            _mm256_set1_ps(d * sc[2 * g + 1]));
+            }
+        }
+    }
+}
+
+static void deq_iq4_xs(const void *src, float *y, int64_t n) {
+    const block_iq4_xs *x = src;
+    const __m256i tab = iq4nl_table();
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float d = h2f(x[i].d);
+        for (int ib = 0; ib < 8; ib++, y += 32) {
+            __m256i q = _mm256_shuffle_epi8(tab, nibbles_split16(x[i].qs + 16 * ib));
+            store_mul32(y, q, _mm256_set1_ps(d * (float)(iq4xs_scale(&x[i], ib) - 32)));
+        }
+    }
+}
+
+static void deq_q4_64a(const void *src, float *y, int64_t n) {
+    const block_q4_64a *x = src;
+    for (int64_t i = 0; i < n / QK64A; i++) {
+        __m256 s = _mm256_set1_ps(ds4_bf16_to_f32(x[i].scale));
+        __m256 b = _mm256_set1_ps(ds4_bf16_to_f32(x[i].bias));
+        store_affine32(y + i * 64, nibbles_pairs16(x[i].qs), s, b);
+        store_affine32(y + i * 64 + 32, nibbles_pairs16(x[i].qs + 16), s, b);
+    }
+}
+
+static void deq_q2_64a(const void *src, float *y, int64_t n) {
+    const block_q2_64a *x = src;
+    for (int64_t i = 0; i < n / QK64A; i++) {
+        __m256 s = _mm256_set1_ps(ds4_bf16_to_f32(x[i].scale));
+        __m256 b = _mm256_set1_ps(ds4_bf16_to_f32(x[i].bias));
+        store_affine32(y + i * 64, crumbs8(x[i].qs), s, b);
+        store_affine32(y + i * 64 + 32, crumbs8(x[i].qs + 8), s, b);
+    }
+}
+
+/* --------------------------------------------------------- from_float -- */
+
+/* Q8_0/Q8_1 (llama.cpp ggml-cpu/arch/x86/quants.c, quantize_row_q8_0/_1):
+ * amax over the block, d = amax/127, id = 127/amax (0 for an all-zero
+ * block), q = round-to-nearest-even(x*id). Returns the 32 quants packed in
+ * order and their int sum through *sum. */
+static inline __m256i q8_block(const float *x, float *d_out, int32_t *sum) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 v[4];
+    for (int k = 0; k < 4; k++) v[k] = _mm256_loadu_ps(x + 8 * k);
+    __m256 am = _mm256_andnot_ps(sign, v[0]);
+    for (int k = 1; k < 4; k++) am = _mm256_max_ps(am, _mm256_andnot_ps(sign, v[k]));
+    const float amax = hmax_ps(am);
+    *d_out = amax / 127.f;
+    const __m256 id = _mm256_set1_ps(amax != 0.0f ? 127.f / amax : 0.0f);
+    __m256i q[4];
+    for (int k = 0; k < 4; k++)
+        q[k] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[k], id),
+                                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    *sum = hsum_i32(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
+    /* packs work per 128-bit lane; the dword permute restores element order. */
+    __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    return _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+static void quant_q8_0(const float *x, void *dst, int64_t n) {
+    block_q8_0 *y = dst;
+    for (int64_t i = 0; i < n / QK8_0; i++) {
+        float d;
+        int32_t sum;
+        __m256i q = q8_block(x + 32 * i, &d, &sum);
+        y[i].d = f2h(d);
+        _mm256_storeu_si256((__m256i *)y[i].qs, q);
+    }
+}
+
+static void quant_q8_1(const float *x, void *dst, int64_t n) {
+    block_q8_1 *y = dst;
+    for (int64_t i = 0; i < n / QK8_1; i++) {
+        float d;
+        int32_t sum;
+        __m256i q = q8_block(x + 32 * i, &d, &sum);
+        y[i].d = f2h(d);
+        y[i].s = f2h(d * (float)sum);
+        _mm256_storeu_si256((__m256i *)y[i].qs, q);
+    }
+}
+
+/* Q8_K (ggml-quants.c, quantize_row_q8_K_ref): the element of largest |x|
+ * (the first one on ties; NaNs never win, as `ax > amax` is false for them)
+ * sets iscale = -127/max; q = (int8)min(127, nearest_int(iscale*x)); d =
+ * 1/iscale; bsums are the sums of each 16 stored quants. nearest_int is the
+ * 1.5*2^23 magic add, done here the same way (a plain add, then the mantissa
+ * bits) so that even Inf/NaN inputs give the reference's bytes; the int8
+ * store truncates to the low byte, as the reference's C conversion does. */
+static void quant_q8_k(const float *x, void *dst, int64_t n) {
+    block_q8_K *y = dst;
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int64_t i = 0; i < n / QK_K; i++, x += QK_K) {
+        __m256 am = _mm256_setzero_ps();
+        for (int k = 0; k < QK_K; k += 8) /* |x| first: a NaN lane keeps am */
+            am = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + k)), am);
+        const float amax = hmax_ps(am);
+        if (amax == 0.0f) {
+            memset(&y[i], 0, sizeof y[i]);
+            continue;
+        }
+        float mx = 0.0f;
+        const __m256 va = _mm256_set1_ps(amax);
+        for (int k = 0; k < QK_K; k += 8) {
+            __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(x + k));
+            int m = _mm256_movemask_ps(_mm256_cmp_ps(a, va, _CMP_EQ_OQ));
+            if (m) {
+                mx = x[k + __builtin_ctz((unsigned)m)];
+                break;
+            }
+        }
+        const float iscale = -127.f / mx;
+        const __m256 vs = _mm256_set1_ps(iscale);
+        const __m256 magic = _mm256_set1_ps(12582912.f);
+        const __m256i mant = _mm256_set1_epi32(0x007fffff), half = _mm256_set1_epi32(0x00400000);
+        const __m256i c127 = _mm256_set1_epi32(127);
+        for (int k = 0; k < QK_K; k += 32) {
+            __m256i q[4];
+            for (int j = 0; j < 4; j++) {
+                __m256 v = _mm256_add_ps(_mm256_mul_ps(vs, _mm256_loadu_ps(x + k + 8 * j)), magic);
+                __m256i r = _mm256_sub_epi32(_mm256_and_si256(_mm256_castps_si256(v), mant), half);
+                r = _mm256_min_epi32(r, c127);
+                /* the low byte, sign-extended: what (int8_t) keeps */
+                q[j] = _mm256_srai_epi32(_mm256_slli_epi32(r, 24), 24);
+            }
+            /* The 16-element sums: q[0]+q[1] covers elements k..k+15. */
+            y[i].bsums[k / 16] = (int16_t)hsum_i32(_mm256_add_epi32(q[0], q[1]));
+            y[i].bsums[k / 16 + 1] = (int16_t)hsum_i32(_mm256_add_epi32(q[2], q[3]));
+            __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]),
+                                           _mm256_packs_epi32(q[2], q[3]));
+            p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256((__m256i *)(y[i].qs + k), p);
+        }
+        y[i].d = 1 / iscale;
+    }
+}
+
+/* ------------------------------------------------------- float dots -- */
+
+/* Four 8-lane accumulators over 32-element steps, then one 8-wide step and a
+ * scalar tail; combined as ((a0+a1)+(a2+a3)) then hsum, then the tail in
+ * index order. The order depends only on n. */
+#define FLOAT_DOT_BODY(LOADX, LOADY, SCALX, SCALY)                                   \
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                        \
+    int64_t i = 0;                                                                     \
+    for (; i + 32 <= n; i += 32) {                                                     \
+        a0 = _mm256_fmadd_ps(LOADX(i), LOADY(i), a0);                                  \
+        a1 = _mm256_fmadd_ps(LOADX(i + 8), LOADY(i + 8), a1);                          \
+        a2 = _mm256_fmadd_ps(LOADX(i + 16), LOADY(i + 16), a2);                        \
+        a3 = _mm256_fmadd_ps(LOADX(i + 24), LOADY(i + 24), a3);                        \
+    }                                                                                  \
+    for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(LOADX(i), LOADY(i), a0);           \
+    float sum = hsum_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));  \
+    for (; i < n; i++) sum += SCALX(i) * SCALY(i);                                     \
+    *s = sum;
+
+#define LD_F32X(i) _mm256_loadu_ps(x + (i))
+#define LD_F32Y(i) _mm256_loadu_ps(y + (i))
+#define LD_F16X(i) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + (i))))
+#define LD_F16Y(i) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(y + (i))))
+#define LD_BF16X(i) bf16x8_ps(x + (i))
+#define LD_BF16Y(i) bf16x8_ps(y + (i))
+#define SC_F32X(i) x[i]
+#define SC_F32Y(i) y[i]
+#define SC_F16X(i) h2f(x[i])
+#define SC_F16Y(i) h2f(y[i])
+#define SC_BF16X(i) ds4_bf16_to_f32(x[i])
+#define SC_BF16Y(i) ds4_bf16_to_f32(y[i])
+
+static void dot_f32_f32(int64_t n, float *s, const void *vx, const void *vy) {
+    const float *x = vx, *y = vy;
+    FLOAT_DOT_BODY(LD_F32X, LD_F32Y, SC_F32X, SC_F32Y)
+}
+
+static void dot_f16_f16(int64_t n, float *s, const void *vx, const void *vy) {
+    const uint16_t *x = vx, *y = vy;
+    FLOAT_DOT_BODY(LD_F16X, LD_F16Y, SC_F16X, SC_F16Y)
+}
+
+static void dot_f16_f32(int64_t n, float *s, const void *vx, const void *vy) {
+    const uint16_t *x = vx;
+    const float *y = vy;
+    FLOAT_DOT_BODY(LD_F16X, LD_F32Y, SC_F16X, SC_F32Y)
+}
+
+static void dot_bf16_bf16(int64_t n, float *s, const void *vx, const void *vy) {
+    const uint16_t *x = vx, *y = vy;
+    FLOAT_DOT_BODY(LD_BF16X, LD_BF16Y, SC_BF16X, SC_BF16Y)
+}
+
+static void dot_bf16_f32(int64_t n, float *s, const void *vx, const void *vy) {
+    const uint16_t *x = vx;
+    const float *y = vy;
+    FLOAT_DOT_BODY(LD_BF16X, LD_F32Y, SC_BF16X, SC_F32Y)
+}
+
+/* Quantized weights x plain floats: dequantize (bit-exactly, with the kernels
+ * above) up to 256 weights into a stack buffer, FMA them with the
+ * activations into four accumulators that run across the whole row. */
+static inline void dot_f32_via(ds4_to_float_fn deq, int64_t bs, int64_t ts, int64_t n, float *s,
+                               const void *vx, const float *y) {
+    float buf[QK_K];
+    const uint8_t *x = vx;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t done = 0; done < n;) {
+        int64_t len = n - done < QK_K ? n - done : QK_K; /* a multiple of bs */
+        deq(x, buf, len);
+        for (int64_t j = 0; j < len; j += 32, y += 32) {
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(buf + j), _mm256_loadu_ps(y), a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(buf + j + 8), _mm256_loadu_ps(y + 8), a1);
+            a2 = _mm256_fmadd_ps(_mm256_loadu_ps(buf + j + 16), _mm256_loadu_ps(y + 16), a2);
+            a3 = _mm256_fmadd_ps(_mm256_loadu_ps(buf + j + 24), _mm256_loadu_ps(y + 24), a3);
+        }
+        x += (len / bs) * ts;
+        done += len;
+    }
+    *s = hsum_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+}
+
+#define DOT_F32_VIA(name, deq, block_t, bs)                                        \
+    static void name(int64_t n, float *s, const void *vx, const void *vy) {       \
+        dot_f32_via(deq, bs, (int64_t)sizeof(block_t), n, s, vx, (const float *)vy); \
+    }
+
+DOT_F32_VIA(dotf_q4_0, deq_q4_0, block_q4_0, QK4_0)
+DOT_F32_VIA(dotf_q4_1, deq_q4_1, block_q4_1, QK4_1)
+DOT_F32_VIA(dotf_q5_0, deq_q5_0, block_q5_0, QK5_0)
+DOT_F32_VIA(dotf_q5_1, deq_q5_1, block_q5_1, QK5_1)
+DOT_F32_VIA(dotf_q8_0, deq_q8_0, block_q8_0, QK8_0)
+DOT_F32_VIA(dotf_iq4_nl, deq_iq4_nl, block_iq4_nl, QK4_NL)
+DOT_F32_VIA(dotf_q4_k, deq_q4_k, block_q4_K, QK_K)
+DOT_F32_VIA(dotf_q5_k, deq_q5_k, block_q5_K, QK_K)
+DOT_F32_VIA(dotf_q6_k, deq_q6_k, block_q6_K, QK_K)
+DOT_F32_VIA(dotf_iq4_xs, deq_iq4_xs, block_iq4_xs, QK_K)
+DOT_F32_VIA(dotf_q4_64a, deq_q4_64a, block_q4_64a, QK64A)
+DOT_F32_VIA(dotf_q2_64a, deq_q2_64a, block_q2_64a, QK64A)
+
+/* ---------------------------------------------- quantized paired dots -- */
+/* 32-wide blocks: per block an exact int32 dot (8 lanes), scaled by
+ * d_x*d_y (rounded once, as the reference) and FMA'd into one of two
+ * accumulators (even/odd blocks); the Q8_1 pairs add m_x*s_y into a scalar
+ * sum in block order. */
+
+#define Q32_DOT(name, wblock_t, ablock_t, INT_DOT, EXTRA)                                \
+    static void name(int64_t n, float *s, const void *vx, const void *vy) {             \
+        const wblock_t *x = vx;                                                          \
+        const ablock_t *y = vy;                                                          \
+        const int64_t nb = n / 32;                                                       \
+        __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};                      \
+        float extra = 0.0f;                                                              \
+        for (int64_t i = 0; i < nb; i++) {                                               \
+            __m256i p = INT_DOT(&x[i], y[i].qs);                                         \
+            __m256 d = _mm256_set1_ps(h2f(x[i].d) * h2f(y[i].d));                        \
+            acc[i & 1] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[i & 1]);          \
+            EXTRA;                                                                       \
+        }                                                                                \
+        *s = hsum_ps(_mm256_add_ps(acc[0], acc[1])) + extra;                             \
+    }
+
+static inline __m256i idot_q4_0(const block_q4_0 *b, const int8_t *a) {
+    return dot_i8(_mm256_sub_epi8(nibbles_split16(b->qs), _mm256_set1_epi8(8)), load32(a));
+}
+/* Unsigned codes <= 31 times |a| <= 127: pairs <= 7874, no saturation. */
+static inline __m256i idot_q4_1(const block_q4_1 *b, const int8_t *a) {
+    return dot_u8(nibbles_split16(b->qs), load32(a));
+}
+static inline __m256i idot_q5_0(const block_q5_0 *b, const int8_t *a) {
+    return dot_i8(_mm256_sub_epi8(q5_codes(b->qh, b->qs), _mm256_set1_epi8(16)), load32(a));
+}
+static inline __m256i idot_q5_1(const block_q5_1 *b, const int8_t *a) {
+    return dot_u8(q5_codes(b->qh, b->qs), load32(a));
+}
+static inline __m256i idot_q8_0(const block_q8_0 *b, const int8_t *a) {
+    return dot_i8(load32(b->qs), load32(a));
+}
+static inline __m256i idot_iq4_nl(const block_iq4_nl *b, const int8_t *a) {
+    return dot_i8(_mm256_shuffle_epi8(iq4nl_table(), nibbles_split16(b->qs)), load32(a));
+}
+
+#define NO_EXTRA ((void)0)
+#define Q8_1_EXTRA (extra += h2f(x[i].m) * h2f(y[i].s))
+
+Q32_DOT(dot_q4_0, block_q4_0, block_q8_0, idot_q4_0, NO_EXTRA)
+Q32_DOT(dot_q4_1, block_q4_1, block_q8_1, idot_q4_1, Q8_1_EXTRA)
+Q32_DOT(dot_q5_0, block_q5_0, block_q8_0, idot_q5_0, NO_EXTRA)
+Q32_DOT(dot_q5_1, block_q5_1, block_q8_1, idot_q5_1, Q8_1_EXTRA)
+Q32_DOT(dot_q8_0, block_q8_0, block_q8_0, idot_q8_0, NO_EXTRA)
+Q32_DOT(dot_iq4_nl, block_iq4_nl, block_q8_0, idot_iq4_nl, NO_EXTRA)
+
+/* K-quants x Q8_K: per block an exact int32 total (bounds in each), then
+ * sum += (d_y*d_x) * total in block order; the mins part likewise. */
+
+static void dot_q4_k(int64_t n, float *s, const void *vx, const void *vy) {
+    const block_q4_K *x = vx;
+    const block_q8_K *y = vy;
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        uint8_t sc[8], mn[8];
+        k4_scales(x[i].scales, sc, mn);
+        /* |total| <= 8 sub-blocks * 63 * 32*15*127 < 2^31. */
+        __m256i acc = _mm256_setzero_si256();
+        for (int c = 0; c < 4; c++) {
+            __m256i q = load32(x[i].qs + 32 * c);
+            __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            acc = _mm256_add_epi32(acc, dot_u8_scaled(lo, load32(y[i].qs + 64 * c),
+                                                      _mm256_set1_epi16(sc[2 * c])));
+            acc = _mm256_add_epi32(acc, dot_u8_scaled(hi, load32(y[i].qs + 64 * c + 32),
+                                                      _mm256_set1_epi16(sc[2 * c + 1])));
+        }
+        int32_t mins = 0;
+        for (int j = 0; j < 8; j++) mins += mn[j] * (y[i].bsums[2 * j] + y[i].bsums[2 * j + 1]);
+        const float dy = y[i].d;
+        sum += dy * h2f(x[i].d) * (float)hsum_i32(acc);
+        sum -= dy * h2f(x[i].dmin) * (float)mins;
+    }
+    *s = sum;
+}
+
+static void dot_q5_k(int64_t n, float *s, const void *vx, const void *vy) {
+    const block_q5_K *x = vx;
+    const block_q8_K *y = vy;
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        uint8_t sc[8], mn[8];
+        k4_scales(x[i].scales, sc, mn);
+        __m256i qh = load32(x[i].qh);
+        /* Codes <= 31: int16 pairs <= 7874, times sc <= 63 fits after madd;
+         * |total| <= 8 * 63 * 32*31*127 < 2^31. */
+        __m256i acc = _mm256_setzero_si256();
+        for (int c = 0; c < 4; c++) {
+            __m256i q = load32(x[i].qs + 32 * c);
+            __m256i lo = q5k_codes(_mm256_and_si256(q, m4), qh, 2 * c);
+            __m256i hi = q5k_codes(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), qh, 2 * c + 1);
+            acc = _mm256_add_epi32(acc, dot_u8_scaled(lo, load32(y[i].qs + 64 * c),
+                                                      _mm256_set1_epi16(sc[2 * c])));
+            acc = _mm256_add_epi32(acc, dot_u8_scaled(hi, load32(y[i].qs + 64 * c + 32),
+                                                      _mm256_set1_epi16(sc[2 * c + 1])));
+        }
+        int32_t mins = 0;
+        for (int j = 0; j < 8; j++) mins += mn[j] * (y[i].bsums[2 * j] + y[i].bsums[2 * j + 1]);
+        const float dy = y[i].d;
+        sum += dy * h2f(x[i].d) * (float)hsum_i32(acc);
+        sum -= dy * h2f(x[i].dmin) * (float)mins;
+    }
+    *s = sum;
+}
+
+static void dot_q6_k(int64_t n, float *s, const void *vx, const void *vy) {
+    const block_q6_K *x = vx;
+    const block_q8_K *y = vy;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        /* Codes are used unsigned (0..63; pairs <= 16002 in int16) and the
+         * -32 offset comes back through the activation's 16-element sums:
+         * sum sc_g * (sum q*a - 32 * bsum_g). |total| < 16*128*16*95*127 < 2^31. */
+        __m256i acc = _mm256_setzero_si256();
+        for (int c = 0; c < 2; c++) {
+            __m256i q[4];
+            q6k_codes(x[i].ql + 64 * c, x[i].qh + 32 * c, q);
+            const int8_t *sc = x[i].scales + 8 * c;
+            for (int g = 0; g < 4; g++) {
+                /* lanes 0..7 of the int16 pair sums are elements 0..15 of this
+                 * group of 32 (scale sc[2g]), lanes 8..15 the next 16. */
+                __m256i s16 = _mm256_set_m128i(_mm_set1_epi16(sc[2 * g + 1]), _mm_set1_epi16(sc[2 * g]));
+                acc = _mm256_add_epi32(acc, dot_u8_scaled(q[g], load32(y[i].qs + 128 * c + 32 * g), s16));
+            }
+        }
+        int32_t corr = 0;
+        for (int g = 0; g < 16; g++) corr += x[i].scales[g] * y[i].bsums[g];
+        sum += y[i].d * h2f(x[i].d) * (float)(hsum_i32(acc) - 32 * corr);
+    }
+    *s = sum;
+}
+
+static void dot_iq4_xs(int64_t n, float *s, const void *vx, const void *vy) {
+    const block_iq4_xs *x = vx;
+    const block_q8_K *y = vy;
+    const __m256i tab = iq4nl_table();
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        /* |code| <= 127: int16 pairs <= 32258, times |ls-32| <= 32 after the
+         * madd widening; |total| <= 8 * 32 * 32*127*127 < 2^31. */
+        __m256i acc = _mm256_setzero_si256();
+        for (int ib = 0; ib < 8; ib++) {
+            __m256i k = _mm256_shuffle_epi8(tab, nibbles_split16(x[i].qs + 16 * ib));
+            __m256i a = load32(y[i].qs + 32 * ib);
+            __m256i ls = _mm256_set1_epi16((int16_t)(iq4xs_scale(&x[i], ib) - 32));
+            acc = _mm256_add_epi32(acc, dot_u8_scaled(_mm256_sign_epi8(k, k), _mm256_sign_epi8(a, k), ls));
+        }
+        sum += y[i].d * h2f(x[i].d) * (float)hsum_i32(acc);
+    }
+    *s = sum;
+}
+
+/* 64-wide affine x Q8_0: weight block b covers activation blocks 2b and 2b+1.
+ * Per 32-half h: scale*d_a * sum(q*a) + bias*d_a * sum(a); the integer sums
+ * are exact (codes <= 15, pairs <= 3810), the two products accumulate in
+ * separate vectors, one FMA each per half. */
+static inline void affine64_half(__m256i codes, const block_q8_0 *a, float scale, float bias,
+                                 __m256 *acc_q, __m256 *acc_b) {
+    __m256i av = load32(a->qs);
+    const float da = h2f(a->d);
+    __m256i sq = dot_u8(codes, av);
+    __m256i sa = dot_u8(_mm256_set1_epi8(1), av);
+    *acc_q = _mm256_fmadd_ps(_mm256_set1_ps(scale * da), _mm256_cvtepi32_ps(sq), *acc_q);
+    *acc_b = _mm256_fmadd_ps(_mm256_set1_ps(bias * da), _mm256_cvtepi32_ps(sa), *acc_b);
+}
+
+static void dot_q4_64a(int64_t n, float *s, const void *vx, const void *vy) {
+    const block_q4_64a *x = vx;
+    const block_q8_0 *y = vy;
+    __m256 aq = _mm256_setzero_ps(), ab = aq;
+    for (int64_t i = 0; i < n / QK64A; i++) {
+        const float sc = ds4_bf16_to_f32(x[i].scale), bi = ds4_bf16_to_f32(x[i].bias);
+        affine64_half(nibbles_pairs16(x[i].qs), &y[2 * i], sc, bi, &aq, &ab);
+        affine64_half(nibbles_pairs16(x[i].qs + 16), &y[2 * i + 1], sc, bi, &aq, &ab);
+    }
+    *s = hsum_ps(aq) + hsum_ps(ab);
+}
+
+static void dot_q2_64a(int64_t n, float *s, const void *vx, const void *vy) {
+    const block_q2_64a *x = vx;
+    const block_q8_0 *y = vy;
+    __m256 aq = _mm256_setzero_ps(), ab = aq;
+    for (int64_t i = 0; i < n / QK64A; i++) {
+        const float sc = ds4_bf16_to_f32(x[i].scale), bi = ds4_bf16_to_f32(x[i].bias);
+        affine64_half(crumbs8(x[i].qs), &y[2 * i], sc, bi, &aq, &ab);
+        affine64_half(crumbs8(x[i].qs + 8), &y[2 * i + 1], sc, bi, &aq, &ab);
+    }
+    *s = hsum_ps(aq) + hsum_ps(ab);
+}
+
+/* ---------------------------------------------------------------- init -- */
+
+int ds4_kernels_init_avx2(ds4_kernel_set *k) {
+#define SET(t, deq, dot, dotf) \
+    (k->to_float[t] = deq, k->vec_dot[t] = dot, k->vec_dot_f32[t] = dotf)
+    SET(DS4_TYPE_F32, deq_f32, dot_f32_f32, dot_f32_f32);
+    SET(DS4_TYPE_F16, deq_f16, dot_f16_f16, dot_f16_f32);
+    SET(DS4_TYPE_BF16, deq_bf16, dot_bf16_bf16, dot_bf16_f32);
+    SET(DS4_TYPE_Q4_0, deq_q4_0, dot_q4_0, dotf_q4_0);
+    SET(DS4_TYPE_Q4_1, deq_q4_1, dot_q4_1, dotf_q4_1);
+    SET(DS4_TYPE_Q5_0, deq_q5_0, dot_q5_0, dotf_q5_0);
+    SET(DS4_TYPE_Q5_1, deq_q5_1, dot_q5_1, dotf_q5_1);
+    SET(DS4_TYPE_Q8_0, deq_q8_0, dot_q8_0, dotf_q8_0);
+    SET(DS4_TYPE_IQ4_NL, deq_iq4_nl, dot_iq4_nl, dotf_iq4_nl);
+    SET(DS4_TYPE_Q4_K, deq_q4_k, dot_q4_k, dotf_q4_k);
+    SET(DS4_TYPE_Q5_K, deq_q5_k, dot_q5_k, dotf_q5_k);
+    SET(DS4_TYPE_Q6_K, deq_q6_k, dot_q6_k, dotf_q6_k);
+    SET(DS4_TYPE_IQ4_XS, deq_iq4_xs, dot_iq4_xs, dotf_iq4_xs);
+    SET(DS4_TYPE_Q4_64A, deq_q4_64a, dot_q4_64a, dotf_q4_64a);
+    SET(DS4_TYPE_Q2_64A, deq_q2_64a, dot_q2_64a, dotf_q2_64a);
+#undef SET
+    k->from_float[DS4_TYPE_Q8_0] = quant_q8_0;
+    k->from_float[DS4_TYPE_Q8_1] = quant_q8_1;
+    k->from_float[DS4_TYPE_Q8_K] = quant_q8_k;
+    return 1;
+}
+
+#else /* not compiled for AVX2+FMA+F16C */
 
 int ds4_kernels_init_avx2(ds4_kernel_set *k) {
     (void)k;
     return 0;
 }
+
+#endif

@@ -1,8 +1,450 @@
-/* avx512.c — placeholder until the SIMD kernels land: provides nothing, so the
- * dispatcher reports this ISA as unavailable. */
+/*
+ * avx512.c — AVX-512 (F/BW/DQ/VL/VNNI) dot kernels.
+ *
+ * The set starts as a copy of the AVX2 set (dispatch.c); this file overrides
+ * the paired dots of every weight type and the float dots, where 512-bit
+ * registers and VNNI pay:
+ *  - F32/F16/BF16: 64 weights per step in four zmm accumulators, a masked
+ *    load for the tail (masked-off lanes are never touched, so no read past
+ *    the row);
+ *  - 32-wide blocks x Q8_0/Q8_1: two blocks per zmm, one vpdpbusd for the
+ *    integer dot (unsigned codes directly; signed codes through the
+ *    |x| * sign(x)*y trick, as in avx2.c);
+ *  - Q4_K/Q5_K/Q6_K x Q8_K: 64 codes per zmm, vpmaddubsw then vpdpwssd
+ *    applies the sub-block scales and accumulates in one instruction;
+ *    IQ4_XS the same on ymm;
+ *  - Q4_64A/Q2_64A x Q8_0: a whole 64-wide block per zmm, vpdpbusd for
+ *    sum(q*a) and sum(a).
+ * to_float, from_float and the quantized x f32 dots stay AVX2 (they are
+ * bound by memory, not by the vector width).
+ *
+ * Same contract as avx2.c: exact integer parts, fixed float order depending
+ * only on n, activation quants in [-127, 127], no heap, every load inside a
+ * block or masked. The small decoding helpers mirror avx2.c's (each SIMD file
+ * is compiled on its own with its own flags, so they cannot be shared).
+ */
 #include "quants.h"
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && \
+    defined(__AVX512VL__) && defined(__AVX512VNNI__) && defined(__AVX2__) && \
+    defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+
+/* ------------------------------------------------------------- helpers -- */
+
+static inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
+
+static inline __m256i load32(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+
+/* Two 32-byte halves -> one zmm (lo first). */
+static inline __m512i join(__m256i lo, __m256i hi) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+static inline __m512 join_ps(float lo, float hi) {
+    return _mm512_insertf32x8(_mm512_set1_ps(lo), _mm256_set1_ps(hi), 1);
+}
+
+/* Fixed-order reductions: 512 -> 256 (lo + hi), then 128, pairs, last two. */
+static inline __m256 fold512(__m512 v) {
+    return _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+}
+static inline float hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+static inline int32_t hsum_i32_512(__m512i v) {
+    __m256i s8 = _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+    s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
+    return _mm_cvtsi128_si32(s);
+}
+static inline int32_t hsum_i32_256(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* 16 bytes -> 32 lanes: low nibbles of b[0..15], then high nibbles. */
+static inline __m256i nibbles_split16(const uint8_t *p) {
+    __m128i t = _mm_loadu_si128((const __m128i *)p);
+    __m256i v = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+}
+
+/* 32 bits -> 32 bytes, byte j = 0xFF when bit j is set. */
+static inline __m256i bits_to_mask32(uint32_t bits) {
+    return _mm256_movm_epi8((__mmask32)bits);
+}
+
+static inline __m256i q5_codes(const uint8_t qh[4], const uint8_t *qs) {
+    uint32_t h;
+    memcpy(&h, qh, 4);
+    __m256i hb = _mm256_and_si256(bits_to_mask32(h), _mm256_set1_epi8(0x10));
+    return _mm256_or_si256(nibbles_split16(qs), hb);
+}
+
+static inline __m256i iq4nl_table(void) {
+    __m128i t = _mm_loadu_si128((const __m128i *)ds4_kvalues_iq4nl);
+    return _mm256_set_m128i(t, t);
+}
+
+/* ggml-quants.c get_scale_min_k4. */
+static inline void k4_scales(const uint8_t *q, uint8_t sc[8], uint8_t mn[8]) {
+    for (int j = 0; j < 4; j++) {
+        sc[j] = q[j] & 63;
+        mn[j] = q[j + 4] & 63;
+    }
+    for (int j = 4; j < 8; j++) {
+        sc[j] = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+        mn[j] = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+    }
+}
+
+static inline int iq4xs_scale(const block_iq4_xs *b, int ib) {
+    return ((b->scales_l[ib / 2] >> (4 * (ib % 2))) & 0xF) | (((b->scales_h >> (2 * ib)) & 3) << 4);
+}
+
+/* Q6_K: the four 32-code groups (unsigned 0..63) of a 128-chunk. */
+static inline void q6k_codes(const uint8_t *ql, const uint8_t *qh, __m256i q[4]) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
+    __m256i l0 = load32(ql), l1 = load32(ql + 32), h = load32(qh);
+    q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(h, m3), 4));
+    q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m3), 4));
+    q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m3), 4));
+    q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m3), 4));
+}
+
+/* Integer dot of signed x and y in 4-byte groups: |x| (x = -128 reads as
+ * unsigned 128) times y negated where x < 0; exact in int32 (vpdpbusd does
+ * not saturate). y = -128 would negate to itself: activations stay in
+ * [-127, 127]. */
+static inline __m512i sdot512(__m512i x, __m512i y) {
+    __m512i sy = _mm512_mask_sub_epi8(y, _mm512_movepi8_mask(x), _mm512_setzero_si512(), y);
+    return _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(x), sy);
+}
+static inline __m256i sdot256(__m256i x, __m256i y) {
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
+}
+
+/* ------------------------------------------------------- float dots -- */
+
+/* Four zmm accumulators over 64-element steps, one zmm step at a time
+ * after, then one masked step for the last < 16; combined as
+ * ((a0+a1)+(a2+a3)), folded to 256 then summed in a fixed order. */
+#define FLOAT_DOT512(LOADX, LOADY, MLOADX, MLOADY)                                   \
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                        \
+    int64_t i = 0;                                                                     \
+    for (; i + 64 <= n; i += 64) {                                                     \
+        a0 = _mm512_fmadd_ps(LOADX(i), LOADY(i), a0);                                  \
+        a1 = _mm512_fmadd_ps(LOADX(i + 16), LOADY(i + 16), a1);                        \
+        a2 = _mm512_fmadd_ps(LOADX(i + 32), LOADY(i + 32), a2);                        \
+        a3 = _mm512_fmadd_ps(LOADX(i + 48), LOADY(i + 48), a3);                        \
+    }                                                                                  \
+    for (; i + 16 <= n; i += 16) a0 = _mm512_fmadd_ps(LOADX(i), LOADY(i), a0);         \
+    if (i < n) {                                                                       \
+        const __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);                         \
+        a1 = _mm512_fmadd_ps(MLOADX(m, i), MLOADY(m, i), a1);                          \
+    }                                                                                  \
+    *s = hsum256(fold512(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3))));
+
+#define LD_F32X(i) _mm512_loadu_ps(x + (i))
+#define LD_F32Y(i) _mm512_loadu_ps(y + (i))
+#define ML_F32X(m, i) _mm512_maskz_loadu_ps(m, x + (i))
+#define ML_F32Y(m, i) _mm512_maskz_loadu_ps(m, y + (i))
+#define LD_F16X(i) _mm512_cvtph_ps(load32(x + (i)))
+#define LD_F16Y(i) _mm512_cvtph_ps(load32(y + (i)))
+#define ML_F16X(m, i) _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, x + (i)))
+#define ML_F16Y(m, i) _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, y + (i)))
+#define BF16_PS(v) _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16))
+#define LD_BF16X(i) BF16_PS(load32(x + (i)))
+#define LD_BF16Y(i) BF16_PS(load32(y + (i)))
+#define ML_BF16X(m, i) BF16_PS(_mm256_maskz_loadu_epi16(m, x + (i)))
+#define ML_BF16Y(m, i) BF16_PS(_mm256_maskz_loadu_epi16(m, y + (i)))
+
+static void dot_f32_f32(int64_t n, float *s, const void *vx, const void *vy) {
+    const float *x = vx, *y = vy;
+    FLOAT_DOT512(LD_F32X, LD_F32Y, ML_F32X, ML_F32Y)
+}
+static void dot_f16_f16(int64_t n, float *s, const void *vx, const void *vy) {
+    const uint16_t *x = vx, *y = vy;
+    FLOAT_DOT512(LD_F16X, LD_F16Y, ML_F16X, ML_F16Y)
+}
+static void dot_f16_f32(int64_t n, float *s, const void *vx, const void *vy) {
+    const uint16_t *x = vx;
+    const float *y = vy;
+    FLOAT_DOT512(LD_F16X, LD_F32Y, ML_F16X, ML_F32Y)
+}
+static void dot_bf16_bf16(int64_t n, float *s, const void *vx, const void *vy) {
+    const uint16_t *x = vx, *y = vy;
+    FLOAT_DOT512(LD_BF16X, LD_BF16Y, ML_BF16X, ML_BF16Y)
+}
+static void dot_bf16_f32(int64_t n, float *s, const void *vx, const void *vy) {
+    const uint16_t *x = vx;
+    const float *y = vy;
+    FLOAT_DOT512(LD_BF16X, LD_F32Y, ML_BF16X, ML_F32Y)
+}
+
+/* ---------------------------------------------- 32-wide blocks x Q8_x -- */
+/* Two blocks per zmm: lanes 0..7 hold block i's 8 partial int32 sums, lanes
+ * 8..15 block i+1's; one FMA with (d_x*d_y) of each block. An odd last block
+ * goes through the ymm form into a separate accumulator. Floats combine as
+ * fold(acc512) + acc256, then a fixed hsum; the Q8_1 m*s terms add in block
+ * order into a scalar, added last. SIGNED selects the sign trick (codes that
+ * can be negative); unsigned codes (<= 31) feed vpdpbusd directly. */
+#define Z32_DOT(name, wblock_t, ablock_t, CODES, SIGNED, EXTRA)                           \
+    static void name(int64_t n, float *s, const void *vx, const void *vy) {              \
+        const wblock_t *x = vx;                                                           \
+        const ablock_t *y = vy;                                                           \
+        const int64_t nb = n / 32;                                                        \
+        __m512 acc = _mm512_setzero_ps();                                                 \
+        __m256 acc1 = _mm256_setzero_ps();                                                \
+        float extra = 0.0f;                                                               \
+        int64_t i = 0;                                                                    \
+        for (; i + 2 <= nb; i += 2) {                                                     \
+            __m512i q = join(CODES(&x[i]), CODES(&x[i + 1]));                             \
+            __m512i a = join(load32(y[i].qs), load32(y[i + 1].qs));                       \
+            __m512i p = SIGNED ? sdot512(q, a)                                            \
+                               : _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, a);       \
+            __m512 d = join_ps(h2f(x[i].d) * h2f(y[i].d), h2f(x[i + 1].d) * h2f(y[i + 1].d)); \
+            acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(p), acc);                         \
+            EXTRA(i);                                                                     \
+            EXTRA(i + 1);                                                                 \
+        }                                                                                 \
+        if (i < nb) {                                                                     \
+            __m256i q = CODES(&x[i]), a = load32(y[i].qs);                                \
+            __m256i p = SIGNED ? sdot256(q, a)                                            \
+                               : _mm256_dpbusd_epi32(_mm256_setzero_si256(), q, a);       \
+            acc1 = _mm256_mul_ps(_mm256_set1_ps(h2f(x[i].d) * h2f(y[i].d)),              \
+                                 _mm256_cvtepi32_ps(p));                                  \
+            EXTRA(i);                                                                     \
+        }                                                                                 \
+        *s = hsum256(_mm256_add_ps(fold512(acc), acc1)) + extra;                          \
+    }
+
+static inline __m256i codes_q4_0(const block_q4_0 *b) {
+    return _mm256_sub_epi8(nibbles_split16(b->qs), _mm256_set1_epi8(8));
+}
+static inline __m256i codes_q4_1(const block_q4_1 *b) { return nibbles_split16(b->qs); }
+static inline __m256i codes_q5_0(const block_q5_0 *b) {
+    return _mm256_sub_epi8(q5_codes(b->qh, b->qs), _mm256_set1_epi8(16));
+}
+static inline __m256i codes_q5_1(const block_q5_1 *b) { return q5_codes(b->qh, b->qs); }
+static inline __m256i codes_q8_0(const block_q8_0 *b) { return load32(b->qs); }
+static inline __m256i codes_iq4_nl(const block_iq4_nl *b) {
+    return _mm256_shuffle_epi8(iq4nl_table(), nibbles_split16(b->qs));
+}
+
+#define NO_EXTRA(i) ((void)0)
+#define Q8_1_EXTRA(i) (extra += h2f(x[i].m) * h2f(y[i].s))
+
+Z32_DOT(dot_q4_0, block_q4_0, block_q8_0, codes_q4_0, 1, NO_EXTRA)
+Z32_DOT(dot_q4_1, block_q4_1, block_q8_1, codes_q4_1, 0, Q8_1_EXTRA)
+Z32_DOT(dot_q5_0, block_q5_0, block_q8_0, codes_q5_0, 1, NO_EXTRA)
+Z32_DOT(dot_q5_1, block_q5_1, block_q8_1, codes_q5_1, 0, Q8_1_EXTRA)
+Z32_DOT(dot_q8_0, block_q8_0, block_q8_0, codes_q8_0, 1, NO_EXTRA)
+Z32_DOT(dot_iq4_nl, block_iq4_nl, block_q8_0, codes_iq4_nl, 1, NO_EXTRA)
+
+/* -------------------------------------------------- K-quants x Q8_K -- */
+/* Per block an exact int32 total (bounds as in avx2.c: unsigned codes <= 63
+ * keep vpmaddubsw's int16 pairs <= 16002, the scales multiply after
+ * widening, |total| < 2^31), then sum += (d_y*d_x) * total in block order. */
+
+static inline __m512i scales16x2(int lo, int hi) {
+    return join(_mm256_set1_epi16((int16_t)lo), _mm256_set1_epi16((int16_t)hi));
+}
+
+static void dot_q4_k(int64_t n, float *s, const void *vx, const void *vy) {
+    const block_q4_K *x = vx;
+    const block_q8_K *y = vy;
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        uint8_t sc[8], mn[8];
+        k4_scales(x[i].scales, sc, mn);
+        __m512i acc = _mm512_setzero_si512();
+        for (int c = 0; c < 4; c++) {
+            __m256i q = load32(x[i].qs + 32 * c);
+            __m512i codes = join(_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16(q, 4), m4));
+            __m512i p16 = _mm512_maddubs_epi16(codes, _mm512_loadu_si512(y[i].qs + 64 * c));
+            acc = _mm512_dpwssd_epi32(acc, p16, scales16x2(sc[2 * c], sc[2 * c + 1]));
+        }
+        int32_t mins = 0;
+        for (int j = 0; j < 8; j++) mins += mn[j] * (y[i].bsums[2 * j] + y[i].bsums[2 * j + 1]);
+        const float dy = y[i].d;
+        sum += dy * h2f(x[i].d) * (float)hsum_i32_512(acc);
+        sum -= dy * h2f(x[i].dmin) * (float)mins;
+    }
+    *s = sum;
+}
+
+static void dot_q5_k(int64_t n, float *s, const void *vx, const void *vy) {
+    const block_q5_K *x = vx;
+    const block_q8_K *y = vy;
+    const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        uint8_t sc[8], mn[8];
+        k4_scales(x[i].scales, sc, mn);
+        const __m256i qh = load32(x[i].qh);
+        __m512i acc = _mm512_setzero_si512();
+        for (int c = 0; c < 4; c++) {
+            __m256i q = load32(x[i].qs + 32 * c);
+            /* bit 2c of qh[l] is bit 4 of low code l, bit 2c+1 of high code l */
+            __m256i hlo = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), one);
+            __m256i hhi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), one);
+            __m256i lo = _mm256_or_si256(_mm256_and_si256(q, m4), _mm256_slli_epi16(hlo, 4));
+            __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4),
+                                         _mm256_slli_epi16(hhi, 4));
+            __m512i p16 = _mm512_maddubs_epi16(join(lo, hi), _mm512_loadu_si512(y[i].qs + 64 * c));
+            acc = _mm512_dpwssd_epi32(acc, p16, scales16x2(sc[2 * c], sc[2 * c + 1]));
+        }
+        int32_t mins = 0;
+        for (int j = 0; j < 8; j++) mins += mn[j] * (y[i].bsums[2 * j] + y[i].bsums[2 * j + 1]);
+        const float dy = y[i].d;
+        sum += dy * h2f(x[i].d) * (float)hsum_i32_512(acc);
+        sum -= dy * h2f(x[i].dmin) * (float)mins;
+    }
+    *s = sum;
+}
+
+static void dot_q6_k(int64_t n, float *s, const void *vx, const void *vy) {
+    const block_q6_K *x = vx;
+    const block_q8_K *y = vy;
+    /* int16 lane L of a 64-code zmm covers codes 2L, 2L+1, i.e. 16-group L/8:
+     * these pick scale (base + L/8) out of the 16 sign-extended scales. */
+    const __m512i idx0 = _mm512_set_epi64(0x0003000300030003LL, 0x0003000300030003LL,
+                                          0x0002000200020002LL, 0x0002000200020002LL,
+                                          0x0001000100010001LL, 0x0001000100010001LL,
+                                          0x0000000000000000LL, 0x0000000000000000LL);
+    const __m512i four = _mm512_set1_epi16(4);
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const __m512i sc16 = _mm512_castsi256_si512(
+            _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales)));
+        /* Unsigned codes 0..63; the -32 offset comes back below through the
+         * activation's 16-element sums. */
+        __m512i acc = _mm512_setzero_si512();
+        __m512i idx = idx0;
+        for (int c = 0; c < 2; c++) {
+            __m256i q[4];
+            q6k_codes(x[i].ql + 64 * c, x[i].qh + 32 * c, q);
+            for (int h = 0; h < 2; h++) {
+                __m512i p16 = _mm512_maddubs_epi16(join(q[2 * h], q[2 * h + 1]),
+                                                   _mm512_loadu_si512(y[i].qs + 128 * c + 64 * h));
+                acc = _mm512_dpwssd_epi32(acc, p16, _mm512_permutexvar_epi16(idx, sc16));
+                idx = _mm512_add_epi16(idx, four);
+            }
+        }
+        /* sum over groups of sc_g * bsum_g, exact in int32 */
+        __m256i bs = _mm256_loadu_si256((const __m256i *)y[i].bsums);
+        int32_t corr = hsum_i32_256(_mm256_madd_epi16(_mm512_castsi512_si256(sc16), bs));
+        sum += y[i].d * h2f(x[i].d) * (float)(hsum_i32_512(acc) - 32 * corr);
+    }
+    *s = sum;
+}
+
+static void dot_iq4_xs(int64_t n, float *s, const void *vx, const void *vy) {
+    const block_iq4_xs *x = vx;
+    const block_q8_K *y = vy;
+    const __m256i tab = iq4nl_table();
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        /* |code| <= 127 keeps the int16 pairs <= 32258; scales ls-32 apply
+         * after widening (vpdpwssd). */
+        __m256i acc = _mm256_setzero_si256();
+        for (int ib = 0; ib < 8; ib++) {
+            __m256i k = _mm256_shuffle_epi8(tab, nibbles_split16(x[i].qs + 16 * ib));
+            __m256i a = load32(y[i].qs + 32 * ib);
+            __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(k, k), _mm256_sign_epi8(a, k));
+            acc = _mm256_dpwssd_epi32(acc, p16,
+                                      _mm256_set1_epi16((int16_t)(iq4xs_scale(&x[i], ib) - 32)));
+        }
+        sum += y[i].d * h2f(x[i].d) * (float)hsum_i32_256(acc);
+    }
+    *s = sum;
+}
+
+/* ------------------------------------------------ 64-wide affine x Q8_0 -- */
+/* One weight block = one zmm of 64 codes against activation blocks 2i and
+ * 2i+1 (lanes 0..7 / 8..15 of the int32 sums). Per half:
+ * scale*d_a*sum(q*a) + bias*d_a*sum(a), the two products in separate
+ * accumulators, each one FMA. */
+static inline void affine64(__m512i codes, const block_q8_0 *a, float sc, float bi,
+                            __m512 *acc_q, __m512 *acc_b) {
+    const __m512i av = join(load32(a[0].qs), load32(a[1].qs));
+    const __m512i zero = _mm512_setzero_si512();
+    const __m512i sq = _mm512_dpbusd_epi32(zero, codes, av);
+    const __m512i sa = _mm512_dpbusd_epi32(zero, _mm512_set1_epi8(1), av);
+    const float d0 = h2f(a[0].d), d1 = h2f(a[1].d);
+    *acc_q = _mm512_fmadd_ps(join_ps(sc * d0, sc * d1), _mm512_cvtepi32_ps(sq), *acc_q);
+    *acc_b = _mm512_fmadd_ps(join_ps(bi * d0, bi * d1), _mm512_cvtepi32_ps(sa), *acc_b);
+}
+
+static void dot_q4_64a(int64_t n, float *s, const void *vx, const void *vy) {
+    const block_q4_64a *x = vx;
+    const block_q8_0 *y = vy;
+    __m512 aq = _mm512_setzero_ps(), ab = aq;
+    for (int64_t i = 0; i < n / QK64A; i++) {
+        /* 16-bit lanes holding byte b: (b | b<<4) & 0x0F0F = codes 2k, 2k+1 */
+        __m512i w = _mm512_cvtepu8_epi16(load32(x[i].qs));
+        w = _mm512_and_si512(_mm512_or_si512(w, _mm512_slli_epi16(w, 4)), _mm512_set1_epi16(0x0F0F));
+        affine64(w, &y[2 * i], ds4_bf16_to_f32(x[i].scale), ds4_bf16_to_f32(x[i].bias), &aq, &ab);
+    }
+    *s = hsum256(fold512(aq)) + hsum256(fold512(ab));
+}
+
+static void dot_q2_64a(int64_t n, float *s, const void *vx, const void *vy) {
+    const block_q2_64a *x = vx;
+    const block_q8_0 *y = vy;
+    __m512 aq = _mm512_setzero_ps(), ab = aq;
+    for (int64_t i = 0; i < n / QK64A; i++) {
+        /* 32-bit lanes holding byte b: t = b | b<<12; t | t<<6 puts bits
+         * 2s..2s+1 of b at bit 8s, i.e. codes 4k..4k+3 in order */
+        __m512i w = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)x[i].qs));
+        w = _mm512_or_si512(w, _mm512_slli_epi32(w, 12));
+        w = _mm512_or_si512(w, _mm512_slli_epi32(w, 6));
+        w = _mm512_and_si512(w, _mm512_set1_epi32(0x03030303));
+        affine64(w, &y[2 * i], ds4_bf16_to_f32(x[i].scale), ds4_bf16_to_f32(x[i].bias), &aq, &ab);
+    }
+    *s = hsum256(fold512(aq)) + hsum256(fold512(ab));
+}
+
+/* ---------------------------------------------------------------- init -- */
+
+int ds4_kernels_init_avx512(ds4_kernel_set *k) {
+    k->vec_dot[DS4_TYPE_F32] = dot_f32_f32;
+    k->vec_dot_f32[DS4_TYPE_F32] = dot_f32_f32;
+    k->vec_dot[DS4_TYPE_F16] = dot_f16_f16;
+    k->vec_dot_f32[DS4_TYPE_F16] = dot_f16_f32;
+    k->vec_dot[DS4_TYPE_BF16] = dot_bf16_bf16;
+    k->vec_dot_f32[DS4_TYPE_BF16] = dot_bf16_f32;
+    k->vec_dot[DS4_TYPE_Q4_0] = dot_q4_0;
+    k->vec_dot[DS4_TYPE_Q4_1] = dot_q4_1;
+    k->vec_dot[DS4_TYPE_Q5_0] = dot_q5_0;
+    k->vec_dot[DS4_TYPE_Q5_1] = dot_q5_1;
+    k->vec_dot[DS4_TYPE_Q8_0] = dot_q8_0;
+    k->vec_dot[DS4_TYPE_IQ4_NL] = dot_iq4_nl;
+    k->vec_dot[DS4_TYPE_Q4_K] = dot_q4_k;
+    k->vec_dot[DS4_TYPE_Q5_K] = dot_q5_k;
+    k->vec_dot[DS4_TYPE_Q6_K] = dot_q6_k;
+    k->vec_dot[DS4_TYPE_IQ4_XS] = dot_iq4_xs;
+    k->vec_dot[DS4_TYPE_Q4_64A] = dot_q4_64a;
+    k->vec_dot[DS4_TYPE_Q2_64A] = dot_q2_64a;
+    return 1;
+}
+
+#else /* not compiled for AVX-512 F/BW/DQ/VL/VNNI */
 
 int ds4_kernels_init_avx512(ds4_kernel_set *k) {
     (void)k;
     return 0;
 }
+
+#endif
