@@ -20,12 +20,20 @@ Prints GB/s of WEIGHT bytes processed (min / median / max over repetitions;
             stream. `dot*` subtracts the remaining call overhead (measured by
             the same number of calls on one-block rows).
 
+Reading the numbers: dequant is bound by writing 4 float bytes per weight,
+so its GB/s of weight bytes is low for the small types. The dot's "min" is
+usually its first repetition, right after the dequant pass has flushed the
+caches with 64 MB of floats (weights then come from DRAM); later repetitions
+find a 4-bit 4096 x 4096 matrix (~9 MB) in the last-level cache where it
+fits. Use --rows to change the matrix size.
+
 Not a test: numbers depend on the machine and its load.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import sys
@@ -34,10 +42,12 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import membw  # noqa: E402  (bench/membw.py, beside this file)
 
 from ds4py import quants as Q  # noqa: E402
 from ds4py._core import ffi, lib  # noqa: E402
-
 
 # Half-precision scale/offset fields per block (byte offset, kind), from the
 # block structs in csrc/quants/quants.h.
@@ -72,6 +82,19 @@ def weight_bytes(info, rows, cols, rng):
             (v.view(np.uint32) >> 16).astype(np.uint16)
         raw[:, off:off + 2] = h.view(np.uint8).reshape(nb, 2)
     return raw.reshape(-1)
+
+
+def dequant_call(isa_id, type_id, src, dst, n, err):
+    if lib.ds4_dequantize_row(isa_id, type_id, src, dst, n, err):
+        raise RuntimeError(ffi.string(err.message).decode())
+
+
+def dot_calls(isa_id, type_id, row_ptrs, act_type_id, act, n, res, err):
+    f = lib.ds4_vec_dot
+    for p in row_ptrs:
+        f(isa_id, type_id, p, act_type_id, act, n, res, err)
+    if err.code:  # checked once per batch: the loop is what is timed
+        raise RuntimeError(ffi.string(err.message).decode())
 
 
 def timed(fn, reps):
@@ -114,13 +137,23 @@ def main():
     res = ffi.new("float *")
     err = ffi.new("ds4_error *")
 
+    bw = membw.measure()
+    read_med = bw["read"][1]
+    for k, (lo, med, hi) in bw.items():
+        print(f"memory {k:4s} bandwidth, one thread: min {lo:.1f}  median {med:.1f}  "
+              f"max {hi:.1f} GB/s (bench/membw.py)")
     print(f"matrix {rows} x {cols}, {rpc} rows per dot call, {args.reps} reps, "
           f"ISAs {', '.join(isas)}")
+    print("dot* = dot with the per-call Python overhead subtracted; "
+          "%bw = median dot GB/s / median read bandwidth\n"
+          "(a matrix smaller than the last-level cache can exceed 100%: pass --rows "
+          "to size it past the cache for a DRAM-bound figure)")
     print(f"{'type':8s} {'isa':7s} {'MB':>7s} | {'dequant GB/s (min/med/max)':>27s} | "
-          f"{'dot GB/s (min/med/max)':>24s} | {'dot* med':>8s}")
+          f"{'dot GB/s (min/med/max)':>24s} | {'dot* med':>8s} | {'%bw':>5s}")
     for info in types:
         if cols % info.block_size:
-            print(f"{info.name:8s} skipped: {cols} columns is not whole blocks of {info.block_size}")
+            print(f"{info.name:8s} skipped: {cols} columns are not whole "
+                  f"{info.block_size}-blocks")
             continue
         w = weight_bytes(info, rows, cols, rng)  # a whole number of chunks of rows
         row_bytes = cols // info.block_size * info.type_size
@@ -134,31 +167,22 @@ def main():
         row_ptrs = [pw + r * row_bytes for r in range(0, rows, rpc)]
         for isa in isas:
             isa_id = Q._isa(isa)
-
-            def deq():
-                if lib.ds4_dequantize_row(isa_id, info.id, pw, pout, rows * cols, err):
-                    raise RuntimeError(ffi.string(err.message).decode())
-
-            def dot(ptrs=row_ptrs, n=cols * rpc):
-                f = lib.ds4_vec_dot
-                for p in ptrs:
-                    f(isa_id, info.id, p, act_t.id, pa, n, res, err)
-
-            dot(row_ptrs[:2])  # warm up, and fail loudly once if refused
-            if err.code:
-                raise RuntimeError(ffi.string(err.message).decode())
+            deq = functools.partial(dequant_call, isa_id, info.id, pw, pout, rows * cols, err)
+            dot = functools.partial(dot_calls, isa_id, info.id, row_ptrs, act_t.id, pa,
+                                    cols * rpc, res, err)
+            dot_calls(isa_id, info.id, row_ptrs[:2], act_t.id, pa, cols * rpc, res, err)  # warm
             dq = rates(w.size, timed(deq, args.reps))
             dt_times = timed(dot, args.reps)
             dt = rates(w.size, dt_times)
             # call overhead: the same number of calls on one-block rows
-            one = [row_ptrs[0]] * len(row_ptrs)
-            ov = statistics.median(timed(lambda: dot(one, info.block_size), args.reps))
-            kern = statistics.median(dt_times) - ov
+            one = functools.partial(dot_calls, isa_id, info.id, [row_ptrs[0]] * len(row_ptrs),
+                                    act_t.id, pa, info.block_size, res, err)
+            kern = statistics.median(dt_times) - statistics.median(timed(one, args.reps))
             corr = f"{w.size / kern / 1e9:8.2f}" if kern > 0 else "     n/a"
             print(f"{info.name:8s} {isa:7s} {w.size / 1e6:7.1f} | "
                   f"{dq[0]:8.2f} {dq[1]:8.2f} {dq[2]:8.2f}  | "
-                  f"{dt[0]:7.2f} {dt[1]:7.2f} {dt[2]:7.2f}  | {corr}")
-
+                  f"{dt[0]:7.2f} {dt[1]:7.2f} {dt[2]:7.2f}  | {corr} | "
+                  f"{100 * dt[1] / read_med:5.0f}")
 
 if __name__ == "__main__":
     main()
