@@ -1,8 +1,7 @@
 """ds4py — a GGUF inference runtime for Qwen3.5-family hybrid models."""
 
+from . import gguf, quants
 from .errors import DS4Error, GGUFError, ModelError, QuantError
-from . import quants
-from . import gguf
 from .gguf import GGUFFile, TensorInfo
 from .gguf_writer import GGUFWriter, write_gguf
 

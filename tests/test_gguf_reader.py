@@ -253,21 +253,42 @@ def test_non_utf8_string_values_come_back_as_bytes():
 
 
 def test_ds4_types_and_quantized_array(tmp_path):
+    # Random codes with moderate bf16 scale/bias (0.01..4 in magnitude), so
+    # every code's position matters in the decoded value.
+    rng = np.random.default_rng(7)
+
+    def blocks(n, code_bytes):
+        out = rng.integers(0, 256, size=(n, code_bytes + 4), dtype=np.uint8)
+        sign = rng.choice([-1.0, 1.0], (n, 2))
+        params = (rng.uniform(0.01, 4.0, size=(n, 2)) * sign).astype(np.float32)
+        out[:, code_bytes:] = (params.view(np.uint32) >> 16).astype("<u2").view(np.uint8)
+        return out.tobytes()
+
     b = gb.Builder()
-    b.tensor("q4a", [128, 2], gb.Q4_64A).tensor("q2a", [64], gb.Q2_64A)
+    b.tensor("q4a", [128, 2], gb.Q4_64A, blocks(4, 32))
+    b.tensor("q2a", [64], gb.Q2_64A, blocks(1, 16))
     f = ds4py.gguf.open_bytes(b.build())
     assert f.tensors["q4a"].type_name == "Q4_64A" and f.tensors["q4a"].nbytes == 4 * 36
     assert f.tensors["q2a"].type_id == 37 and f.tensors["q2a"].nbytes == 20
     assert f.raw("q2a").tobytes() == b.tensors[1].data
-    # array() on a quantized type goes through ds4_dequantize_row; until a
-    # dequantizer exists for the type it must refuse with QuantError, never
-    # return garbage.
-    try:
-        a = f.array("q4a")
-    except ds4py.QuantError as e:
-        assert "Q4_64A" in str(e)
-    else:
-        assert a.shape == (2, 128) and a.dtype == np.float32
+    # array() on the ds4-only types goes through ds4_dequantize_row; compare
+    # with a numpy decoding written here from the layout (ds4-notes §2):
+    # codes, then bf16 scale and bf16 bias; x = q*scale + bias (one float32
+    # multiply, one add: numpy does not fuse them, nor does the core).
+    def decode(raw, nbits):
+        per_byte = 8 // nbits
+        blocks = raw.reshape(-1, 64 // per_byte + 4)
+        codes = blocks[:, : 64 // per_byte]
+        q = np.stack([(codes >> (nbits * k)) & ((1 << nbits) - 1) for k in range(per_byte)],
+                     axis=-1).reshape(-1, 64).astype(np.float32)
+        tail = blocks[:, 64 // per_byte:].copy().view("<u2").astype(np.uint32) << 16
+        scale, bias = tail.view(np.float32)[:, :1], tail.view(np.float32)[:, 1:2]
+        return (q * scale + bias).reshape(-1)
+
+    a = f.array("q4a")
+    assert a.shape == (2, 128) and a.dtype == np.float32
+    np.testing.assert_array_equal(a.reshape(-1), decode(f.raw("q4a"), 4))
+    np.testing.assert_array_equal(f.array("q2a"), decode(f.raw("q2a"), 2))
 
 
 @pytest.mark.parametrize("qtype", [QT.Q8_0, QT.Q4_0])

@@ -151,7 +151,7 @@ def test_dequantize_inf_scale_follows_ieee():
 
 def decode_q8_0(raw):
     b = np.asarray(raw, np.uint8).reshape(-1, 34)
-    return f16_to_f32(u16(b[:, 0:2])) , b[:, 2:].view(np.int8)
+    return f16_to_f32(u16(b[:, 0:2])), b[:, 2:].view(np.int8)
 
 
 def decode_q8_1(raw):
@@ -276,14 +276,17 @@ def a64_quant_ref(name, x, store="trunc", codes_from="stored", tie="away"):
 floats32 = st.floats(width=32, allow_nan=False, allow_infinity=False)
 
 
-def activation_rows(n):
+def activation_rows(n, nonfinite=False):
     """Float32 rows: arbitrary finite floats (hypothesis' extremes: 0, tiny,
-    huge, repeated values) or normal noise at a random power-of-two scale."""
+    huge, repeated values) or normal noise at a random power-of-two scale;
+    with nonfinite=True also rows holding Inf and NaN."""
     wild = hnp.arrays(np.float32, n, elements=floats32)
     tame = st.tuples(st.integers(0, 2**32 - 1), st.integers(-30, 30)).map(
         lambda se: (np.random.default_rng(se[0]).standard_normal(n) * 2.0 ** se[1])
         .astype(np.float32))
-    return st.one_of(wild, tame)
+    if not nonfinite:
+        return st.one_of(wild, tame)
+    return st.one_of(wild, tame, hnp.arrays(np.float32, n, elements=st.floats(width=32)))
 
 
 @pytest.mark.parametrize("name", list(A64))
@@ -353,7 +356,7 @@ def test_a64_constant_block_has_zero_scale_and_codes(name):
     x = np.full(64, -3.1415927, np.float32)
     codes, sb, bb = a64_unpack(name, Q.quantize(name, x, isa=ISA))
     assert sb[0] == 0 and not codes.any()
-    assert bb[0] == u32(x[:1])[0] >> 16  # truncated, not rounded (0xC049 vs RNE 0xC049)
+    assert bb[0] == u32(x[:1])[0] >> 16  # the minimum's top half
     # A bias whose low half is >= 0x8000 tells truncation from rounding apart.
     x = np.full(64, np.array([0x3F80C000], "<u4").view(np.float32)[0])
     _, _, bb = a64_unpack(name, Q.quantize(name, x, isa=ISA))
@@ -435,6 +438,22 @@ def cvt_i32_x86(r):
     return np.where(ok, np.nan_to_num(r), -(2**31)).astype(np.int64)
 
 
+def maxps(a, b):
+    """SSE/AVX maxps: a if a > b else b (so a NaN in either gives b)."""
+    return np.where(a > b, a, b)
+
+
+def amax_avx2(blk):
+    """max|x| reduced in the AVX2 kernel's order: 4 vectors of 8 folded lane-
+    wise, then high/low 128-bit halves, movehl, movehdup. Only NaN cares."""
+    v = np.abs(blk).reshape(4, 8)
+    m = v[0]
+    for k in (1, 2, 3):
+        m = maxps(m, v[k])
+    m4 = maxps(m[4:], m[:4])
+    return np.float32(maxps(maxps(m4[0], m4[2]), maxps(m4[1], m4[3])))
+
+
 def q8_avx2_ref(x, with_s=False):
     """llama.cpp x86 AVX2 quantize_row_q8_0/_q8_1 in numpy: d = amax/127 (fp16
     RNE), id = 127/amax (0 if amax == 0), q = RNE(x*id) in float32, int32
@@ -442,7 +461,7 @@ def q8_avx2_ref(x, with_s=False):
     g = np.asarray(x, np.float32).reshape(-1, 32)
     out = []
     for blk in g:
-        amax = np.float32(np.abs(blk).max())
+        amax = amax_avx2(blk)
         with np.errstate(all="ignore"):
             d = amax / np.float32(127)
             inv = np.float32(127) / amax if amax != 0 else np.float32(0)
@@ -463,7 +482,9 @@ def q8_0_ref_ref(x):
     g = np.asarray(x, np.float32).reshape(-1, 32)
     out = []
     for blk in g:
-        amax = np.float32(np.abs(blk).max())
+        amax = np.float32(0)
+        for v in np.abs(blk):  # ggml's MAX(a, b) = a > b ? a : b, in index order
+            amax = amax if amax > v else v
         with np.errstate(all="ignore"):
             d = amax / np.float32(127)
             inv = np.float32(1) / d if d != 0 else np.float32(0)
@@ -483,8 +504,11 @@ def q8_K_ref(x):
     g = np.asarray(x, np.float32).reshape(-1, 256)
     out = []
     for blk in g:
-        i = int(np.argmax(np.abs(blk)))  # first occurrence, like the strict '>'
-        if np.abs(blk[i]) == 0:
+        i, amax = 0, np.float32(0)
+        for j, v in enumerate(np.abs(blk)):  # strict '>': first max, NaN skipped
+            if v > amax:
+                i, amax = j, v
+        if amax == 0:
             out.append(np.zeros(292, np.uint8))
             continue
         with np.errstate(all="ignore"):
@@ -500,25 +524,25 @@ def q8_K_ref(x):
 
 
 @SETTINGS
-@given(activation_rows(5 * 32))
+@given(activation_rows(5 * 32, nonfinite=True))
 def test_q8_0_matches_avx2_formula(x):
     assert np.array_equal(Q.quantize("Q8_0", x, isa=ISA), q8_avx2_ref(x))
 
 
 @SETTINGS
-@given(activation_rows(5 * 32))
+@given(activation_rows(5 * 32, nonfinite=True))
 def test_q8_1_matches_avx2_formula(x):
     assert np.array_equal(Q.quantize("Q8_1", x, isa=ISA), q8_avx2_ref(x, with_s=True))
 
 
 @SETTINGS
-@given(activation_rows(5 * 32))
+@given(activation_rows(5 * 32, nonfinite=True))
 def test_q8_0_ref_matches_ggml_reference_formula(x):
     assert np.array_equal(Q.quantize_q8_0_ref(x), q8_0_ref_ref(x))
 
 
 @SETTINGS
-@given(activation_rows(3 * 256))
+@given(activation_rows(3 * 256, nonfinite=True))
 def test_q8_K_matches_reference_formula(x):
     assert np.array_equal(Q.quantize("Q8_K", x, isa=ISA), q8_K_ref(x))
 

@@ -5,11 +5,14 @@
  *  - to_float is bit-exact: each output is produced by the same IEEE float
  *    operations in the same order as the reference (a multiply then a separate
  *    add/sub where the reference has x*d + m; never an FMA there). fp16 -> f32
- *    goes through vcvtph2ps, which is exact for every finite value and Inf.
- *  - from_float (Q8_0, Q8_1, Q8_K) is byte-identical: the same scale
- *    arithmetic, round-to-nearest-even of x*id as llama.cpp's x86 build.
- *  - dots compute the integer part of each block exactly; only the float
- *    accumulation order differs from the reference. Every kernel uses a fixed
+ *    goes through vcvtph2ps: exact, and NaNs quieted as scalar.c does.
+ *  - from_float (Q8_0, Q8_1, Q8_K, F16, BF16) is byte-identical: the same
+ *    scale arithmetic, round-to-nearest-even of x*id as llama.cpp's x86
+ *    build, NaN and Inf inputs included.
+ *  - dots compute the integer part of each block exactly (int32 lanes; their
+ *    conversion to float is exact below 2^24, which the per-kernel bounds
+ *    keep except Q6_K's theoretical extreme); only the float rounding and
+ *    accumulation order differ from the reference. Every kernel uses a fixed
  *    order that depends on nothing but n, so results are deterministic.
  *
  * Activation precondition for the paired dots: the int8 quants of Q8_0/Q8_1/
@@ -141,8 +144,9 @@ static inline __m256i iq4nl_table(void) {
     return _mm256_set_m128i(t, t);
 }
 
-/* Sums of 4 adjacent products of unsigned u (< 128 or with |y| small enough
- * that pairs fit int16; see each caller) and signed y, as 8 int32 lanes. */
+/* Sums of 4 adjacent products of unsigned u and signed y, as 8 int32 lanes.
+ * vpmaddubsw saturates its int16 pair sums, so every caller keeps
+ * |u0*y0 + u1*y1| <= 32767 (bounds stated at each call). */
 static inline __m256i dot_u8(__m256i u, __m256i y) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, y), _mm256_set1_epi16(1));
 }
@@ -158,16 +162,29 @@ static inline __m256i dot_u8_scaled(__m256i u, __m256i y, __m256i s16) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, y), s16);
 }
 
-/* Q4_K/Q5_K 6-bit scales and mins (ggml-quants.c, get_scale_min_k4). */
-static inline void k4_scales(const uint8_t *q, uint8_t sc[8], uint8_t mn[8]) {
-    for (int j = 0; j < 4; j++) {
-        sc[j] = q[j] & 63;
-        mn[j] = q[j + 4] & 63;
-    }
-    for (int j = 4; j < 8; j++) {
-        sc[j] = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
-        mn[j] = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
-    }
+/* Q4_K/Q5_K 6-bit scales and mins (ggml-quants.c, get_scale_min_k4), four
+ * at a time in 32-bit words w0..w2 = the 12 bytes q[0..11]:
+ *   sc[0..3] = q[j] & 63                 -> w0 & 0x3f..
+ *   mn[0..3] = q[j+4] & 63               -> w1 & 0x3f..
+ *   sc[4..7] = (q[j+4] & 15) | (q[j-4] >> 6) << 4   (j = 4..7)
+ *   mn[4..7] = (q[j+4] >> 4) | (q[j] >> 6) << 4
+ * out[0..7] = scales, out[8..15] = mins. */
+static inline void k4_scales(const uint8_t *q, uint8_t out[16]) {
+    uint32_t w[3], r[4];
+    memcpy(w, q, 12);
+    r[0] = w[0] & 0x3f3f3f3fu;
+    r[1] = (w[2] & 0x0f0f0f0fu) | (((w[0] >> 6) & 0x03030303u) << 4);
+    r[2] = w[1] & 0x3f3f3f3fu;
+    r[3] = ((w[2] >> 4) & 0x0f0f0f0fu) | (((w[1] >> 6) & 0x03030303u) << 4);
+    memcpy(out, r, 16);
+}
+
+/* Per sub-block j of a Q4_K/Q5_K block: min_j * (bsums[2j] + bsums[2j+1]),
+ * exact in int32 (|.| <= 63 * 2 * 16 * 127), as 8 lanes. */
+static inline __m256i k4_min_terms(const uint8_t sm[16], const int16_t *bsums) {
+    __m128i m16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(sm + 8)));
+    __m256i mm = _mm256_set_m128i(_mm_unpackhi_epi16(m16, m16), _mm_unpacklo_epi16(m16, m16));
+    return _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)bsums), mm);
 }
 
 /* IQ4_XS 6-bit sub-block scale ib (ggml-quants.c, dequantize_row_iq4_xs). */
@@ -280,8 +297,9 @@ static void deq_q4_k(const void *src, float *y, int64_t n) {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     for (int64_t i = 0; i < n / QK_K; i++, y += QK_K) {
         const float d = h2f(x[i].d), dmin = h2f(x[i].dmin);
-        uint8_t sc[8], mn[8];
-        k4_scales(x[i].scales, sc, mn);
+        uint8_t sm[16];
+        k4_scales(x[i].scales, sm);
+        const uint8_t *sc = sm, *mn = sm + 8;
         for (int c = 0; c < 4; c++) {
             __m256i q = load32(x[i].qs + 32 * c);
             /* d1 = d*sc and m1 = min*m rounded as floats first, as the reference. */
@@ -298,8 +316,9 @@ static void deq_q5_k(const void *src, float *y, int64_t n) {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     for (int64_t i = 0; i < n / QK_K; i++, y += QK_K) {
         const float d = h2f(x[i].d), dmin = h2f(x[i].dmin);
-        uint8_t sc[8], mn[8];
-        k4_scales(x[i].scales, sc, mn);
+        uint8_t sm[16];
+        k4_scales(x[i].scales, sm);
+        const uint8_t *sc = sm, *mn = sm + 8;
         __m256i qh = load32(x[i].qh);
         for (int c = 0; c < 4; c++) {
             __m256i q = load32(x[i].qs + 32 * c);
@@ -411,6 +430,40 @@ static void quant_q8_1(const float *x, void *dst, int64_t n) {
         y[i].s = f2h(d * (float)sum);
         _mm256_storeu_si256((__m256i *)y[i].qs, q);
     }
+}
+
+/* F16 activations: vcvtps2ph with imm 0 (nearest-even; a NaN stays a quiet
+ * NaN with its top payload bits), which ds4_f32_to_fp16 reproduces. */
+static void quant_f16(const float *x, void *dst, int64_t n) {
+    uint16_t *y = dst;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(y + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), 0));
+    for (; i < n; i++) y[i] = f2h(x[i]);
+}
+
+/* BF16 activations: ggml_compute_fp32_to_bf16's integer round-to-nearest-
+ * even, (u + 0x7fff + ((u >> 16) & 1)) >> 16, and a NaN keeps its top bits
+ * with the quiet bit (64) set; the same integer steps 8 lanes at a time. */
+static inline __m256i bf16_bits8(const float *x) {
+    __m256 v = _mm256_loadu_ps(x);
+    __m256i u = _mm256_castps_si256(v);
+    __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), odd)), 16);
+    __m256i qn = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(64));
+    __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    return _mm256_blendv_epi8(r, qn, nan);
+}
+
+static void quant_bf16(const float *x, void *dst, int64_t n) {
+    uint16_t *y = dst;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        /* packus works per 128-bit lane; the qword permute restores order */
+        __m256i p = _mm256_packus_epi32(bf16_bits8(x + i), bf16_bits8(x + i + 8));
+        _mm256_storeu_si256((__m256i *)(y + i), _mm256_permute4x64_epi64(p, 0xD8));
+    }
+    for (; i < n; i++) y[i] = ds4_f32_to_bf16(x[i]);
 }
 
 /* Q8_K (ggml-quants.c, quantize_row_q8_K_ref): the element of largest |x|
@@ -620,75 +673,78 @@ Q32_DOT(dot_q5_1, block_q5_1, block_q8_1, idot_q5_1, Q8_1_EXTRA)
 Q32_DOT(dot_q8_0, block_q8_0, block_q8_0, idot_q8_0, NO_EXTRA)
 Q32_DOT(dot_iq4_nl, block_iq4_nl, block_q8_0, idot_iq4_nl, NO_EXTRA)
 
-/* K-quants x Q8_K: per block an exact int32 total (bounds in each), then
- * sum += (d_y*d_x) * total in block order; the mins part likewise. */
+/* K-quants x Q8_K: per block, 8 lanes of exact int32 partial sums (scales
+ * applied after widening); each lane converts to float (exact below 2^24,
+ * which the bounds in each kernel keep for Q4_K/Q5_K) and is FMA'd with
+ * d_y*d_x into one vector accumulator in block order; the mins (or Q6_K's
+ * -32 offset) come through the activation's 16-element sums the same way.
+ * One fixed-order hsum at the end. */
 
 static void dot_q4_k(int64_t n, float *s, const void *vx, const void *vy) {
     const block_q4_K *x = vx;
     const block_q8_K *y = vy;
     const __m256i m4 = _mm256_set1_epi8(0x0F);
-    float sum = 0.0f;
+    __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / QK_K; i++) {
-        uint8_t sc[8], mn[8];
-        k4_scales(x[i].scales, sc, mn);
-        /* |total| <= 8 sub-blocks * 63 * 32*15*127 < 2^31. */
-        __m256i acc = _mm256_setzero_si256();
+        uint8_t sm[16];
+        k4_scales(x[i].scales, sm);
+        /* per lane <= 8 sub-blocks * 63 * 2*(2*15*127) < 2^22 */
+        __m256i isum = _mm256_setzero_si256();
         for (int c = 0; c < 4; c++) {
             __m256i q = load32(x[i].qs + 32 * c);
             __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-            acc = _mm256_add_epi32(acc, dot_u8_scaled(lo, load32(y[i].qs + 64 * c),
-                                                      _mm256_set1_epi16(sc[2 * c])));
-            acc = _mm256_add_epi32(acc, dot_u8_scaled(hi, load32(y[i].qs + 64 * c + 32),
-                                                      _mm256_set1_epi16(sc[2 * c + 1])));
+            isum = _mm256_add_epi32(isum, dot_u8_scaled(lo, load32(y[i].qs + 64 * c),
+                                                        _mm256_set1_epi16(sm[2 * c])));
+            isum = _mm256_add_epi32(isum, dot_u8_scaled(hi, load32(y[i].qs + 64 * c + 32),
+                                                        _mm256_set1_epi16(sm[2 * c + 1])));
         }
-        int32_t mins = 0;
-        for (int j = 0; j < 8; j++) mins += mn[j] * (y[i].bsums[2 * j] + y[i].bsums[2 * j + 1]);
         const float dy = y[i].d;
-        sum += dy * h2f(x[i].d) * (float)hsum_i32(acc);
-        sum -= dy * h2f(x[i].dmin) * (float)mins;
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(dy * h2f(x[i].d)), _mm256_cvtepi32_ps(isum), acc);
+        acc = _mm256_fnmadd_ps(_mm256_set1_ps(dy * h2f(x[i].dmin)),
+                               _mm256_cvtepi32_ps(k4_min_terms(sm, y[i].bsums)), acc);
     }
-    *s = sum;
+    *s = hsum_ps(acc);
 }
 
 static void dot_q5_k(int64_t n, float *s, const void *vx, const void *vy) {
     const block_q5_K *x = vx;
     const block_q8_K *y = vy;
     const __m256i m4 = _mm256_set1_epi8(0x0F);
-    float sum = 0.0f;
+    __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / QK_K; i++) {
-        uint8_t sc[8], mn[8];
-        k4_scales(x[i].scales, sc, mn);
+        uint8_t sm[16];
+        k4_scales(x[i].scales, sm);
         __m256i qh = load32(x[i].qh);
-        /* Codes <= 31: int16 pairs <= 7874, times sc <= 63 fits after madd;
-         * |total| <= 8 * 63 * 32*31*127 < 2^31. */
-        __m256i acc = _mm256_setzero_si256();
+        /* codes <= 31: int16 pairs <= 7874; per lane <= 8 * 63 * 2*7874 < 2^23 */
+        __m256i isum = _mm256_setzero_si256();
         for (int c = 0; c < 4; c++) {
             __m256i q = load32(x[i].qs + 32 * c);
             __m256i lo = q5k_codes(_mm256_and_si256(q, m4), qh, 2 * c);
             __m256i hi = q5k_codes(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), qh, 2 * c + 1);
-            acc = _mm256_add_epi32(acc, dot_u8_scaled(lo, load32(y[i].qs + 64 * c),
-                                                      _mm256_set1_epi16(sc[2 * c])));
-            acc = _mm256_add_epi32(acc, dot_u8_scaled(hi, load32(y[i].qs + 64 * c + 32),
-                                                      _mm256_set1_epi16(sc[2 * c + 1])));
+            isum = _mm256_add_epi32(isum, dot_u8_scaled(lo, load32(y[i].qs + 64 * c),
+                                                        _mm256_set1_epi16(sm[2 * c])));
+            isum = _mm256_add_epi32(isum, dot_u8_scaled(hi, load32(y[i].qs + 64 * c + 32),
+                                                        _mm256_set1_epi16(sm[2 * c + 1])));
         }
-        int32_t mins = 0;
-        for (int j = 0; j < 8; j++) mins += mn[j] * (y[i].bsums[2 * j] + y[i].bsums[2 * j + 1]);
         const float dy = y[i].d;
-        sum += dy * h2f(x[i].d) * (float)hsum_i32(acc);
-        sum -= dy * h2f(x[i].dmin) * (float)mins;
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(dy * h2f(x[i].d)), _mm256_cvtepi32_ps(isum), acc);
+        acc = _mm256_fnmadd_ps(_mm256_set1_ps(dy * h2f(x[i].dmin)),
+                               _mm256_cvtepi32_ps(k4_min_terms(sm, y[i].bsums)), acc);
     }
-    *s = sum;
+    *s = hsum_ps(acc);
 }
 
 static void dot_q6_k(int64_t n, float *s, const void *vx, const void *vy) {
     const block_q6_K *x = vx;
     const block_q8_K *y = vy;
-    float sum = 0.0f;
+    __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / QK_K; i++) {
-        /* Codes are used unsigned (0..63; pairs <= 16002 in int16) and the
-         * -32 offset comes back through the activation's 16-element sums:
-         * sum sc_g * (sum q*a - 32 * bsum_g). |total| < 16*128*16*95*127 < 2^31. */
-        __m256i acc = _mm256_setzero_si256();
+        /* Codes are used unsigned (0..63; int16 pairs <= 16002) and the -32
+         * offset comes back through the activation's 16-element sums:
+         * sum_g sc_g * (sum q*a - 32 * bsum_g). Per lane
+         * |.| <= 8 * 128 * 2*16002 + 32 * 128 * 2*16*127 < 2^26 (int32-exact;
+         * the float conversion can round only in that extreme). */
+        __m256i isum = _mm256_setzero_si256();
         for (int c = 0; c < 2; c++) {
             __m256i q[4];
             q6k_codes(x[i].ql + 64 * c, x[i].qh + 32 * c, q);
@@ -697,14 +753,15 @@ static void dot_q6_k(int64_t n, float *s, const void *vx, const void *vy) {
                 /* lanes 0..7 of the int16 pair sums are elements 0..15 of this
                  * group of 32 (scale sc[2g]), lanes 8..15 the next 16. */
                 __m256i s16 = _mm256_set_m128i(_mm_set1_epi16(sc[2 * g + 1]), _mm_set1_epi16(sc[2 * g]));
-                acc = _mm256_add_epi32(acc, dot_u8_scaled(q[g], load32(y[i].qs + 128 * c + 32 * g), s16));
+                isum = _mm256_add_epi32(isum, dot_u8_scaled(q[g], load32(y[i].qs + 128 * c + 32 * g), s16));
             }
         }
-        int32_t corr = 0;
-        for (int g = 0; g < 16; g++) corr += x[i].scales[g] * y[i].bsums[g];
-        sum += y[i].d * h2f(x[i].d) * (float)(hsum_i32(acc) - 32 * corr);
+        __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
+        __m256i corr = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)y[i].bsums));
+        isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(corr, 5));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(y[i].d * h2f(x[i].d)), _mm256_cvtepi32_ps(isum), acc);
     }
-    *s = sum;
+    *s = hsum_ps(acc);
 }
 
 static void dot_iq4_xs(int64_t n, float *s, const void *vx, const void *vy) {
@@ -789,6 +846,8 @@ int ds4_kernels_init_avx2(ds4_kernel_set *k) {
     k->from_float[DS4_TYPE_Q8_0] = quant_q8_0;
     k->from_float[DS4_TYPE_Q8_1] = quant_q8_1;
     k->from_float[DS4_TYPE_Q8_K] = quant_q8_k;
+    k->from_float[DS4_TYPE_F16] = quant_f16;
+    k->from_float[DS4_TYPE_BF16] = quant_bf16;
     return 1;
 }
 

@@ -7,9 +7,9 @@
  *  - F32/F16/BF16: 64 weights per step in four zmm accumulators, a masked
  *    load for the tail (masked-off lanes are never touched, so no read past
  *    the row);
- *  - 32-wide blocks x Q8_0/Q8_1: two blocks per zmm, one vpdpbusd for the
- *    integer dot (unsigned codes directly; signed codes through the
- *    |x| * sign(x)*y trick, as in avx2.c);
+ *  - 32-wide blocks x Q8_0/Q8_1: one ymm vpdpbusd per block for the integer
+ *    dot (unsigned codes directly; signed codes through the |x| * sign(x)*y
+ *    trick, as in avx2.c);
  *  - Q4_K/Q5_K/Q6_K x Q8_K: 64 codes per zmm, vpmaddubsw then vpdpwssd
  *    applies the sub-block scales and accumulates in one instruction;
  *    IQ4_XS the same on ymm;
@@ -54,13 +54,6 @@ static inline float hsum256(__m256 v) {
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
 }
-static inline int32_t hsum_i32_512(__m512i v) {
-    __m256i s8 = _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
-    s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
-    return _mm_cvtsi128_si32(s);
-}
 static inline int32_t hsum_i32_256(__m256i v) {
     __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
     s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
@@ -92,43 +85,33 @@ static inline __m256i iq4nl_table(void) {
     return _mm256_set_m128i(t, t);
 }
 
-/* ggml-quants.c get_scale_min_k4. */
-static inline void k4_scales(const uint8_t *q, uint8_t sc[8], uint8_t mn[8]) {
-    for (int j = 0; j < 4; j++) {
-        sc[j] = q[j] & 63;
-        mn[j] = q[j + 4] & 63;
-    }
-    for (int j = 4; j < 8; j++) {
-        sc[j] = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
-        mn[j] = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
-    }
+/* Q4_K/Q5_K scales and mins (ggml-quants.c get_scale_min_k4), word-wise as
+ * in avx2.c: out[0..7] = scales, out[8..15] = mins. */
+static inline void k4_scales(const uint8_t *q, uint8_t out[16]) {
+    uint32_t w[3], r[4];
+    memcpy(w, q, 12);
+    r[0] = w[0] & 0x3f3f3f3fu;
+    r[1] = (w[2] & 0x0f0f0f0fu) | (((w[0] >> 6) & 0x03030303u) << 4);
+    r[2] = w[1] & 0x3f3f3f3fu;
+    r[3] = ((w[2] >> 4) & 0x0f0f0f0fu) | (((w[1] >> 6) & 0x03030303u) << 4);
+    memcpy(out, r, 16);
+}
+
+/* min_j * (bsums[2j] + bsums[2j+1]) per sub-block j, exact int32, 8 lanes. */
+static inline __m256i k4_min_terms(const uint8_t sm[16], const int16_t *bsums) {
+    __m128i m16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(sm + 8)));
+    __m256i mm = _mm256_set_m128i(_mm_unpackhi_epi16(m16, m16), _mm_unpacklo_epi16(m16, m16));
+    return _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)bsums), mm);
 }
 
 static inline int iq4xs_scale(const block_iq4_xs *b, int ib) {
     return ((b->scales_l[ib / 2] >> (4 * (ib % 2))) & 0xF) | (((b->scales_h >> (2 * ib)) & 3) << 4);
 }
 
-/* Q6_K: the four 32-code groups (unsigned 0..63) of a 128-chunk. */
-static inline void q6k_codes(const uint8_t *ql, const uint8_t *qh, __m256i q[4]) {
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
-    __m256i l0 = load32(ql), l1 = load32(ql + 32), h = load32(qh);
-    q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(h, m3), 4));
-    q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
-                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m3), 4));
-    q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m3), 4));
-    q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m3), 4));
-}
-
 /* Integer dot of signed x and y in 4-byte groups: |x| (x = -128 reads as
- * unsigned 128) times y negated where x < 0; exact in int32 (vpdpbusd does
- * not saturate). y = -128 would negate to itself: activations stay in
+ * unsigned 128) times sign(x)*y; exact in int32 (vpdpbusd does not
+ * saturate). y = -128 would negate to itself: activations stay in
  * [-127, 127]. */
-static inline __m512i sdot512(__m512i x, __m512i y) {
-    __m512i sy = _mm512_mask_sub_epi8(y, _mm512_movepi8_mask(x), _mm512_setzero_si512(), y);
-    return _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(x), sy);
-}
 static inline __m256i sdot256(__m256i x, __m256i y) {
     return _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
 }
@@ -192,40 +175,28 @@ static void dot_bf16_f32(int64_t n, float *s, const void *vx, const void *vy) {
 }
 
 /* ---------------------------------------------- 32-wide blocks x Q8_x -- */
-/* Two blocks per zmm: lanes 0..7 hold block i's 8 partial int32 sums, lanes
- * 8..15 block i+1's; one FMA with (d_x*d_y) of each block. An odd last block
- * goes through the ymm form into a separate accumulator. Floats combine as
- * fold(acc512) + acc256, then a fixed hsum; the Q8_1 m*s terms add in block
- * order into a scalar, added last. SIGNED selects the sign trick (codes that
- * can be negative); unsigned codes (<= 31) feed vpdpbusd directly. */
-#define Z32_DOT(name, wblock_t, ablock_t, CODES, SIGNED, EXTRA)                           \
+/* One block per ymm step: a single vpdpbusd replaces AVX2's vpmaddubsw +
+ * vpmaddwd pair (unsigned codes <= 31 feed it directly; signed ones through
+ * the |x| * sign(x)*y trick). Block i's 8 int32 sums scale by d_x*d_y and
+ * FMA into accumulator i & 1; hsum(acc0 + acc1) at the end, plus the Q8_1
+ * m*s terms summed in block order. (Pairing two blocks per zmm measured ~25%
+ * slower: the ymm->zmm joins cost more than the wider multiply saves.) */
+#define Y32_DOT(name, wblock_t, ablock_t, CODES, SIGNED, EXTRA)                           \
     static void name(int64_t n, float *s, const void *vx, const void *vy) {              \
         const wblock_t *x = vx;                                                           \
         const ablock_t *y = vy;                                                           \
         const int64_t nb = n / 32;                                                        \
-        __m512 acc = _mm512_setzero_ps();                                                 \
-        __m256 acc1 = _mm256_setzero_ps();                                                \
+        __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};                       \
         float extra = 0.0f;                                                               \
-        int64_t i = 0;                                                                    \
-        for (; i + 2 <= nb; i += 2) {                                                     \
-            __m512i q = join(CODES(&x[i]), CODES(&x[i + 1]));                             \
-            __m512i a = join(load32(y[i].qs), load32(y[i + 1].qs));                       \
-            __m512i p = SIGNED ? sdot512(q, a)                                            \
-                               : _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, a);       \
-            __m512 d = join_ps(h2f(x[i].d) * h2f(y[i].d), h2f(x[i + 1].d) * h2f(y[i + 1].d)); \
-            acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(p), acc);                         \
-            EXTRA(i);                                                                     \
-            EXTRA(i + 1);                                                                 \
-        }                                                                                 \
-        if (i < nb) {                                                                     \
+        for (int64_t i = 0; i < nb; i++) {                                                \
             __m256i q = CODES(&x[i]), a = load32(y[i].qs);                                \
             __m256i p = SIGNED ? sdot256(q, a)                                            \
                                : _mm256_dpbusd_epi32(_mm256_setzero_si256(), q, a);       \
-            acc1 = _mm256_mul_ps(_mm256_set1_ps(h2f(x[i].d) * h2f(y[i].d)),              \
-                                 _mm256_cvtepi32_ps(p));                                  \
+            acc[i & 1] = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * h2f(y[i].d)),      \
+                                         _mm256_cvtepi32_ps(p), acc[i & 1]);             \
             EXTRA(i);                                                                     \
         }                                                                                 \
-        *s = hsum256(_mm256_add_ps(fold512(acc), acc1)) + extra;                          \
+        *s = hsum256(_mm256_add_ps(acc[0], acc[1])) + extra;                              \
     }
 
 static inline __m256i codes_q4_0(const block_q4_0 *b) {
@@ -244,74 +215,89 @@ static inline __m256i codes_iq4_nl(const block_iq4_nl *b) {
 #define NO_EXTRA(i) ((void)0)
 #define Q8_1_EXTRA(i) (extra += h2f(x[i].m) * h2f(y[i].s))
 
-Z32_DOT(dot_q4_0, block_q4_0, block_q8_0, codes_q4_0, 1, NO_EXTRA)
-Z32_DOT(dot_q4_1, block_q4_1, block_q8_1, codes_q4_1, 0, Q8_1_EXTRA)
-Z32_DOT(dot_q5_0, block_q5_0, block_q8_0, codes_q5_0, 1, NO_EXTRA)
-Z32_DOT(dot_q5_1, block_q5_1, block_q8_1, codes_q5_1, 0, Q8_1_EXTRA)
-Z32_DOT(dot_q8_0, block_q8_0, block_q8_0, codes_q8_0, 1, NO_EXTRA)
-Z32_DOT(dot_iq4_nl, block_iq4_nl, block_q8_0, codes_iq4_nl, 1, NO_EXTRA)
+Y32_DOT(dot_q4_0, block_q4_0, block_q8_0, codes_q4_0, 1, NO_EXTRA)
+Y32_DOT(dot_q4_1, block_q4_1, block_q8_1, codes_q4_1, 0, Q8_1_EXTRA)
+Y32_DOT(dot_q5_0, block_q5_0, block_q8_0, codes_q5_0, 1, NO_EXTRA)
+Y32_DOT(dot_q5_1, block_q5_1, block_q8_1, codes_q5_1, 0, Q8_1_EXTRA)
+Y32_DOT(dot_q8_0, block_q8_0, block_q8_0, codes_q8_0, 1, NO_EXTRA)
+Y32_DOT(dot_iq4_nl, block_iq4_nl, block_q8_0, codes_iq4_nl, 1, NO_EXTRA)
 
 /* -------------------------------------------------- K-quants x Q8_K -- */
-/* Per block an exact int32 total (bounds as in avx2.c: unsigned codes <= 63
- * keep vpmaddubsw's int16 pairs <= 16002, the scales multiply after
- * widening, |total| < 2^31), then sum += (d_y*d_x) * total in block order. */
+/* Per block 16 lanes of exact int32 partial sums (unsigned codes <= 63 keep
+ * vpmaddubsw's int16 pairs <= 16002; vpdpwssd applies the scales after
+ * widening and accumulates), converted to float and FMA'd with d_y*d_x into
+ * a zmm accumulator in block order; mins (8 lanes) into a ymm one. At the
+ * end fold(zmm) + ymm, then one fixed-order hsum. */
 
-static inline __m512i scales16x2(int lo, int hi) {
-    return join(_mm256_set1_epi16((int16_t)lo), _mm256_set1_epi16((int16_t)hi));
+/* The 32 int16 lanes of a 64-code zmm pair codes 2L, 2L+1: lanes 0..15 are
+ * the first 32 codes (sub-block 2c), lanes 16..31 the next 32 (2c+1). */
+#define UPPER16 ((__mmask32)0xFFFF0000u)
+
+/* vpermw indices picking scale j for lanes 0..15 and j+1 for 16..31. */
+static inline __m512i k4_scale_idx0(void) {
+    return _mm512_mask_blend_epi16(UPPER16, _mm512_setzero_si512(), _mm512_set1_epi16(1));
 }
 
 static void dot_q4_k(int64_t n, float *s, const void *vx, const void *vy) {
     const block_q4_K *x = vx;
     const block_q8_K *y = vy;
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-    float sum = 0.0f;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), two = _mm512_set1_epi16(2);
+    __m512 acc = _mm512_setzero_ps();
+    __m256 accm = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / QK_K; i++) {
-        uint8_t sc[8], mn[8];
-        k4_scales(x[i].scales, sc, mn);
-        __m512i acc = _mm512_setzero_si512();
+        uint8_t sm[16];
+        k4_scales(x[i].scales, sm);
+        const __m512i sc = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sm)));
+        __m512i idx = k4_scale_idx0();
+        __m512i isum = _mm512_setzero_si512(); /* per lane <= 4 * 63 * 2*3810 < 2^21 */
         for (int c = 0; c < 4; c++) {
-            __m256i q = load32(x[i].qs + 32 * c);
-            __m512i codes = join(_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16(q, 4), m4));
+            /* [q | q]: low nibbles in the lower half, high nibbles in the upper */
+            __m512i q = _mm512_broadcast_i64x4(load32(x[i].qs + 32 * c));
+            __m512i codes = _mm512_and_si512(_mm512_mask_srli_epi16(q, UPPER16, q, 4), m4);
             __m512i p16 = _mm512_maddubs_epi16(codes, _mm512_loadu_si512(y[i].qs + 64 * c));
-            acc = _mm512_dpwssd_epi32(acc, p16, scales16x2(sc[2 * c], sc[2 * c + 1]));
+            isum = _mm512_dpwssd_epi32(isum, p16, _mm512_permutexvar_epi16(idx, sc));
+            idx = _mm512_add_epi16(idx, two);
         }
-        int32_t mins = 0;
-        for (int j = 0; j < 8; j++) mins += mn[j] * (y[i].bsums[2 * j] + y[i].bsums[2 * j + 1]);
         const float dy = y[i].d;
-        sum += dy * h2f(x[i].d) * (float)hsum_i32_512(acc);
-        sum -= dy * h2f(x[i].dmin) * (float)mins;
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(dy * h2f(x[i].d)), _mm512_cvtepi32_ps(isum), acc);
+        accm = _mm256_fnmadd_ps(_mm256_set1_ps(dy * h2f(x[i].dmin)),
+                                _mm256_cvtepi32_ps(k4_min_terms(sm, y[i].bsums)), accm);
     }
-    *s = sum;
+    *s = hsum256(_mm256_add_ps(fold512(acc), accm));
 }
 
 static void dot_q5_k(int64_t n, float *s, const void *vx, const void *vy) {
     const block_q5_K *x = vx;
     const block_q8_K *y = vy;
-    const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
-    float sum = 0.0f;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), one = _mm512_set1_epi8(1), two = _mm512_set1_epi16(2);
+    __m512 acc = _mm512_setzero_ps();
+    __m256 accm = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / QK_K; i++) {
-        uint8_t sc[8], mn[8];
-        k4_scales(x[i].scales, sc, mn);
-        const __m256i qh = load32(x[i].qh);
-        __m512i acc = _mm512_setzero_si512();
+        uint8_t sm[16];
+        k4_scales(x[i].scales, sm);
+        const __m512i sc = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sm)));
+        __m512i idx = k4_scale_idx0();
+        /* [qh | qh >> 1]: bit 0 of each byte is then qh bit 2c (low codes) /
+         * 2c+1 (high codes) after c further shifts by 2. Shifting 16-bit
+         * lanes by <= 7 never moves a neighbour byte's bits into bit 0. */
+        __m512i h = _mm512_broadcast_i64x4(load32(x[i].qh));
+        h = _mm512_mask_srli_epi16(h, UPPER16, h, 1);
+        __m512i isum = _mm512_setzero_si512(); /* per lane <= 4 * 63 * 2*7874 < 2^22 */
         for (int c = 0; c < 4; c++) {
-            __m256i q = load32(x[i].qs + 32 * c);
-            /* bit 2c of qh[l] is bit 4 of low code l, bit 2c+1 of high code l */
-            __m256i hlo = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), one);
-            __m256i hhi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), one);
-            __m256i lo = _mm256_or_si256(_mm256_and_si256(q, m4), _mm256_slli_epi16(hlo, 4));
-            __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4),
-                                         _mm256_slli_epi16(hhi, 4));
-            __m512i p16 = _mm512_maddubs_epi16(join(lo, hi), _mm512_loadu_si512(y[i].qs + 64 * c));
-            acc = _mm512_dpwssd_epi32(acc, p16, scales16x2(sc[2 * c], sc[2 * c + 1]));
+            __m512i q = _mm512_broadcast_i64x4(load32(x[i].qs + 32 * c));
+            __m512i codes = _mm512_and_si512(_mm512_mask_srli_epi16(q, UPPER16, q, 4), m4);
+            codes = _mm512_or_si512(codes, _mm512_slli_epi16(_mm512_and_si512(h, one), 4));
+            __m512i p16 = _mm512_maddubs_epi16(codes, _mm512_loadu_si512(y[i].qs + 64 * c));
+            isum = _mm512_dpwssd_epi32(isum, p16, _mm512_permutexvar_epi16(idx, sc));
+            idx = _mm512_add_epi16(idx, two);
+            h = _mm512_srli_epi16(h, 2);
         }
-        int32_t mins = 0;
-        for (int j = 0; j < 8; j++) mins += mn[j] * (y[i].bsums[2 * j] + y[i].bsums[2 * j + 1]);
         const float dy = y[i].d;
-        sum += dy * h2f(x[i].d) * (float)hsum_i32_512(acc);
-        sum -= dy * h2f(x[i].dmin) * (float)mins;
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(dy * h2f(x[i].d)), _mm512_cvtepi32_ps(isum), acc);
+        accm = _mm256_fnmadd_ps(_mm256_set1_ps(dy * h2f(x[i].dmin)),
+                                _mm256_cvtepi32_ps(k4_min_terms(sm, y[i].bsums)), accm);
     }
-    *s = sum;
+    *s = hsum256(_mm256_add_ps(fold512(acc), accm));
 }
 
 static void dot_q6_k(int64_t n, float *s, const void *vx, const void *vy) {
@@ -324,30 +310,45 @@ static void dot_q6_k(int64_t n, float *s, const void *vx, const void *vy) {
                                           0x0001000100010001LL, 0x0001000100010001LL,
                                           0x0000000000000000LL, 0x0000000000000000LL);
     const __m512i four = _mm512_set1_epi16(4);
-    float sum = 0.0f;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m3 = _mm512_set1_epi8(3);
+    __m512 acc = _mm512_setzero_ps();
+    __m256 accc = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / QK_K; i++) {
-        const __m512i sc16 = _mm512_castsi256_si512(
-            _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales)));
-        /* Unsigned codes 0..63; the -32 offset comes back below through the
-         * activation's 16-element sums. */
-        __m512i acc = _mm512_setzero_si512();
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
+        const __m512i sc512 = _mm512_castsi256_si512(sc16);
+        /* Unsigned codes 0..63 (per lane <= 4 * 128 * 2*16002 < 2^24); the
+         * -32 offset comes back through the activation's 16-element sums. */
+        __m512i isum = _mm512_setzero_si512();
         __m512i idx = idx0;
         for (int c = 0; c < 2; c++) {
-            __m256i q[4];
-            q6k_codes(x[i].ql + 64 * c, x[i].qh + 32 * c, q);
-            for (int h = 0; h < 2; h++) {
-                __m512i p16 = _mm512_maddubs_epi16(join(q[2 * h], q[2 * h + 1]),
-                                                   _mm512_loadu_si512(y[i].qs + 128 * c + 64 * h));
-                acc = _mm512_dpwssd_epi32(acc, p16, _mm512_permutexvar_epi16(idx, sc16));
-                idx = _mm512_add_epi16(idx, four);
-            }
+            /* A 128-chunk: l = ql[0..63], h = [qh | qh] (32 bytes twice).
+             * Codes 0..63:   (l & 15) | ((h >> {0 | 2}) & 3) << 4
+             * Codes 64..127: (l >> 4) | ((h >> {4 | 6}) & 3) << 4
+             * ({lower | upper} half shifts; 16-bit shifts <= 6 never bring a
+             * neighbour byte's bits into the 2 or 4 bits kept). */
+            const __m512i l = _mm512_loadu_si512(x[i].ql + 64 * c);
+            const __m512i h = _mm512_broadcast_i64x4(load32(x[i].qh + 32 * c));
+            __m512i ha = _mm512_mask_srli_epi16(h, UPPER16, h, 2);
+            __m512i hb = _mm512_mask_srli_epi16(_mm512_srli_epi16(h, 4), UPPER16, h, 6);
+            __m512i qa = _mm512_or_si512(_mm512_and_si512(l, m4),
+                                         _mm512_slli_epi16(_mm512_and_si512(ha, m3), 4));
+            __m512i qb = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                                         _mm512_slli_epi16(_mm512_and_si512(hb, m3), 4));
+            __m512i p16 = _mm512_maddubs_epi16(qa, _mm512_loadu_si512(y[i].qs + 128 * c));
+            isum = _mm512_dpwssd_epi32(isum, p16, _mm512_permutexvar_epi16(idx, sc512));
+            idx = _mm512_add_epi16(idx, four);
+            p16 = _mm512_maddubs_epi16(qb, _mm512_loadu_si512(y[i].qs + 128 * c + 64));
+            isum = _mm512_dpwssd_epi32(isum, p16, _mm512_permutexvar_epi16(idx, sc512));
+            idx = _mm512_add_epi16(idx, four);
         }
-        /* sum over groups of sc_g * bsum_g, exact in int32 */
-        __m256i bs = _mm256_loadu_si256((const __m256i *)y[i].bsums);
-        int32_t corr = hsum_i32_256(_mm256_madd_epi16(_mm512_castsi512_si256(sc16), bs));
-        sum += y[i].d * h2f(x[i].d) * (float)(hsum_i32_512(acc) - 32 * corr);
+        /* 32 * sum_g sc_g * bsum_g, exact int32 in 8 lanes */
+        __m256i corr = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)y[i].bsums));
+        const float d = y[i].d * h2f(x[i].d);
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(isum), acc);
+        accc = _mm256_fnmadd_ps(_mm256_set1_ps(d),
+                                _mm256_cvtepi32_ps(_mm256_slli_epi32(corr, 5)), accc);
     }
-    *s = sum;
+    *s = hsum256(_mm256_add_ps(fold512(acc), accc));
 }
 
 static void dot_iq4_xs(int64_t n, float *s, const void *vx, const void *vy) {
@@ -382,9 +383,11 @@ static inline void affine64(__m512i codes, const block_q8_0 *a, float sc, float 
     const __m512i zero = _mm512_setzero_si512();
     const __m512i sq = _mm512_dpbusd_epi32(zero, codes, av);
     const __m512i sa = _mm512_dpbusd_epi32(zero, _mm512_set1_epi8(1), av);
-    const float d0 = h2f(a[0].d), d1 = h2f(a[1].d);
-    *acc_q = _mm512_fmadd_ps(join_ps(sc * d0, sc * d1), _mm512_cvtepi32_ps(sq), *acc_q);
-    *acc_b = _mm512_fmadd_ps(join_ps(bi * d0, bi * d1), _mm512_cvtepi32_ps(sa), *acc_b);
+    /* [d0 x8 | d1 x8] once; scale*d and bias*d are each one rounding, as
+     * the scalar products would be */
+    const __m512 d = join_ps(h2f(a[0].d), h2f(a[1].d));
+    *acc_q = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(sc), d), _mm512_cvtepi32_ps(sq), *acc_q);
+    *acc_b = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(bi), d), _mm512_cvtepi32_ps(sa), *acc_b);
 }
 
 static void dot_q4_64a(int64_t n, float *s, const void *vx, const void *vy) {

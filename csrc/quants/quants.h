@@ -68,9 +68,10 @@ extern const int8_t ds4_kvalues_iq4nl[16];
 
 /* --------------------------------------------------- scalar conversions -- */
 /* Bit-exact IEEE conversions, no FPU-mode dependence. fp16 -> f32 is exact
- * for every input including subnormals, Inf and NaN (payload kept, as ggml's
- * table does); f32 -> fp16 rounds to nearest-even like F16C's vcvtps2ph with
- * imm 0, which is what ggml's x86 build uses. */
+ * for every input including subnormals, Inf and NaN (payload kept, quiet bit
+ * forced, as F16C's vcvtph2ps and so ggml's x86 build do); f32 -> fp16 rounds
+ * to nearest-even like F16C's vcvtps2ph with imm 0, which is what ggml's x86
+ * build uses (scalar.c matches both instructions on every input). */
 static inline float ds4_f32_from_bits(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 static inline uint32_t ds4_bits_from_f32(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 
