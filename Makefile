@@ -6,13 +6,18 @@ LOCK = flock /tmp/ds4py-build.lock
 # Kernel tests re-run with the SIMD paths disabled (DS4_FORCE_SCALAR=1).
 KERNEL_TESTS = tests/test_quants_scalar.py tests/test_quants_llamacpp.py tests/test_gguf_reader.py
 
-.PHONY: dev build test test-python test-scalar test-neon test-neon-run test-reference bench fuzz lint clean
+.PHONY: dev build build-fast test test-python test-scalar test-neon test-neon-run test-reference bench fuzz lint clean
 
 dev:
 	$(PY) -m pip install -e '.[test]'
 
-# Fast in-place rebuild of ds4py/_ds4core*.so after editing csrc/.
+# Rebuild ds4py/_ds4core*.so in place after editing csrc/. Goes through pip
+# (PEP 517 build isolation) so it works with whatever setuptools the
+# environment has; `make build-fast` reuses the environment's own setuptools.
 build:
+	$(LOCK) $(PY) -m pip install -q --no-deps -e .
+
+build-fast:
 	$(LOCK) $(PY) setup.py -q build_ext --inplace
 
 # What CI runs (through the README's test command).

@@ -24,6 +24,8 @@ GENERIC_SOURCES = [
     "csrc/quants/scalar.c",
     "csrc/quants/dispatch.c",
     "csrc/quants/kernels_api.c",
+    "csrc/model.c",
+    "csrc/session.c",
 ]
 
 # Per-variant sources and their target flags (x86-64 and arm64). A variant

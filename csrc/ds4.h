@@ -193,6 +193,75 @@ int ds4_gguf_get_tensor(const ds4_gguf *g, int64_t i, ds4_gguf_tensor *out,
 int64_t ds4_gguf_find_kv(const ds4_gguf *g, const char *key);
 int64_t ds4_gguf_find_tensor(const ds4_gguf *g, const char *name);
 
+/* --------------------------------------------------------------- model -- */
+
+typedef struct ds4_model ds4_model;
+typedef struct ds4_session ds4_session;
+
+enum { DS4_ARCH_QWEN35 = 0, DS4_ARCH_QWEN35MOE = 1 };
+enum { DS4_PRECISION_FAST = 0, DS4_PRECISION_EXACT = 1 };
+enum { DS4_LAYER_GDN = 0, DS4_LAYER_ATTN = 1, DS4_LAYER_NEXTN = 2 };
+
+/* Every dimension of a loaded Qwen3.5 model (names follow the GGUF keys;
+ * qwen35-spec.md §1). */
+typedef struct {
+    int arch;                 /* DS4_ARCH_* */
+    int64_t n_vocab;
+    int64_t n_embd;
+    int64_t n_layer_all;      /* block_count: trunk + nextn blocks */
+    int64_t n_main;           /* trunk layers run by the forward pass */
+    int64_t n_nextn;          /* nextn_predict_layers (0 or 1) */
+    int64_t n_ctx_train;      /* context_length */
+    float rms_eps;
+    /* gated attention */
+    int64_t n_head, n_head_kv, head_dim, n_rot;
+    float rope_base;
+    float attn_scale;         /* resolved: attention.scale, or 1/sqrt(head_dim) */
+    /* gated delta net */
+    int64_t ssm_conv_kernel;  /* K */
+    int64_t ssm_d_state;      /* d_k == d_v */
+    int64_t ssm_n_k;          /* group_count */
+    int64_t ssm_n_v;          /* time_step_rank */
+    int64_t ssm_d_inner;      /* n_v * d_v */
+    /* FFN */
+    int64_t n_ff;             /* dense FFN width (0 for MoE) */
+    int64_t n_expert, n_expert_used, n_ff_exp, n_ff_shexp; /* MoE (0 for dense) */
+    int tied_head;            /* 1 when output.weight is absent */
+    int fused_gate_up_exps;   /* 1 when the file has ffn_gate_up_exps */
+} ds4_model_config;
+
+typedef struct {
+    int precision;            /* DS4_PRECISION_* */
+    int n_threads;            /* <= 0: one per online CPU */
+    int64_t n_ctx;            /* <= 0: min(context_length, 8192) */
+} ds4_model_params;
+
+/* Load and bind a qwen35/qwen35moe GGUF. Everything the engine cannot run
+ * (architecture, a missing or mis-shaped tensor, a tensor type without
+ * kernels) is refused here with a message naming it. */
+int ds4_model_load(const char *path, const ds4_model_params *params,
+                   ds4_model **out, ds4_error *err);
+void ds4_model_free(ds4_model *m);
+void ds4_model_get_config(const ds4_model *m, ds4_model_config *out);
+/* DS4_LAYER_* of block il (0 <= il < n_layer_all), or -1 when out of range. */
+int ds4_model_layer_kind(const ds4_model *m, int64_t il);
+int64_t ds4_model_n_ctx(const ds4_model *m);
+int ds4_model_precision(const ds4_model *m);
+
+int ds4_session_new(ds4_model *m, ds4_session **out, ds4_error *err);
+void ds4_session_free(ds4_session *s);
+/* Evaluate n tokens after the session's current position. want_rows:
+ * 0 = logits of the last row only, 1 = logits of every row. Hidden states
+ * (post-final-norm) are always kept for the same rows. A prompt past n_ctx
+ * fails with DS4_ERR_ARG and leaves the session unchanged. */
+int ds4_session_eval(ds4_session *s, const int32_t *tokens, int64_t n,
+                     int all_rows, ds4_error *err);
+/* Results of the last eval, owned by the session, valid until the next eval
+ * or free: rows x n_vocab logits / rows x n_embd hidden (row-major). */
+const float *ds4_session_logits(const ds4_session *s, int64_t *n_rows);
+const float *ds4_session_hidden(const ds4_session *s, int64_t *n_rows);
+int64_t ds4_session_n_past(const ds4_session *s);
+
 /* ---------------------------------------------------------------- Metal -- */
 
 /* 1 when a Metal device is usable; else 0 and err says why ("Metal is not
