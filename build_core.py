@@ -25,7 +25,17 @@ GENERIC_SOURCES = [
     "csrc/quants/dispatch.c",
     "csrc/quants/kernels_api.c",
     "csrc/model.c",
+    "csrc/model_config.c",
     "csrc/session.c",
+    "csrc/pool.c",
+    "csrc/forward/forward.c",
+    "csrc/forward/kv.c",
+    "csrc/forward/matmul.c",
+    "csrc/forward/norm.c",
+    "csrc/forward/gdn.c",
+    "csrc/forward/attention.c",
+    "csrc/forward/ffn.c",
+    "csrc/forward/moe.c",
 ]
 
 # Per-variant sources and their target flags (x86-64 and arm64). A variant

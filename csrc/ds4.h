@@ -26,6 +26,7 @@ typedef enum {
     DS4_ERR_ARG = 2,             /* bad argument from the caller */
     DS4_ERR_NOMEM = 3,
     DS4_ERR_UNSUPPORTED = 4,     /* type/ISA/feature known but not runnable */
+    DS4_ERR_BAD_MODEL = 5,       /* a valid GGUF whose keys/tensors do not form a consistent model */
     DS4_ERR_TRUNCATED = 10,      /* a read ran past the end of the file */
     DS4_ERR_BAD_MAGIC = 11,
     DS4_ERR_BAD_VERSION = 12,
@@ -247,6 +248,27 @@ void ds4_model_get_config(const ds4_model *m, ds4_model_config *out);
 int ds4_model_layer_kind(const ds4_model *m, int64_t il);
 int64_t ds4_model_n_ctx(const ds4_model *m);
 int ds4_model_precision(const ds4_model *m);
+int ds4_model_n_threads(const ds4_model *m);
+
+/* The tensors the loader bound, for inspection and tests: one entry per
+ * filled slot, globals first (layer -1), then each block in ds4_layer field
+ * order. A nextn block without its own shared_head_norm has output_norm.weight
+ * in that slot (llama.cpp's fallback). Pointers live as long as the model. */
+typedef struct {
+    const char *name;         /* GGUF tensor name (NUL-terminated) */
+    const char *role;         /* slot: "token_embd", "attn_q", "nextn_eh_proj", ... */
+    int64_t layer;            /* block index, or -1 for a global tensor */
+    int type;
+    int n_dims;
+    int64_t ne[4];
+    const void *data;         /* into the mapping */
+    size_t row_bytes;         /* bytes of one ne[0]-long row */
+    size_t expert_bytes;      /* bytes of one ne[0] x ne[1] matrix */
+} ds4_model_tensor_info;
+
+int64_t ds4_model_n_tensors(const ds4_model *m);
+int ds4_model_get_tensor(const ds4_model *m, int64_t i, ds4_model_tensor_info *out,
+                         ds4_error *err);
 
 int ds4_session_new(ds4_model *m, ds4_session **out, ds4_error *err);
 void ds4_session_free(ds4_session *s);

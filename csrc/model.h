@@ -41,7 +41,8 @@ typedef struct {
     /* routed MoE (qwen35moe); gate/up either separate or fused gate_up */
     ds4_tensor ffn_gate_inp, ffn_gate_exps, ffn_up_exps, ffn_gate_up_exps, ffn_down_exps;
     ds4_tensor ffn_gate_inp_shexp, ffn_gate_shexp, ffn_up_shexp, ffn_down_shexp;
-    /* nextn head (kind == NEXTN) */
+    /* nextn head (kind == NEXTN). shared_head_norm is always filled: with
+     * output_norm when the file has none (llama.cpp's fallback). */
     ds4_tensor nextn_eh_proj, nextn_enorm, nextn_hnorm, nextn_shared_head_norm;
     ds4_tensor nextn_embed_tokens, nextn_shared_head_head; /* optional */
 } ds4_layer;
@@ -52,6 +53,7 @@ struct ds4_model {
     ds4_model_params params;   /* resolved: precision, n_threads >= 1, n_ctx >= 1 */
     ds4_tensor token_embd, output_norm, output; /* output.data == NULL: tied */
     ds4_layer *layers;         /* n_layer_all entries */
+    char *name_pool;           /* NUL-terminated tensor names that ds4_tensor.name points into */
 };
 
 /* The LM head matrix (output, or token_embd when tied). */

@@ -1,21 +1,122 @@
-/* session.c — placeholder until the forward pass lands. */
+/*
+ * session.c — a sequence being evaluated: its position, its forward state
+ * (KV pages, recurrent states, scratch, threads: forward/forward.h) and the
+ * results of the last eval.
+ *
+ * An eval checks everything and allocates everything it needs (output rows,
+ * KV pages) before the first state change, so a failed eval leaves the
+ * session exactly as it was. The tokens of one eval are one batch; it runs
+ * as fixed chunks of DS4_CHUNK_ROWS rows, and since every row's math is
+ * batch invariant the chunking is invisible in the results.
+ */
 #include "model.h"
 #include "error.h"
+#include "forward/forward.h"
+
+#include <stdlib.h>
+
+struct ds4_session {
+    ds4_model *m;
+    ds4_fwd f;
+    int64_t n_past;
+    float *logits, *hidden;   /* cap_rows rows each */
+    int64_t cap_rows, n_rows; /* n_rows: rows of the last eval's results */
+};
 
 int ds4_session_new(ds4_model *m, ds4_session **out, ds4_error *err) {
-    (void)m; *out = 0;
-    return ds4_fail(err, DS4_ERR_UNSUPPORTED, "sessions are not built yet");
+    *out = NULL;
+    if (!m) return ds4_fail(err, DS4_ERR_ARG, "ds4_session_new: model is NULL");
+    ds4_session *s = calloc(1, sizeof *s);
+    if (!s) return ds4_fail(err, DS4_ERR_NOMEM, "out of memory for a session");
+    s->m = m;
+    /* Exact mode keeps K/V in F32. The element type is a per-session
+     * setting so the fast mode can store F16 pages (llama.cpp's default). */
+    int rc = ds4_fwd_init(&s->f, m, DS4_TYPE_F32, err);
+    if (rc) {
+        free(s);
+        return rc;
+    }
+    *out = s;
+    return ds4_ok(err);
 }
-void ds4_session_free(ds4_session *s) { (void)s; }
+
+void ds4_session_free(ds4_session *s) {
+    if (!s) return;
+    ds4_fwd_free(&s->f);
+    free(s->logits);
+    free(s->hidden);
+    free(s);
+}
+
+/* Room for n_out result rows. Old results are not kept: they are only
+ * valid until the next eval. */
+static int grow_outputs(ds4_session *s, int64_t n_out, ds4_error *err) {
+    if (n_out <= s->cap_rows) return DS4_OK;
+    const ds4_model_config *c = &s->f.c;
+    float *lg = malloc((size_t)n_out * (size_t)c->n_vocab * sizeof(float));
+    float *hd = malloc((size_t)n_out * (size_t)c->n_embd * sizeof(float));
+    if (!lg || !hd) {
+        free(lg);
+        free(hd);
+        return ds4_fail(err, DS4_ERR_NOMEM, "out of memory for %lld rows of logits",
+                        (long long)n_out);
+    }
+    free(s->logits);
+    free(s->hidden);
+    s->logits = lg;
+    s->hidden = hd;
+    s->cap_rows = n_out;
+    s->n_rows = 0;
+    return DS4_OK;
+}
+
 int ds4_session_eval(ds4_session *s, const int32_t *tokens, int64_t n, int all_rows,
                      ds4_error *err) {
-    (void)s; (void)tokens; (void)n; (void)all_rows;
-    return ds4_fail(err, DS4_ERR_UNSUPPORTED, "sessions are not built yet");
+    if (!s) return ds4_fail(err, DS4_ERR_ARG, "ds4_session_eval: session is NULL");
+    if (n <= 0 || !tokens)
+        return ds4_fail(err, DS4_ERR_ARG, "eval needs at least one token (got %lld)", (long long)n);
+    const ds4_model_config *c = &s->f.c;
+    for (int64_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= c->n_vocab)
+            return ds4_fail(err, DS4_ERR_ARG, "token id %d at index %lld is out of range [0, %lld)",
+                            tokens[i], (long long)i, (long long)c->n_vocab);
+    const int64_t n_ctx = s->f.n_ctx;
+    if (n > n_ctx - s->n_past)
+        return ds4_fail(err, DS4_ERR_ARG,
+                        "prompt of %lld tokens does not fit: n_past %lld + %lld > n_ctx %lld",
+                        (long long)n, (long long)s->n_past, (long long)n, (long long)n_ctx);
+    const int64_t n_out = all_rows ? n : 1;
+    int rc;
+    if ((rc = ds4_fwd_reserve(&s->f, s->n_past + n, err)) || (rc = grow_outputs(s, n_out, err)))
+        return rc;
+
+    /* Nothing below can fail. */
+    for (int64_t c0 = 0; c0 < n; c0 += DS4_CHUNK_ROWS) {
+        const int64_t cn = n - c0 < DS4_CHUNK_ROWS ? n - c0 : DS4_CHUNK_ROWS;
+        int64_t out_row0;
+        float *lg = s->logits, *hd = s->hidden;
+        if (all_rows) {
+            out_row0 = 0;
+            lg += c0 * c->n_vocab;
+            hd += c0 * c->n_embd;
+        } else {
+            out_row0 = c0 + cn == n ? cn - 1 : cn; /* only the eval's last row */
+        }
+        ds4_fwd_chunk(&s->f, tokens + c0, cn, s->n_past + c0, out_row0, lg, hd);
+    }
+    s->n_past += n;
+    s->n_rows = n_out;
+    return ds4_ok(err);
 }
+
 const float *ds4_session_logits(const ds4_session *s, int64_t *n_rows) {
-    (void)s; *n_rows = 0; return 0;
+    *n_rows = s && s->n_rows ? s->n_rows : 0;
+    return *n_rows ? s->logits : NULL;
 }
+
 const float *ds4_session_hidden(const ds4_session *s, int64_t *n_rows) {
-    (void)s; *n_rows = 0; return 0;
+    *n_rows = s && s->n_rows ? s->n_rows : 0;
+    return *n_rows ? s->hidden : NULL;
 }
-int64_t ds4_session_n_past(const ds4_session *s) { (void)s; return 0; }
+
+int64_t ds4_session_n_past(const ds4_session *s) { return s ? s->n_past : 0; }

@@ -4,8 +4,13 @@ from . import gguf, quants
 from .errors import DS4Error, GGUFError, ModelError, QuantError
 from .gguf import GGUFFile, TensorInfo
 from .gguf_writer import GGUFWriter, write_gguf
+from .model import Model, ModelConfig
+from .session import Session
+
+load = Model.load
 
 __version__ = "0.1.0.dev0"
 
 __all__ = ["DS4Error", "GGUFError", "ModelError", "QuantError", "__version__", "quants",
-           "gguf", "GGUFFile", "TensorInfo", "GGUFWriter", "write_gguf"]
+           "gguf", "GGUFFile", "TensorInfo", "GGUFWriter", "write_gguf", "Model", "ModelConfig",
+           "load", "Session"]

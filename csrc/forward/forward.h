@@ -1,0 +1,170 @@
+/*
+ * forward.h — internal: the CPU forward pass of a Qwen3.5 trunk
+ * (qwen35-spec.md §3–§6), and the per-session state it runs over.
+ *
+ * One ds4_fwd belongs to one session: its KV pages, recurrent states,
+ * scratch and thread pool. The math lives in one file per concept:
+ *   matmul.c     y = W x over rows of tokens (the precision seam)
+ *   norm.c       RMSNorm, L2 norm, activations
+ *   gdn.c        gated DeltaNet mixer (conv, delta rule, gated norm)
+ *   attention.c  gated full attention (q/k norm, RoPE, KV pages, split-K)
+ *   ffn.c        dense SwiGLU FFN
+ *   moe.c        routed experts + shared expert
+ *   kv.c         KV page allocation
+ *   forward.c    state/scratch setup and the layer loop of one chunk
+ *
+ * Batch invariance (DESIGN.md invariant 1) is a property of every file
+ * here: each output element of a row is computed by one fixed sequence of
+ * float operations that depends only on that row (and on the state left by
+ * earlier rows), never on how many rows share the chunk, where a chunk
+ * starts, or which thread runs it.
+ */
+#ifndef DS4_FORWARD_H
+#define DS4_FORWARD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../model.h"
+#include "../pool.h"
+#include "../quants/quants.h"
+
+/* Positions per KV page, and the split-K block of attention. Fixed (never
+ * derived from the thread count) so the softmax merge order of a row is
+ * the same however the work is spread. */
+#define DS4_KV_PAGE 256
+/* Rows per internal prefill chunk: bounds the scratch; results do not
+ * depend on it. */
+#define DS4_CHUNK_ROWS 64
+
+/* ------------------------------------------------------------- matmul -- */
+
+/* One matrix-times-rows job: for r < n_rows, y_row(r)[o] = W_o · x_row(r),
+ * o < n_out. x_row(r) is x + (x_idx ? x_idx[r] : r) * x_stride, likewise y.
+ * W row o is at w + o*row_bytes (n_in weights of `type`). */
+typedef struct {
+    int type;
+    const uint8_t *w;
+    size_t row_bytes;
+    int64_t n_in, n_out;
+    const float *x;
+    int64_t x_stride;
+    const int32_t *x_idx;
+    float *y;
+    int64_t y_stride;
+    const int32_t *y_idx;
+    int64_t n_rows;
+} ds4_mm_job;
+
+/* A job over rows [row0, row0+n_out) of tensor t (expert `expert` of a 3-D
+ * tensor, 0 otherwise), contiguous x/y rows. */
+ds4_mm_job ds4_mm(const ds4_tensor *t, int64_t expert, int64_t row0, int64_t n_out,
+                  const float *x, int64_t x_stride, float *y, int64_t y_stride,
+                  int64_t n_rows);
+
+struct ds4_fwd;
+/* Run all jobs in one pool dispatch. */
+void ds4_matmul(struct ds4_fwd *f, const ds4_mm_job *jobs, int n_jobs);
+
+/* --------------------------------------------------------------- norm -- */
+
+/* y = x / sqrt(mean(x^2) + eps) * w (w may be NULL), n elements; the sum of
+ * squares in double (ggml-cpu ops.cpp ggml_compute_forward_rms_norm_f32).
+ * y may alias x. */
+void ds4_rmsnorm(const float *x, const float *w, float *y, int64_t n, float eps);
+/* x *= 1/sqrt(sum(x^2) + eps) in place (transformers modeling_qwen3_5.py
+ * l2norm), sum in double. */
+void ds4_l2norm(float *x, int64_t n, float eps);
+float ds4_silu(float x);
+float ds4_sigmoid(float x);
+float ds4_softplus(float x);
+
+/* ------------------------------------------------------------- state -- */
+
+typedef struct {
+    int64_t n_pages;   /* allocated pages (positions [0, n_pages*DS4_KV_PAGE)) */
+    uint8_t **k, **v;  /* n_pages_max slots. A page is [n_head_kv][DS4_KV_PAGE][head_dim]
+                          elements of the session's kv_type: one kv head's rows are
+                          contiguous, which is what a head's attention scans. */
+} ds4_kv_layer;
+
+typedef struct {
+    float *conv;  /* (K-1) x conv_dim raw attn_qkv rows, oldest first */
+    float *ssm;   /* n_v heads of d_v x d_k: head j, S[i][m] at j*d_k*d_v + m*d_k + i */
+} ds4_gdn_state;
+
+typedef struct ds4_fwd {
+    const ds4_model *m;
+    ds4_model_config c;
+    const ds4_kernel_set *k;
+    ds4_pool *pool;
+    int n_threads;
+    int precision;            /* DS4_PRECISION_*; only EXACT math exists yet */
+
+    /* KV cache */
+    int kv_type;              /* DS4_TYPE_F32 (exact); F16 is the planned fast type */
+    size_t kv_elem_bytes;
+    int64_t n_ctx, n_pages_max;
+    ds4_kv_layer *kv;         /* n_main entries (used for attention layers) */
+    ds4_gdn_state *gdn;       /* n_main entries (used for GDN layers) */
+
+    /* scratch for DS4_CHUNK_ROWS rows */
+    float *h;                 /* residual stream, rows x n_embd */
+    float *x;                 /* normed input of a mixer/FFN */
+    float *y;                 /* its output */
+    float *work;              /* rows x work_per_row, carved per layer kind */
+    int64_t work_per_row;
+    float *rope_cos, *rope_sin; /* rows x n_rot/2 */
+    float *conv_tmp;          /* (K-1) x conv_dim */
+    int32_t *moe_sel;         /* rows x n_expert_used */
+    float *moe_w;             /* rows x n_expert_used */
+    int32_t *moe_idx;         /* rows x n_expert_used (row, slot) pairs grouped by expert */
+    int32_t *moe_src;         /* the source row of each pair in moe_idx */
+    int64_t *moe_off;         /* n_expert + 1: expert e's pairs are moe_idx[off[e], off[e+1]) */
+    ds4_mm_job *moe_jobs;     /* 2 * n_expert + 1 */
+    float *thread_scratch;    /* n_threads x per_thread_floats */
+    int64_t per_thread_floats;
+    float *attn_part;         /* decode split-K partials: n_head x nb x (2+head_dim), nb <= */
+    int64_t attn_part_pages;  /* this many blocks (grown with the KV pages) */
+} ds4_fwd;
+
+/* Set up state and scratch for model m (all state zero: position 0). */
+int ds4_fwd_init(ds4_fwd *f, const ds4_model *m, int kv_type, ds4_error *err);
+void ds4_fwd_free(ds4_fwd *f);
+/* Make sure KV pages exist for positions [0, n_pos). On failure the pages
+ * that were allocated stay (harmless) and nothing else changes. */
+int ds4_fwd_reserve(ds4_fwd *f, int64_t n_pos, ds4_error *err);
+/* Run n <= DS4_CHUNK_ROWS tokens at positions pos0.. through the trunk,
+ * updating the KV cache and recurrent states. Rows r >= out_row0 write the
+ * post-final-norm hidden (hidden + (r-out_row0)*n_embd) and the logits
+ * (logits + (r-out_row0)*n_vocab). Cannot fail: ds4_fwd_reserve ran first
+ * and the arguments were checked by the caller. */
+void ds4_fwd_chunk(ds4_fwd *f, const int32_t *tokens, int64_t n, int64_t pos0,
+                   int64_t out_row0, float *logits, float *hidden);
+
+/* Mixers and FFNs: read f->x (n rows, normed), write f->y. */
+void ds4_gdn_layer(ds4_fwd *f, int64_t il, int64_t n);
+void ds4_attn_layer(ds4_fwd *f, int64_t il, int64_t n, int64_t pos0);
+void ds4_ffn_dense(ds4_fwd *f, const ds4_layer *L, int64_t n);
+void ds4_ffn_moe(ds4_fwd *f, const ds4_layer *L, int64_t n);
+
+/* Floats of f->work each kind needs per row, and of per-thread scratch. */
+int64_t ds4_gdn_work_per_row(const ds4_model_config *c);
+int64_t ds4_attn_work_per_row(const ds4_model_config *c);
+int64_t ds4_ffn_dense_work_per_row(const ds4_model_config *c);
+int64_t ds4_moe_work_per_row(const ds4_model_config *c);
+int64_t ds4_gdn_thread_floats(const ds4_model_config *c);
+int64_t ds4_attn_thread_floats(const ds4_model_config *c);
+
+/* KV pages (kv.c). */
+int ds4_kv_init(ds4_fwd *f, ds4_error *err);
+void ds4_kv_free(ds4_fwd *f);
+/* Element pointer of (layer kv, kv head, position) in the K or V pages. */
+static inline uint8_t *ds4_kv_row(const ds4_fwd *f, uint8_t *const *pages, int64_t kvh,
+                                  int64_t pos) {
+    return pages[pos / DS4_KV_PAGE] +
+           ((size_t)kvh * DS4_KV_PAGE + (size_t)(pos % DS4_KV_PAGE)) *
+               (size_t)f->c.head_dim * f->kv_elem_bytes;
+}
+
+#endif

@@ -1,0 +1,179 @@
+/*
+ * gdn.c — the gated DeltaNet mixer (qwen35-spec.md §3).
+ *
+ * Per chunk: the four input projections in one dispatch; the causal conv
+ * over [conv state ; new rows] with SiLU after it; L2 norm of q and k heads,
+ * q scaled by 1/sqrt(d_k); then, per value head in parallel, the delta rule
+ * token by token followed by the gated RMSNorm; then ssm_out.
+ *
+ * The recurrence runs one token at a time in every case (no chunked
+ * triangular solve), so a row's result is the same whatever chunk it is in.
+ */
+#include "forward.h"
+
+#include <math.h>
+
+/* Layout of f->work for a GDN layer, DS4_CHUNK_ROWS rows per region. */
+typedef struct {
+    float *qkv;  /* raw attn_qkv rows (conv input), conv_dim each */
+    float *z;    /* attn_gate rows, value_dim */
+    float *beta; /* ssm_beta rows -> sigmoid, n_v */
+    float *g;    /* ssm_alpha rows -> log-decay, n_v */
+    float *cv;   /* conv + SiLU output: q | k | v, conv_dim */
+    float *o;    /* delta-rule output, then gated-norm output, value_dim */
+} gdn_work;
+
+static int64_t conv_dim(const ds4_model_config *c) {
+    return 2 * c->ssm_n_k * c->ssm_d_state + c->ssm_d_inner;
+}
+
+int64_t ds4_gdn_work_per_row(const ds4_model_config *c) {
+    return 2 * conv_dim(c) + 2 * c->ssm_d_inner + 2 * c->ssm_n_v;
+}
+
+int64_t ds4_gdn_thread_floats(const ds4_model_config *c) { return c->ssm_d_state; }
+
+static gdn_work carve(const ds4_fwd *f) {
+    const ds4_model_config *c = &f->c;
+    const int64_t R = DS4_CHUNK_ROWS;
+    gdn_work w;
+    w.qkv = f->work;
+    w.z = w.qkv + R * conv_dim(c);
+    w.beta = w.z + R * c->ssm_d_inner;
+    w.g = w.beta + R * c->ssm_n_v;
+    w.cv = w.g + R * c->ssm_n_v;
+    w.o = w.cv + R * conv_dim(c);
+    return w;
+}
+
+/* Causal depthwise conv, no bias, taps oldest -> newest (spec §3.4, pitfall
+ * 5), then SiLU. The new conv state is the last K-1 raw rows. */
+static void conv_step(ds4_fwd *f, const ds4_layer *L, ds4_gdn_state *st, const gdn_work *w,
+                      int64_t n) {
+    const int64_t K = f->c.ssm_conv_kernel, cd = conv_dim(&f->c);
+    const float *cw = (const float *)L->ssm_conv1d.data; /* channel ch: taps cw[ch*K .. +K) */
+    for (int64_t t = 0; t < n; t++) {
+        const float *rows[16];
+        /* seq index t+kk: state row t+kk while < K-1, else new row t+kk-(K-1) */
+        for (int64_t kk = 0; kk < K; kk++) {
+            int64_t j = t + kk - (K - 1);
+            rows[kk] = j < 0 ? st->conv + (K - 1 + j) * cd : w->qkv + j * cd;
+        }
+        float *out = w->cv + t * cd;
+        for (int64_t ch = 0; ch < cd; ch++) {
+            const float *tap = cw + ch * K;
+            float acc = 0.0f;
+            for (int64_t kk = 0; kk < K; kk++) acc += tap[kk] * rows[kk][ch];
+            out[ch] = ds4_silu(acc);
+        }
+    }
+    /* New state row s = seq[n+s]. Row n+s >= s is read before row s is
+     * written (ascending s), so the shift works in place. */
+    for (int64_t s = 0; s < K - 1; s++) {
+        int64_t i = n + s;
+        const float *src = i < K - 1 ? st->conv + i * cd : w->qkv + (i - (K - 1)) * cd;
+        if (src != st->conv + s * cd) memcpy(st->conv + s * cd, src, (size_t)cd * sizeof(float));
+    }
+}
+
+typedef struct {
+    ds4_fwd *f;
+    const ds4_layer *L;
+    ds4_gdn_state *st;
+    gdn_work w;
+    int64_t n;
+} gdn_ctx;
+
+/* Value heads [j0, j1): the delta rule over the chunk's tokens, then the
+ * gated norm of each output row of the head. */
+static void delta_heads(void *vctx, int64_t j0, int64_t j1, int ith) {
+    const gdn_ctx *c = vctx;
+    ds4_fwd *f = c->f;
+    const ds4_model_config *cf = &f->c;
+    const int64_t dk = cf->ssm_d_state, dv = cf->ssm_d_state, nk = cf->ssm_n_k;
+    const int64_t nv = cf->ssm_n_v, cd = conv_dim(cf), key_dim = nk * dk, vd = cf->ssm_d_inner;
+    ds4_vec_dot_fn dot = f->k->vec_dot_f32[DS4_TYPE_F32];
+    float *delta = f->thread_scratch + (int64_t)ith * f->per_thread_floats;
+    const float *norm_w = (const float *)c->L->ssm_norm.data;
+    for (int64_t j = j0; j < j1; j++) {
+        const int64_t kh = j % nk; /* tiled v-head -> k-head rule (spec §3.8, pitfall 3) */
+        float *S = c->st->ssm + j * dk * dv;
+        for (int64_t t = 0; t < c->n; t++) {
+            const float *row = c->w.cv + t * cd;
+            const float *q = row + kh * dk, *k = row + key_dim + kh * dk;
+            const float *v = row + 2 * key_dim + j * dv;
+            const float decay = expf(c->w.g[t * nv + j]), beta = c->w.beta[t * nv + j];
+            float *o = c->w.o + t * vd + j * dv;
+            for (int64_t e = 0; e < dk * dv; e++) S[e] *= decay;
+            for (int64_t m = 0; m < dv; m++) {
+                float u = 0.0f;
+                dot(dk, &u, S + m * dk, k);
+                delta[m] = (v[m] - u) * beta;
+            }
+            for (int64_t m = 0; m < dv; m++) {
+                float *Sm = S + m * dk;
+                const float dm = delta[m];
+                for (int64_t i = 0; i < dk; i++) Sm[i] += k[i] * dm;
+            }
+            for (int64_t m = 0; m < dv; m++) {
+                float s = 0.0f;
+                dot(dk, &s, S + m * dk, q);
+                o[m] = s;
+            }
+            /* Gated RMSNorm over the head: norm(o) * ssm_norm * SiLU(z)
+             * (spec §3.9; transformers Qwen3_5RMSNormGated). */
+            ds4_rmsnorm(o, norm_w, o, dv, cf->rms_eps);
+            const float *z = c->w.z + t * vd + j * dv;
+            for (int64_t m = 0; m < dv; m++) o[m] *= ds4_silu(z[m]);
+        }
+    }
+}
+
+void ds4_gdn_layer(ds4_fwd *f, int64_t il, int64_t n) {
+    const ds4_model_config *c = &f->c;
+    const ds4_layer *L = &f->m->layers[il];
+    ds4_gdn_state *st = &f->gdn[il];
+    const int64_t E = c->n_embd, cd = conv_dim(c), vd = c->ssm_d_inner, nv = c->ssm_n_v;
+    const int64_t dk = c->ssm_d_state, nk = c->ssm_n_k, key_dim = nk * dk;
+    gdn_work w = carve(f);
+
+    ds4_mm_job jobs[4] = {
+        ds4_mm(&L->attn_qkv, 0, 0, cd, f->x, E, w.qkv, cd, n),
+        ds4_mm(&L->attn_gate, 0, 0, vd, f->x, E, w.z, vd, n),
+        ds4_mm(&L->ssm_beta, 0, 0, nv, f->x, E, w.beta, nv, n),
+        ds4_mm(&L->ssm_alpha, 0, 0, nv, f->x, E, w.g, nv, n),
+    };
+    ds4_matmul(f, jobs, 4);
+
+    conv_step(f, L, st, &w, n);
+
+    /* q, k: L2 norm per k-head; q then scaled by 1/sqrt(d_k). transformers
+     * scales q before the recurrence; llama.cpp's fused op scales the output
+     * instead (spec §3.7, pitfall 7). Equal in exact arithmetic; exact mode
+     * follows transformers. The scale is d_k**-0.5 rounded to float, as
+     * torch multiplies a float32 tensor by a Python float. */
+    const float qscale = (float)(1.0 / sqrt((double)dk));
+    const float *ssm_a = (const float *)L->ssm_a.data;
+    const float *dt_bias = (const float *)L->ssm_dt_bias.data;
+    for (int64_t t = 0; t < n; t++) {
+        float *row = w.cv + t * cd;
+        for (int64_t h = 0; h < nk; h++) {
+            float *q = row + h * dk, *k = row + key_dim + h * dk;
+            ds4_l2norm(q, dk, c->rms_eps);
+            for (int64_t i = 0; i < dk; i++) q[i] *= qscale;
+            ds4_l2norm(k, dk, c->rms_eps);
+        }
+        for (int64_t j = 0; j < nv; j++) {
+            float *b = &w.beta[t * nv + j], *g = &w.g[t * nv + j];
+            *b = ds4_sigmoid(*b);
+            /* ssm_a is already -exp(A_log) (pitfall 2): g = ssm_a * softplus(a + dt_bias). */
+            *g = ssm_a[j] * ds4_softplus(*g + dt_bias[j]);
+        }
+    }
+
+    gdn_ctx ctx = {f, L, st, w, n};
+    ds4_pool_for(f->pool, nv, delta_heads, &ctx);
+
+    ds4_mm_job out = ds4_mm(&L->ssm_out, 0, 0, E, w.o, vd, f->y, E, n);
+    ds4_matmul(f, &out, 1);
+}
