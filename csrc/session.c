@@ -73,8 +73,9 @@ static int grow_outputs(ds4_session *s, int64_t n_out, ds4_error *err) {
 int ds4_session_eval(ds4_session *s, const int32_t *tokens, int64_t n, int all_rows,
                      ds4_error *err) {
     if (!s) return ds4_fail(err, DS4_ERR_ARG, "ds4_session_eval: session is NULL");
-    if (n <= 0 || !tokens)
+    if (n <= 0)
         return ds4_fail(err, DS4_ERR_ARG, "eval needs at least one token (got %lld)", (long long)n);
+    if (!tokens) return ds4_fail(err, DS4_ERR_ARG, "ds4_session_eval: tokens is NULL");
     const ds4_model_config *c = &s->f.c;
     for (int64_t i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= c->n_vocab)

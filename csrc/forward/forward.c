@@ -211,7 +211,6 @@ int ds4_fwd_init(ds4_fwd *f, const ds4_model *m, int kv_type, ds4_error *err) {
     f->thread_scratch = calloc((size_t)(f->n_threads * tpf), sizeof(float));
     f->kv = calloc((size_t)c->n_main, sizeof *f->kv);
     f->gdn = calloc((size_t)c->n_main, sizeof *f->gdn);
-    f->conv_tmp = NULL; /* the conv state shifts in place (gdn.c) */
     f->moe_sel = calloc((size_t)(R * ku), sizeof(int32_t));
     f->moe_w = calloc((size_t)(R * ku), sizeof(float));
     f->moe_idx = calloc((size_t)(R * ku), sizeof(int32_t));
@@ -264,7 +263,6 @@ void ds4_fwd_free(ds4_fwd *f) {
     free(f->work);
     free(f->rope_cos);
     free(f->rope_sin);
-    free(f->conv_tmp);
     free(f->thread_scratch);
     free(f->attn_part);
     free(f->moe_sel);

@@ -99,7 +99,9 @@ typedef struct ds4_fwd {
     const ds4_kernel_set *k;
     ds4_pool *pool;
     int n_threads;
-    int precision;            /* DS4_PRECISION_*; only EXACT math exists yet */
+    int precision;            /* DS4_PRECISION_*. Only the exact math exists yet: FAST
+                                 runs it too until matmul.c's quantized-activation
+                                 path lands (more accurate, not wrong). */
 
     /* KV cache */
     int kv_type;              /* DS4_TYPE_F32 (exact); F16 is the planned fast type */
@@ -115,7 +117,6 @@ typedef struct ds4_fwd {
     float *work;              /* rows x work_per_row, carved per layer kind */
     int64_t work_per_row;
     float *rope_cos, *rope_sin; /* rows x n_rot/2 */
-    float *conv_tmp;          /* (K-1) x conv_dim */
     int32_t *moe_sel;         /* rows x n_expert_used */
     float *moe_w;             /* rows x n_expert_used */
     int32_t *moe_idx;         /* rows x n_expert_used (row, slot) pairs grouped by expert */
