@@ -24,6 +24,7 @@ GENERIC_SOURCES = [
     "csrc/quants/scalar.c",
     "csrc/quants/dispatch.c",
     "csrc/quants/kernels_api.c",
+    "csrc/quants/quantize_weights.c",
     "csrc/model.c",
     "csrc/model_config.c",
     "csrc/session.c",

@@ -126,6 +126,21 @@ int ds4_quantize_row(int isa, int type, const float *src, void *dst,
 int ds4_quantize_row_q8_0_ref(const float *src, void *dst, int64_t n,
                               ds4_error *err);
 
+/* Quantize n_rows x n_per_row weights (row-major floats) into `type` rows,
+ * byte for byte what llama.cpp's ggml_quantize_chunk(type, src, dst, 0,
+ * n_rows, n_per_row, imatrix = NULL) writes (quantize_row_<type>_ref and
+ * friends; quants/quantize_weights.c says what is matched and how). Types:
+ * F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL,
+ * IQ4_XS; any other is DS4_ERR_UNSUPPORTED (so a call with n_rows == 0 probes
+ * support). n_per_row must be a multiple of the block size (32, or 256 for
+ * the K-quants and IQ4_XS): DS4_ERR_BAD_ROW. dst receives n_rows rows of
+ * n_per_row/block_size*type_size bytes, no alignment needed. Rows and blocks
+ * are independent (no imatrix, no whole-row statistics), so callers may
+ * split the work over threads by rows; this function runs on the calling
+ * thread only. Scalar, deterministic, independent of the CPU's ISA. */
+int ds4_quantize_weights(int type, const float *src, void *dst, int64_t n_rows,
+                         int64_t n_per_row, ds4_error *err);
+
 /* Dot product of one row of `type` (n weights) with an activation row.
  * act_type is either DS4_TYPE_F32 (plain floats) or the type's paired
  * vec_dot_type (already quantized with ds4_quantize_row). */
@@ -283,6 +298,40 @@ int ds4_session_eval(ds4_session *s, const int32_t *tokens, int64_t n,
 const float *ds4_session_logits(const ds4_session *s, int64_t *n_rows);
 const float *ds4_session_hidden(const ds4_session *s, int64_t *n_rows);
 int64_t ds4_session_n_past(const ds4_session *s);
+
+/* ds4_session_eval plus the residual stream after trunk layers layers[0..
+ * n_layers) (each 0 <= l < n_main; repeats allowed) for the same rows as the
+ * logits. n_layers == 0 is ds4_session_eval. */
+int ds4_session_eval_layers(ds4_session *s, const int32_t *tokens, int64_t n,
+                            int all_rows, const int64_t *layers, int64_t n_layers,
+                            ds4_error *err);
+/* Those rows of the last eval: rows x n_layers x n_embd (row-major), owned
+ * by the session like the logits. NULL with *n_layers == 0 when the last
+ * eval asked for none. */
+const float *ds4_session_layer_hidden(const ds4_session *s, int64_t *n_rows,
+                                      int64_t *n_layers);
+
+/* Cumulative counts of a session since ds4_session_new.
+ *  allocs / alloc_bytes: every heap allocation (malloc, calloc, realloc) the
+ *    session makes for itself: forward scratch, recurrent state, KV pages and
+ *    their tables, result buffers (not the thread pool's own few at session
+ *    creation). The decode path allocates only when a step enters a new KV
+ *    page (256 positions, forward.h DS4_KV_PAGE): one K and one V page per
+ *    attention layer plus one realloc of the split-K partials.
+ *  weight_bytes: bytes of model weights the forward pass read: per matmul
+ *    job n_out * row_bytes (each weight row is read once per job, however
+ *    many token rows share it; a MoE layer has one job per routed expert
+ *    actually used in the chunk; the LM head is one job), one token_embd row
+ *    per token, and every small F32 tensor a layer reads (norms, conv taps,
+ *    ssm_a, dt bias; output_norm when the chunk has output rows) once per
+ *    chunk; an eval runs in chunks of 64 rows (forward.h DS4_CHUNK_ROWS). */
+typedef struct {
+    uint64_t allocs;
+    uint64_t alloc_bytes;
+    uint64_t weight_bytes;
+} ds4_counters;
+
+void ds4_session_counters(const ds4_session *s, ds4_counters *out);
 
 /* ---------------------------------------------------------------- Metal -- */
 

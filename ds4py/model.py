@@ -153,6 +153,7 @@ class Model:
         self.n_ctx = int(lib.ds4_model_n_ctx(ptr))
         self.n_threads = int(lib.ds4_model_n_threads(ptr))
         self.precision = _PRECISION_NAME[lib.ds4_model_precision(ptr)]
+        self._tokenizer = None
 
     @classmethod
     def load(cls, path: str | os.PathLike, n_threads: int | None = None,
@@ -162,7 +163,12 @@ class Model:
 
         n_threads: default one per online CPU. n_ctx: default
         min(context_length, 8192); larger than context_length is allowed.
-        precision: "fast" or "exact".
+        precision: "fast" (default) runs llama.cpp's x86 CPU numerics: each
+        activation row quantized to the weight type's dot partner (Q8_0,
+        Q8_1, Q8_K, F16, BF16; F32 weights keep F32 rows), F16 KV cache,
+        llama.cpp's small-batch flash-attention rounding (Q in F16, V summed
+        in F16) on every row. "exact" runs float32 activations, an F32 KV
+        cache and transformers' formulas. Both are batch invariant.
         """
         if draft_head is not None:
             raise ModelError("draft_head is not supported yet", lib.DS4_ERR_UNSUPPORTED)
@@ -233,6 +239,18 @@ class Model:
                 address=int(ffi.cast("uintptr_t", info.data)),
                 row_bytes=int(info.row_bytes), expert_bytes=int(info.expert_bytes)))
         return out
+
+    # -- tokenizer (ds4py.tokenizer) --------------------------------------
+    @property
+    def tokenizer(self):
+        """The model's :class:`ds4py.tokenizer.Tokenizer`, built on first use
+        from the file's ``tokenizer.ggml.*`` metadata (a file without it
+        raises TokenizerError here, not at load: the engine itself runs on
+        token ids)."""
+        if self._tokenizer is None:
+            from .tokenizer import Tokenizer
+            self._tokenizer = Tokenizer.from_gguf(self.path)
+        return self._tokenizer
 
     # -- sessions (ds4py.session) ------------------------------------------
     def new_session(self):

@@ -5,7 +5,9 @@
         last = s.eval([11, 22, 33])                  # float32 [vocab]: the last row
         rows = s.eval([44, 55], all_logits=True)     # float32 [2, vocab]
         logits, hidden = s.eval([66], return_hidden=True)
-        s.n_past                                     # 6
+        logits, layers = s.eval([77], hidden_layers=[0, 2])   # layers: [2, hidden]
+        s.n_past                                     # 7
+        s.counters()        # {"allocs": ..., "alloc_bytes": ..., "weight_bytes": ...}
 
 A session is one sequence: its KV cache pages, the recurrent (GDN) states and
 its position live in the C core (csrc/session.c, csrc/forward/). Each
@@ -22,8 +24,9 @@ Lifetime of results
 Errors
   :class:`ds4py.ModelError` (carrying the core's message and ``.code``): no
   tokens, a token id outside ``[0, vocab_size)``, a prompt that does not fit
-  (``"prompt of N tokens does not fit: n_past P + N > n_ctx C"``), a closed
-  session or model. A failed eval leaves the session unchanged.
+  (``"prompt of N tokens does not fit: n_past P + N > n_ctx C"``), a
+  ``hidden_layers`` entry that is not a trunk layer, a closed session or
+  model. A failed eval leaves the session unchanged.
 
 The session holds the C model alive (see ds4py.model, Lifetime), so closing
 the Model first is safe.
@@ -62,6 +65,20 @@ def _as_tokens(tokens) -> np.ndarray:
     return np.ascontiguousarray(arr, dtype=np.int32)
 
 
+def _as_layers(layers) -> np.ndarray:
+    arr = np.asarray(layers)
+    if arr.dtype == object or arr.dtype == np.bool_ or (
+            arr.size and not np.issubdtype(arr.dtype, np.integer)):
+        raise ModelError(f"hidden_layers must be integer layer indices, got dtype {arr.dtype}",
+                         lib.DS4_ERR_ARG)
+    if arr.ndim != 1:
+        raise ModelError(f"hidden_layers must be a 1-D sequence, got shape {arr.shape}",
+                         lib.DS4_ERR_ARG)
+    if arr.size and (int(arr.min()) < -(2**63) or int(arr.max()) >= 2**63):
+        raise ModelError("hidden_layers entry out of range", lib.DS4_ERR_ARG)
+    return np.ascontiguousarray(arr, dtype=np.int64)
+
+
 class Session:
     """One sequence being evaluated. Create with ``Model.new_session()``."""
 
@@ -77,27 +94,77 @@ class Session:
         self.hidden_size = model.config.hidden_size
 
     # -- evaluation -------------------------------------------------------
-    def eval(self, tokens, all_logits: bool = False, return_hidden: bool = False):
+    def eval(self, tokens, all_logits: bool = False, return_hidden: bool = False,
+             hidden_layers=None):
         """Evaluate ``tokens`` (ints) after the current position.
 
-        Returns the logits of the last row, float32 ``[vocab]``, or of every
-        row, ``[n, vocab]``, with ``all_logits``. With ``return_hidden``,
-        returns ``(logits, hidden)`` where hidden is the post-final-norm
-        hidden state of the same rows (``[hidden]`` or ``[n, hidden]``).
-        Views valid until the next eval or close (module doc).
+        Rows: the last row only, or every row of ``tokens`` with
+        ``all_logits``. Returns, in this order, only the parts asked for:
+
+        - ``logits``: float32 ``[vocab]`` (last row) or ``[n, vocab]``;
+          always returned.
+        - ``hidden`` (with ``return_hidden``): the post-final-norm hidden
+          state of the same rows (what the LM head and an MTP head read),
+          ``[hidden]`` or ``[n, hidden]``.
+        - ``layer_hidden`` (with ``hidden_layers=[i, ...]``, trunk layer
+          indices ``0 <= i < config.n_layers``, repeats allowed): the
+          residual stream after each of those layers, before any final norm
+          (what drafters such as DFlash read from the target),
+          ``[len(hidden_layers), hidden]`` or ``[n, len(hidden_layers), hidden]``.
+
+        So ``eval(t)`` is ``logits``; ``eval(t, return_hidden=True)`` is
+        ``(logits, hidden)``; ``eval(t, hidden_layers=L)`` is
+        ``(logits, layer_hidden)``; both flags give
+        ``(logits, hidden, layer_hidden)``. Views valid until the next eval
+        or close (module doc).
         """
         ptr = self._live()
         arr = _as_tokens(tokens)
+        layers = None if hidden_layers is None else _as_layers(hidden_layers)
         err = new_error()
         tok_ptr = ffi.cast("int32_t *", ffi.from_buffer(arr)) if arr.size else ffi.NULL
-        _check(lib.ds4_session_eval(ptr, tok_ptr, arr.size, 1 if all_logits else 0, err), err)
+        rows_flag = 1 if all_logits else 0
+        if layers is None or layers.size == 0:
+            _check(lib.ds4_session_eval(ptr, tok_ptr, arr.size, rows_flag, err), err)
+        else:
+            lay_ptr = ffi.cast("int64_t *", ffi.from_buffer(layers))
+            _check(lib.ds4_session_eval_layers(ptr, tok_ptr, arr.size, rows_flag, lay_ptr,
+                                               layers.size, err), err)
         logits = self._view(lib.ds4_session_logits, self.vocab_size)
-        if not all_logits:
-            logits = logits[0]
-        if not return_hidden:
-            return logits
-        hidden = self._view(lib.ds4_session_hidden, self.hidden_size)
-        return logits, hidden if all_logits else hidden[0]
+        out = [logits if all_logits else logits[0]]
+        if return_hidden:
+            hidden = self._view(lib.ds4_session_hidden, self.hidden_size)
+            out.append(hidden if all_logits else hidden[0])
+        if layers is not None:
+            lh = self._layer_view(layers.size, logits.shape[0])
+            out.append(lh if all_logits else lh[0])
+        return out[0] if len(out) == 1 else tuple(out)
+
+    def _layer_view(self, n_layers: int, n_rows: int) -> np.ndarray:
+        if n_layers == 0:
+            out = np.zeros((n_rows, 0, self.hidden_size), dtype=np.float32)
+        else:
+            nr, nl = ffi.new("int64_t *"), ffi.new("int64_t *")
+            p = lib.ds4_session_layer_hidden(self._ptr, nr, nl)
+            rows, lay = int(nr[0]), int(nl[0])
+            out = np.frombuffer(ffi.buffer(p, rows * lay * self.hidden_size * 4),
+                                dtype=np.float32).reshape(rows, lay, self.hidden_size)
+        out.flags.writeable = False
+        return out
+
+    def counters(self) -> dict:
+        """Cumulative counts since the session was created (ds4.h
+        ds4_counters): ``allocs`` and ``alloc_bytes``, every heap allocation
+        the session made for itself (the decode path allocates only when a
+        step enters a new KV page: one K and one V page per attention layer
+        and one regrowth of the split-K partials); ``weight_bytes``, model
+        weight bytes the forward pass read (per matmul job n_out x row_bytes,
+        once per job however many tokens share it; one embedding row per
+        token; the small F32 tensors of each layer once per chunk)."""
+        c = ffi.new("ds4_counters *")
+        lib.ds4_session_counters(self._live(), c)
+        return {"allocs": int(c.allocs), "alloc_bytes": int(c.alloc_bytes),
+                "weight_bytes": int(c.weight_bytes)}
 
     def _view(self, getter, width: int) -> np.ndarray:
         n = ffi.new("int64_t *")

@@ -13,6 +13,52 @@
  * computes the blocks' partials in parallel and merges them afterwards.
  * Both do the same float operations in the same order, so a row's output
  * does not depend on which path, chunk or thread count produced it.
+ *
+ * Numerics per precision (K·Q, softmax, ·V):
+ *  EXACT: K/V pages F32. Score = F32 dot of the K row with the F32 query,
+ *    times scale. Per block: the max first, then e = expf(s - max) in
+ *    float, summed in float, acc += e * v in float. Blocks merged in float
+ *    (ascending); out = acc / sum.
+ *  FAST (DS4_FAST_ATTN_F16 = 1): K/V pages F16 (llama.cpp's default cache
+ *    type; K stored after norm and RoPE, V raw, both rounded to nearest-even
+ *    like ggml's F16C cpy). Every row runs llama.cpp's CPU flash-attention
+ *    one-chunk recipe (ggml-cpu ops.cpp
+ *    ggml_compute_forward_flash_attn_ext_f16_one_chunk): the query rounded to
+ *    F16 once; score = F16 x F16 dot (products exact, summed in float) times
+ *    scale; an online softmax position by position (new max M: the
+ *    accumulator is scaled by expf(M_old - M) and re-rounded to F16; else the
+ *    position's weight is expf(s - M)); V accumulated IN F16 (each step
+ *    a = f16(a + v*w)); S = S*ms + w in float. Per 256-position block; the
+ *    blocks' widened partials are merged in float in ascending order (the
+ *    same formula as llama.cpp's split-KV reduce); out = acc * (1/S).
+ *  llama.cpp itself picks by batch shape, so it is not batch invariant:
+ *    - ubatch of < 64 query rows (every decode step, short prompts,
+ *      speculative verify batches): the one-chunk recipe above, over all
+ *      positions in one online pass;
+ *    - one query row over >= 512 KV cells: the same recipe per KV chunk of
+ *      n_kv / n_threads cells, chunks merged in float;
+ *    - >= 64 query rows (GGML_FA_TILE_Q): a tiled kernel with Q in F32, K/V
+ *      widened to F32, scores by an F32 GEMM, softmax per 64-cell tile
+ *      (vector exp, sum in double), V accumulated in F32.
+ *    We must stay batch invariant (DESIGN.md invariant 1), so one recipe
+ *    serves every row. Measured against llama.cpp's logits on the golden
+ *    files (tests/test_forward_fast.py), the F16 recipe reproduces the
+ *    small-batch and decode path: s16 prompts and the greedy decode steps
+ *    match to ~2e-6 on dense-q8_0 / moe-q4_k_m, and every greedy
+ *    continuation equals llama.cpp's up to the first near-tie (on AVX-512,
+ *    15 of 16 for all 32 steps; dense-bf16's 16-token one at step 0, where
+ *    the top-2 margin is 0.023); against the
+ *    tiled path (prompts of 100/700 rows in one batch) it is as far from
+ *    llama.cpp as llama.cpp's own two paths are from each other. The
+ *    alternative F32 recipe (DS4_FAST_ATTN_F16 = 0: exact's block code over
+ *    F16 pages) is closer on those long prompts (mean KL 0.0017 vs 0.0023 on
+ *    dense-q8_0 s700) but diverges from llama.cpp's greedy decoding at a
+ *    clear margin (moe-q8_0: steps 9 and 10, our margins 0.07 and 0.26) and
+ *    misses the short prompts (dense-q8_0 s16: max |d| 0.39 instead of 2e-6).
+ *    Remaining differences from llama.cpp's one-chunk path: for head dims of
+ *    64 and more its F16 mad uses an FMA before rounding (we multiply, then
+ *    add), its dot sums in another order, and its split-KV chunks are not our
+ *    256-position blocks.
  */
 #include "forward.h"
 
@@ -29,9 +75,11 @@ int64_t ds4_attn_work_per_row(const ds4_model_config *c) {
     return 3 * c->n_head * c->head_dim + 2 * c->n_head_kv * c->head_dim;
 }
 
-/* scores of one block, the merge state's acc, one block's acc, one V row */
+/* scores of one block, the merge state's acc, one block's acc, one V row,
+ * and for the F16 recipe a float copy of the F16 accumulator plus the F16
+ * query and accumulator (dh halves each, one float per half: generous). */
 int64_t ds4_attn_thread_floats(const ds4_model_config *c) {
-    return DS4_KV_PAGE + 3 * c->head_dim;
+    return DS4_KV_PAGE + 6 * c->head_dim;
 }
 
 static attn_work carve(const ds4_fwd *f) {
@@ -63,18 +111,50 @@ typedef struct {
     float scale;
 } kv_view;
 
+/* Per-thread scratch of one work item (see ds4_attn_thread_floats). */
+typedef struct {
+    float *scores; /* DS4_KV_PAGE */
+    float *A;      /* merge state acc, dh */
+    float *acc;    /* one block's acc, dh */
+    float *vtmp;   /* one V row in float, dh */
+    float *tmp;    /* F16 recipe: the F16 accumulator in float, dh */
+    uint16_t *q16; /* F16 recipe: the query rounded to F16, dh */
+    uint16_t *a16; /* F16 recipe: the F16 accumulator, dh */
+} attn_scratch;
+
+static attn_scratch scratch_of(const ds4_fwd *f, int ith) {
+    const int64_t dh = f->c.head_dim;
+    float *ts = f->thread_scratch + (int64_t)ith * f->per_thread_floats;
+    attn_scratch s;
+    s.scores = ts;
+    s.A = ts + DS4_KV_PAGE;
+    s.acc = s.A + dh;
+    s.vtmp = s.acc + dh;
+    s.tmp = s.vtmp + dh;
+    s.q16 = (uint16_t *)(s.tmp + dh);
+    s.a16 = (uint16_t *)(s.tmp + 2 * dh);
+    return s;
+}
+
 /* Partial over the positions [b*PAGE, min((b+1)*PAGE, n_vis)) of kv head
  * kvh for query q: *m = max score, *l = sum of exp(score - m), acc = sum of
- * exp(score - m) * v (positions ascending). */
-static void block_partial(const kv_view *kv, int64_t kvh, const float *q, int64_t b,
-                          int64_t n_vis, float *scores, float *vtmp, float *m, float *l,
-                          float *acc) {
+ * exp(score - m) * v (positions ascending).
+ *
+ * F32 recipe (exact precision, and fast precision unless attn_f16): the
+ * scores are dots of the K rows (F32 or F16, widened exactly) with the F32
+ * query, times scale; the block's max first, then exp(s - max) in float
+ * (expf) summed in float, and V rows (widened exactly) accumulated in
+ * float: acc += e * v. */
+static void block_partial_f32(const kv_view *kv, int64_t kvh, const float *q, int64_t b,
+                              int64_t n_vis, const attn_scratch *sc, float *m, float *l,
+                              float *acc) {
     const ds4_fwd *f = kv->f;
     const int64_t dh = f->c.head_dim;
     const int64_t p0 = b * DS4_KV_PAGE;
     const int64_t p1 = p0 + DS4_KV_PAGE < n_vis ? p0 + DS4_KV_PAGE : n_vis;
     ds4_vec_dot_fn dot = f->k->vec_dot_f32[f->kv_type];
     ds4_to_float_fn to_f = f->k->to_float[f->kv_type];
+    float *scores = sc->scores;
     float mx = -INFINITY;
     for (int64_t p = p0; p < p1; p++) {
         float s = 0.0f;
@@ -90,14 +170,74 @@ static void block_partial(const kv_view *kv, int64_t kvh, const float *q, int64_
         const uint8_t *vr = ds4_kv_row(f, kv->vp, kvh, p);
         const float *v = (const float *)vr;
         if (f->kv_type != DS4_TYPE_F32) {
-            to_f(vr, vtmp, dh);
-            v = vtmp;
+            to_f(vr, sc->vtmp, dh);
+            v = sc->vtmp;
         }
         sum += e;
         for (int64_t d = 0; d < dh; d++) acc[d] += e * v[d];
     }
     *m = mx;
     *l = sum;
+}
+
+/* F16 recipe (fast precision with attn_f16; F16 KV only): llama.cpp's CPU
+ * flash-attention one-chunk kernel (ggml-cpu ops.cpp
+ * ggml_compute_forward_flash_attn_ext_f16_one_chunk) over one block: the
+ * query rounded to F16 once (q16), scores = F16 x F16 dot times scale, an
+ * online softmax position by position (on a new max M: the accumulator is
+ * scaled by expf(M_old - M), else the position's weight is expf(s - M)),
+ * and the V accumulator kept in F16: after every scale or add each element
+ * is rounded back to F16 (a = f16(a + v*w), the product and sum rounded to
+ * float first). S = S*ms + w in float. The block's F16 accumulator is
+ * widened to float for the merge. */
+static void block_partial_f16(const kv_view *kv, int64_t kvh, int64_t b, int64_t n_vis,
+                              const attn_scratch *sc, float *m, float *l, float *acc) {
+    const ds4_fwd *f = kv->f;
+    const int64_t dh = f->c.head_dim;
+    const int64_t p0 = b * DS4_KV_PAGE;
+    const int64_t p1 = p0 + DS4_KV_PAGE < n_vis ? p0 + DS4_KV_PAGE : n_vis;
+    ds4_vec_dot_fn dot = f->k->vec_dot[DS4_TYPE_F16];
+    ds4_to_float_fn to_f = f->k->to_float[DS4_TYPE_F16];
+    ds4_from_float_fn from_f = f->k->from_float[DS4_TYPE_F16];
+    float *a = sc->tmp;      /* == to_float(a16) at all times */
+    float *v = sc->vtmp;
+    float M = -INFINITY, S = 0.0f;
+    for (int64_t d = 0; d < dh; d++) a[d] = 0.0f;
+    for (int64_t p = p0; p < p1; p++) {
+        float s = 0.0f;
+        dot(dh, &s, ds4_kv_row(f, kv->kp, kvh, p), sc->q16);
+        s *= kv->scale;
+        float ms = 1.0f, vs = 1.0f;
+        if (s > M) {
+            const float Mold = M;
+            M = s;
+            ms = expf(Mold - M);
+            if (Mold != -INFINITY) { /* else the accumulator is still zero */
+                for (int64_t d = 0; d < dh; d++) a[d] *= ms;
+                from_f(a, sc->a16, dh);
+                to_f(sc->a16, a, dh);
+            }
+        } else {
+            vs = expf(s - M);
+        }
+        to_f(ds4_kv_row(f, kv->vp, kvh, p), v, dh);
+        for (int64_t d = 0; d < dh; d++) a[d] += v[d] * vs;
+        from_f(a, sc->a16, dh);
+        to_f(sc->a16, a, dh);
+        S = S * ms + vs;
+    }
+    for (int64_t d = 0; d < dh; d++) acc[d] = a[d];
+    *m = M;
+    *l = S;
+}
+
+static void block_partial(const kv_view *kv, int64_t kvh, const float *q, int64_t b,
+                          int64_t n_vis, const attn_scratch *sc, float *m, float *l,
+                          float *acc) {
+    if (kv->f->attn_f16)
+        block_partial_f16(kv, kvh, b, n_vis, sc, m, l, acc);
+    else
+        block_partial_f32(kv, kvh, q, b, n_vis, sc, m, l, acc);
 }
 
 /* Fold block partial (mb, lb, accb) into the running (M, L, A). */
@@ -125,8 +265,20 @@ typedef struct {
     float *part;         /* decode partials: (h*nb + b) * (2 + dh) */
 } attn_ctx;
 
-static void finish(float *out, float L, const float *A, int64_t dh) {
-    for (int64_t d = 0; d < dh; d++) out[d] = A[d] / L;
+/* out = A / L. Fast precision multiplies by 1/L as llama.cpp does
+ * (ggml_vec_scale_f32 by S_inv). */
+static void finish(const ds4_fwd *f, float *out, float L, const float *A, int64_t dh) {
+    if (f->fast) {
+        const float inv = 1.0f / L;
+        for (int64_t d = 0; d < dh; d++) out[d] = A[d] * inv;
+    } else {
+        for (int64_t d = 0; d < dh; d++) out[d] = A[d] / L;
+    }
+}
+
+/* The F16 recipe's query: q rounded to F16 once per (row, head). */
+static void prep_query(const ds4_fwd *f, const float *q, const attn_scratch *sc) {
+    if (f->attn_f16) f->k->from_float[DS4_TYPE_F16](q, sc->q16, f->c.head_dim);
 }
 
 /* Items (t, h) of a prefill chunk: all blocks of the row, merged as they go. */
@@ -134,20 +286,20 @@ static void rows_items(void *vctx, int64_t i0, int64_t i1, int ith) {
     const attn_ctx *c = vctx;
     const ds4_fwd *f = c->kv.f;
     const int64_t dh = f->c.head_dim;
-    float *ts = f->thread_scratch + (int64_t)ith * f->per_thread_floats;
-    float *scores = ts, *A = ts + DS4_KV_PAGE, *acc = A + dh, *vtmp = acc + dh;
+    const attn_scratch sc = scratch_of(f, ith);
     for (int64_t it = i0; it < i1; it++) {
         const int64_t t = it / c->n_head, h = it % c->n_head;
         const float *q = c->qf + t * c->qf_stride + 2 * h * dh;
         const int64_t n_vis = c->pos0 + t + 1;
         const int64_t nb = (n_vis + DS4_KV_PAGE - 1) / DS4_KV_PAGE;
+        prep_query(f, q, &sc);
         float M = 0.0f, L = 0.0f;
         for (int64_t b = 0; b < nb; b++) {
             float mb, lb;
-            block_partial(&c->kv, h / c->group, q, b, n_vis, scores, vtmp, &mb, &lb, acc);
-            merge(&M, &L, A, mb, lb, acc, dh, b == 0);
+            block_partial(&c->kv, h / c->group, q, b, n_vis, &sc, &mb, &lb, sc.acc);
+            merge(&M, &L, sc.A, mb, lb, sc.acc, dh, b == 0);
         }
-        finish(c->attn + t * c->n_head * dh + h * dh, L, A, dh);
+        finish(f, c->attn + t * c->n_head * dh + h * dh, L, sc.A, dh);
     }
 }
 
@@ -156,13 +308,14 @@ static void part_items(void *vctx, int64_t i0, int64_t i1, int ith) {
     const attn_ctx *c = vctx;
     const ds4_fwd *f = c->kv.f;
     const int64_t dh = f->c.head_dim;
-    float *ts = f->thread_scratch + (int64_t)ith * f->per_thread_floats;
+    const attn_scratch sc = scratch_of(f, ith);
     const int64_t n_vis = c->pos0 + 1;
     for (int64_t it = i0; it < i1; it++) {
         const int64_t h = it / c->nb, b = it % c->nb;
         float *p = c->part + it * (2 + dh);
-        block_partial(&c->kv, h / c->group, c->qf + 2 * h * dh, b, n_vis, ts,
-                      ts + DS4_KV_PAGE, &p[0], &p[1], p + 2);
+        const float *q = c->qf + 2 * h * dh;
+        prep_query(f, q, &sc);
+        block_partial(&c->kv, h / c->group, q, b, n_vis, &sc, &p[0], &p[1], p + 2);
     }
 }
 
@@ -170,14 +323,14 @@ static void merge_items(void *vctx, int64_t h0, int64_t h1, int ith) {
     const attn_ctx *c = vctx;
     const ds4_fwd *f = c->kv.f;
     const int64_t dh = f->c.head_dim;
-    float *A = f->thread_scratch + (int64_t)ith * f->per_thread_floats + DS4_KV_PAGE;
+    const attn_scratch sc = scratch_of(f, ith);
     for (int64_t h = h0; h < h1; h++) {
         float M = 0.0f, L = 0.0f;
         for (int64_t b = 0; b < c->nb; b++) {
             const float *p = c->part + (h * c->nb + b) * (2 + dh);
-            merge(&M, &L, A, p[0], p[1], p + 2, dh, b == 0);
+            merge(&M, &L, sc.A, p[0], p[1], p + 2, dh, b == 0);
         }
-        finish(c->attn + h * dh, L, A, dh);
+        finish(f, c->attn + h * dh, L, sc.A, dh);
     }
 }
 

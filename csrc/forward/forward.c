@@ -165,14 +165,90 @@ static int check_model(const ds4_fwd *f, ds4_error *err) {
 
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
+void *ds4_fwd_calloc(ds4_fwd *f, size_t n, size_t size) {
+    void *p = calloc(n, size);
+    if (p) {
+        f->cnt.allocs++;
+        f->cnt.alloc_bytes += (uint64_t)n * size;
+    }
+    return p;
+}
+
+void *ds4_fwd_malloc(ds4_fwd *f, size_t size) {
+    void *p = malloc(size);
+    if (p) {
+        f->cnt.allocs++;
+        f->cnt.alloc_bytes += size;
+    }
+    return p;
+}
+
+void *ds4_fwd_realloc(ds4_fwd *f, void *old, size_t size) {
+    void *p = realloc(old, size);
+    if (p) {
+        f->cnt.allocs++;
+        f->cnt.alloc_bytes += size;
+    }
+    return p;
+}
+
+/* Bytes of a whole bound tensor. */
+static uint64_t tensor_bytes(const ds4_tensor *t) {
+    if (!t->data) return 0;
+    uint64_t rows = 1;
+    for (int d = 1; d < t->n_dims; d++) rows *= (uint64_t)t->ne[d];
+    return rows * t->row_bytes;
+}
+
+/* The largest quantized activation source one matmul job can need: rows x
+ * the activation row bytes of its weight's vec_dot_type (ds4_matmul takes
+ * at most DS4_MM_SOURCES of them per dispatch). */
+static size_t max_act_source(const ds4_fwd *f) {
+    const ds4_model *m = f->m;
+    const int64_t R = DS4_CHUNK_ROWS;
+    const int64_t RK = R * (f->c.n_expert_used > 0 ? f->c.n_expert_used : 1);
+    size_t mx = (size_t)R * ds4_mm_act_row_bytes(ds4_model_head(m)->type, f->c.n_embd);
+    for (int64_t il = 0; il < f->c.n_main; il++) {
+        const ds4_layer *L = &m->layers[il];
+        const ds4_tensor *ts[] = {&L->attn_qkv, &L->attn_gate, &L->ssm_beta, &L->ssm_alpha,
+                                  &L->ssm_out, &L->attn_q, &L->attn_k, &L->attn_v,
+                                  &L->attn_output, &L->ffn_gate, &L->ffn_up, &L->ffn_down,
+                                  &L->ffn_gate_inp, &L->ffn_gate_exps, &L->ffn_up_exps,
+                                  &L->ffn_gate_up_exps, &L->ffn_down_exps,
+                                  &L->ffn_gate_inp_shexp, &L->ffn_gate_shexp,
+                                  &L->ffn_up_shexp, &L->ffn_down_shexp};
+        for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) {
+            if (!ts[i]->data) continue;
+            /* the experts' down projection reads one row per (token, slot) */
+            const int64_t rows = ts[i] == &L->ffn_down_exps ? RK : R;
+            size_t b = (size_t)rows * ds4_mm_act_row_bytes(ts[i]->type, ts[i]->ne[0]);
+            if (b > mx) mx = b;
+        }
+    }
+    return mx;
+}
+
+/* Bytes of the small F32 tensors a layer reads besides its matrices (the
+ * weight_bytes counter, ds4.h). */
+static uint64_t layer_small_bytes(const ds4_layer *L) {
+    return tensor_bytes(&L->attn_norm) + tensor_bytes(&L->post_attention_norm) +
+           tensor_bytes(&L->ssm_conv1d) + tensor_bytes(&L->ssm_dt_bias) +
+           tensor_bytes(&L->ssm_a) + tensor_bytes(&L->ssm_norm) +
+           tensor_bytes(&L->attn_q_norm) + tensor_bytes(&L->attn_k_norm);
+}
+
 int ds4_fwd_init(ds4_fwd *f, const ds4_model *m, int kv_type, ds4_error *err) {
     memset(f, 0, sizeof *f);
     f->m = m;
     f->c = m->cfg;
     f->precision = m->params.precision;
+    f->fast = f->precision == DS4_PRECISION_FAST;
     f->n_ctx = m->params.n_ctx;
     f->n_threads = m->params.n_threads < 1 ? 1 : m->params.n_threads;
     f->kv_type = kv_type;
+    /* Fast attention recipe, chosen by measurement against llama.cpp's
+     * logits (attention.c); it reads F16 pages. */
+    f->attn_f16 = f->fast && DS4_FAST_ATTN_F16 && kv_type == DS4_TYPE_F16;
     f->k = ds4_kernels_for(DS4_ISA_AUTO);
     if (!f->k) return ds4_fail(err, DS4_ERR_UNSUPPORTED, "no kernel set for this CPU");
     if (kv_type != DS4_TYPE_F32 && kv_type != DS4_TYPE_F16)
@@ -202,24 +278,28 @@ int ds4_fwd_init(ds4_fwd *f, const ds4_model *m, int kv_type, ds4_error *err) {
 
     const int64_t half = c->n_rot / 2 > 0 ? c->n_rot / 2 : 1;
     const int64_t ku = c->n_expert_used > 0 ? c->n_expert_used : 1;
-    f->h = calloc((size_t)(R * E), sizeof(float));
-    f->x = calloc((size_t)(R * E), sizeof(float));
-    f->y = calloc((size_t)(R * E), sizeof(float));
-    f->work = calloc((size_t)(R * wpr), sizeof(float));
-    f->rope_cos = calloc((size_t)(R * half), sizeof(float));
-    f->rope_sin = calloc((size_t)(R * half), sizeof(float));
-    f->thread_scratch = calloc((size_t)(f->n_threads * tpf), sizeof(float));
-    f->kv = calloc((size_t)c->n_main, sizeof *f->kv);
-    f->gdn = calloc((size_t)c->n_main, sizeof *f->gdn);
-    f->moe_sel = calloc((size_t)(R * ku), sizeof(int32_t));
-    f->moe_w = calloc((size_t)(R * ku), sizeof(float));
-    f->moe_idx = calloc((size_t)(R * ku), sizeof(int32_t));
-    f->moe_src = calloc((size_t)(R * ku), sizeof(int32_t));
-    f->moe_off = calloc((size_t)(c->n_expert + 1), sizeof(int64_t));
-    f->moe_jobs = calloc((size_t)(2 * c->n_expert + 4), sizeof(ds4_mm_job));
+    f->h = ds4_fwd_calloc(f, (size_t)(R * E), sizeof(float));
+    f->x = ds4_fwd_calloc(f, (size_t)(R * E), sizeof(float));
+    f->y = ds4_fwd_calloc(f, (size_t)(R * E), sizeof(float));
+    f->work = ds4_fwd_calloc(f, (size_t)(R * wpr), sizeof(float));
+    f->rope_cos = ds4_fwd_calloc(f, (size_t)(R * half), sizeof(float));
+    f->rope_sin = ds4_fwd_calloc(f, (size_t)(R * half), sizeof(float));
+    f->thread_scratch = ds4_fwd_calloc(f, (size_t)(f->n_threads * tpf), sizeof(float));
+    f->kv = ds4_fwd_calloc(f, (size_t)c->n_main, sizeof *f->kv);
+    f->gdn = ds4_fwd_calloc(f, (size_t)c->n_main, sizeof *f->gdn);
+    f->moe_sel = ds4_fwd_calloc(f, (size_t)(R * ku), sizeof(int32_t));
+    f->moe_w = ds4_fwd_calloc(f, (size_t)(R * ku), sizeof(float));
+    f->moe_idx = ds4_fwd_calloc(f, (size_t)(R * ku), sizeof(int32_t));
+    f->moe_src = ds4_fwd_calloc(f, (size_t)(R * ku), sizeof(int32_t));
+    f->moe_off = ds4_fwd_calloc(f, (size_t)(c->n_expert + 1), sizeof(int64_t));
+    f->moe_jobs = ds4_fwd_calloc(f, (size_t)(2 * c->n_expert + 4), sizeof(ds4_mm_job));
+    if (f->fast) {
+        f->mm_qcap = DS4_MM_SOURCES * max_act_source(f);
+        f->mm_q = ds4_fwd_malloc(f, f->mm_qcap ? f->mm_qcap : 1);
+    }
     if (!f->h || !f->x || !f->y || !f->work || !f->rope_cos || !f->rope_sin ||
         !f->thread_scratch || !f->kv || !f->gdn || !f->moe_sel || !f->moe_w || !f->moe_idx ||
-        !f->moe_src || !f->moe_off || !f->moe_jobs) {
+        !f->moe_src || !f->moe_off || !f->moe_jobs || (f->fast && !f->mm_q)) {
         ds4_fwd_free(f);
         return ds4_fail(err, DS4_ERR_NOMEM, "out of memory for the forward scratch");
     }
@@ -231,9 +311,10 @@ int ds4_fwd_init(ds4_fwd *f, const ds4_model *m, int kv_type, ds4_error *err) {
     for (int64_t il = 0; il < c->n_main; il++) {
         if (m->layers[il].kind != DS4_LAYER_GDN) continue;
         /* Recurrent state starts at zero (spec §3). */
-        f->gdn[il].conv = calloc((size_t)((c->ssm_conv_kernel - 1) * cd) + 1, sizeof(float));
-        f->gdn[il].ssm = calloc((size_t)(c->ssm_n_v * c->ssm_d_state * c->ssm_d_state),
-                                sizeof(float));
+        f->gdn[il].conv =
+            ds4_fwd_calloc(f, (size_t)((c->ssm_conv_kernel - 1) * cd) + 1, sizeof(float));
+        f->gdn[il].ssm = ds4_fwd_calloc(
+            f, (size_t)(c->ssm_n_v * c->ssm_d_state * c->ssm_d_state), sizeof(float));
         if (!f->gdn[il].conv || !f->gdn[il].ssm) {
             ds4_fwd_free(f);
             return ds4_fail(err, DS4_ERR_NOMEM, "out of memory for the recurrent state of layer %lld",
@@ -271,6 +352,7 @@ void ds4_fwd_free(ds4_fwd *f) {
     free(f->moe_src);
     free(f->moe_off);
     free(f->moe_jobs);
+    free(f->mm_q);
     memset(f, 0, sizeof *f);
 }
 
@@ -278,13 +360,28 @@ void ds4_fwd_free(ds4_fwd *f) {
 
 /* cos/sin of the rotated pairs at each row's position, shared by every
  * attention layer. Text tokens have t = h = w = pos, so the IMROPE
- * sections collapse to plain NEOX RoPE at pos (spec §4.3). The frequency is
- * computed as transformers does (Qwen3_5TextRotaryEmbedding): inv_freq_i =
- * 1 / base^(2i/n_rot) in float32, angle = float(pos) * inv_freq_i; ggml
- * builds it by repeated multiplication instead (a rounding difference). */
+ * sections collapse to plain NEOX RoPE at pos (spec §4.3).
+ * EXACT computes the frequency as transformers does
+ * (Qwen3_5TextRotaryEmbedding): inv_freq_i = 1 / base^(2i/n_rot) in float32,
+ * angle = float(pos) * inv_freq_i. FAST builds it as ggml's rope cache does
+ * (ggml-cpu ops.cpp ggml_mrope_cache_init / rope_yarn with freq_scale 1 and
+ * no YaRN): theta_0 = float(pos), theta_{i+1} = theta_i * base^(-2/n_rot),
+ * each product rounded to float. */
 static void rope_tables(ds4_fwd *f, int64_t n, int64_t pos0) {
     const int64_t half = f->c.n_rot / 2;
     const float base = f->c.rope_base;
+    if (f->fast) {
+        const float theta_scale = powf(base, -2.0f / (float)f->c.n_rot);
+        for (int64_t t = 0; t < n; t++) {
+            float theta = (float)(pos0 + t);
+            for (int64_t i = 0; i < half; i++) {
+                f->rope_cos[t * half + i] = cosf(theta);
+                f->rope_sin[t * half + i] = sinf(theta);
+                theta *= theta_scale;
+            }
+        }
+        return;
+    }
     for (int64_t i = 0; i < half; i++) {
         const float expo = (float)(2 * i) / (float)f->c.n_rot;
         const float inv = 1.0f / powf(base, expo);
@@ -310,6 +407,7 @@ void ds4_fwd_chunk(ds4_fwd *f, const int32_t *tokens, int64_t n, int64_t pos0,
     ds4_to_float_fn emb = f->k->to_float[m->token_embd.type];
     for (int64_t t = 0; t < n; t++)
         emb(m->token_embd.data + (size_t)tokens[t] * m->token_embd.row_bytes, f->h + t * E, E);
+    f->cnt.weight_bytes += (uint64_t)n * m->token_embd.row_bytes;
     if (c->n_rot > 0) rope_tables(f, n, pos0);
 
     for (int64_t il = 0; il < c->n_main; il++) {
@@ -329,11 +427,20 @@ void ds4_fwd_chunk(ds4_fwd *f, const int32_t *tokens, int64_t n, int64_t pos0,
         else
             ds4_ffn_dense(f, L, n);
         add_rows(f->h, f->y, n * E);
+        f->cnt.weight_bytes += layer_small_bytes(L);
+
+        for (int64_t j = 0; j < f->n_cap; j++) {
+            if (f->cap_layers[j] != il) continue;
+            for (int64_t t = out_row0; t < n; t++)
+                memcpy(f->cap_out + ((t - out_row0) * f->n_cap + j) * E, f->h + t * E,
+                       (size_t)E * sizeof(float));
+        }
     }
 
     if (out_row0 >= n) return;
     const int64_t n_out = n - out_row0;
     const float *on = (const float *)m->output_norm.data;
+    f->cnt.weight_bytes += tensor_bytes(&m->output_norm);
     for (int64_t t = out_row0; t < n; t++)
         ds4_rmsnorm(f->h + t * E, on, hidden + (t - out_row0) * E, E, eps);
     ds4_mm_job head = ds4_mm(ds4_model_head(m), 0, 0, c->n_vocab, hidden, E, logits, c->n_vocab,

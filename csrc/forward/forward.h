@@ -36,6 +36,23 @@
 /* Rows per internal prefill chunk: bounds the scratch; results do not
  * depend on it. */
 #define DS4_CHUNK_ROWS 64
+/* Fast precision's attention recipe (attention.c, which says why 1): 1 = Q
+ * rounded to F16 and V accumulated in F16 (llama.cpp's one-chunk kernel,
+ * needs F16 KV), 0 = Q and the V accumulation in F32 (like llama.cpp's
+ * tiled kernel). */
+#define DS4_FAST_ATTN_F16 1
+/* Quantized activation sources one ds4_matmul dispatch can hold at once
+ * (fast precision); a call needing more is run in several dispatches, which
+ * changes no value (each output element is still one dot). */
+#define DS4_MM_SOURCES 4
+
+struct ds4_fwd;
+
+/* Every heap allocation of a session's forward state goes through these, so
+ * the session's counters (ds4_session_counters) see it. */
+void *ds4_fwd_calloc(struct ds4_fwd *f, size_t n, size_t size);
+void *ds4_fwd_malloc(struct ds4_fwd *f, size_t size);
+void *ds4_fwd_realloc(struct ds4_fwd *f, void *p, size_t size);
 
 /* ------------------------------------------------------------- matmul -- */
 
@@ -62,8 +79,15 @@ ds4_mm_job ds4_mm(const ds4_tensor *t, int64_t expert, int64_t row0, int64_t n_o
                   const float *x, int64_t x_stride, float *y, int64_t y_stride,
                   int64_t n_rows);
 
-struct ds4_fwd;
-/* Run all jobs in one pool dispatch. */
+/* Bytes of one activation row of n_in values at the vec_dot_type of
+ * weight_type (0 when that is F32: fast precision dots F32 weights against
+ * the float rows themselves). */
+size_t ds4_mm_act_row_bytes(int weight_type, int64_t n_in);
+
+/* Run all jobs (one pool dispatch, or a few when fast precision needs more
+ * quantized-activation room than DS4_MM_SOURCES sources). Adds each job's
+ * weight bytes (n_out * row_bytes, once per job whatever its n_rows) to
+ * the session's weight_bytes counter. */
 void ds4_matmul(struct ds4_fwd *f, const ds4_mm_job *jobs, int n_jobs);
 
 /* --------------------------------------------------------------- norm -- */
@@ -75,9 +99,14 @@ void ds4_rmsnorm(const float *x, const float *w, float *y, int64_t n, float eps)
 /* x *= 1/sqrt(sum(x^2) + eps) in place (transformers modeling_qwen3_5.py
  * l2norm), sum in double. */
 void ds4_l2norm(float *x, int64_t n, float eps);
+/* llama.cpp's GDN L2 norm (src/models/models.h build_gdn_l2_norm):
+ * rms_norm(x, eps/n) then scale by 1/sqrt(n), in place. */
+void ds4_l2norm_ggml(float *x, int64_t n, float eps);
 float ds4_silu(float x);
 float ds4_sigmoid(float x);
 float ds4_softplus(float x);
+/* ggml's op_softplus (ggml-cpu unary-ops.cpp): logf(1 + expf(x)) below 20. */
+float ds4_softplus_ggml(float x);
 
 /* ------------------------------------------------------------- state -- */
 
@@ -99,12 +128,14 @@ typedef struct ds4_fwd {
     const ds4_kernel_set *k;
     ds4_pool *pool;
     int n_threads;
-    int precision;            /* DS4_PRECISION_*. Only the exact math exists yet: FAST
-                                 runs it too until matmul.c's quantized-activation
-                                 path lands (more accurate, not wrong). */
+    int precision;            /* DS4_PRECISION_* */
+    int fast;                 /* precision == FAST: llama.cpp's CPU numerics (matmul.c,
+                                 attention.c, gdn.c, moe.c say which) */
+    int attn_f16;             /* attention recipe: Q rounded to F16, V accumulated in
+                                 F16 (attention.c); else Q and V accumulation in F32 */
 
     /* KV cache */
-    int kv_type;              /* DS4_TYPE_F32 (exact); F16 is the planned fast type */
+    int kv_type;              /* DS4_TYPE_F32 (exact) or DS4_TYPE_F16 (fast) */
     size_t kv_elem_bytes;
     int64_t n_ctx, n_pages_max;
     ds4_kv_layer *kv;         /* n_main entries (used for attention layers) */
@@ -127,6 +158,16 @@ typedef struct ds4_fwd {
     int64_t per_thread_floats;
     float *attn_part;         /* decode split-K partials: n_head x nb x (2+head_dim), nb <= */
     int64_t attn_part_pages;  /* this many blocks (grown with the KV pages) */
+    uint8_t *mm_q;            /* fast precision: quantized activation rows (matmul.c) */
+    size_t mm_qcap;           /* its bytes: DS4_MM_SOURCES x the largest one source */
+
+    /* Residual-stream capture (ds4_fwd_chunk): after trunk layer cap_layers[j]
+     * the rows >= out_row0 of h are copied to cap_out + (row*n_cap + j)*n_embd. */
+    const int64_t *cap_layers;
+    int64_t n_cap;
+    float *cap_out;
+
+    ds4_counters cnt;         /* cumulative: allocations and weight bytes read */
 } ds4_fwd;
 
 /* Set up state and scratch for model m (all state zero: position 0). */
@@ -138,8 +179,10 @@ int ds4_fwd_reserve(ds4_fwd *f, int64_t n_pos, ds4_error *err);
 /* Run n <= DS4_CHUNK_ROWS tokens at positions pos0.. through the trunk,
  * updating the KV cache and recurrent states. Rows r >= out_row0 write the
  * post-final-norm hidden (hidden + (r-out_row0)*n_embd) and the logits
- * (logits + (r-out_row0)*n_vocab). Cannot fail: ds4_fwd_reserve ran first
- * and the arguments were checked by the caller. */
+ * (logits + (r-out_row0)*n_vocab), and, when f->n_cap > 0, the residual
+ * stream after the requested layers (f->cap_out, see above; the caller
+ * points cap_out at the chunk's first output row). Cannot fail:
+ * ds4_fwd_reserve ran first and the arguments were checked by the caller. */
 void ds4_fwd_chunk(ds4_fwd *f, const int32_t *tokens, int64_t n, int64_t pos0,
                    int64_t out_row0, float *logits, float *hidden);
 

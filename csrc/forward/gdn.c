@@ -3,8 +3,10 @@
  *
  * Per chunk: the four input projections in one dispatch; the causal conv
  * over [conv state ; new rows] with SiLU after it; L2 norm of q and k heads,
- * q scaled by 1/sqrt(d_k); then, per value head in parallel, the delta rule
- * token by token followed by the gated RMSNorm; then ssm_out.
+ * and the 1/sqrt(d_k) scale (on q in exact precision, on the output in fast
+ * precision, as transformers and llama.cpp respectively); then, per value
+ * head in parallel, the delta rule token by token followed by the gated
+ * RMSNorm; then ssm_out.
  *
  * The recurrence runs one token at a time in every case (no chunked
  * triangular solve), so a row's result is the same whatever chunk it is in.
@@ -95,6 +97,9 @@ static void delta_heads(void *vctx, int64_t j0, int64_t j1, int ith) {
     ds4_vec_dot_fn dot = f->k->vec_dot_f32[DS4_TYPE_F32];
     float *delta = f->thread_scratch + (int64_t)ith * f->per_thread_floats;
     const float *norm_w = (const float *)c->L->ssm_norm.data;
+    /* FAST scales the output by 1/sqrt(d_k) (ggml's fused gated_delta_net op,
+     * ops.cpp: scale = 1.0f / sqrtf((float) S_v)); EXACT scaled q instead. */
+    const float oscale = f->fast ? 1.0f / sqrtf((float)dk) : 1.0f;
     for (int64_t j = j0; j < j1; j++) {
         const int64_t kh = j % nk; /* tiled v-head -> k-head rule (spec §3.8, pitfall 3) */
         float *S = c->st->ssm + j * dk * dv;
@@ -118,7 +123,7 @@ static void delta_heads(void *vctx, int64_t j0, int64_t j1, int ith) {
             for (int64_t m = 0; m < dv; m++) {
                 float s = 0.0f;
                 dot(dk, &s, S + m * dk, q);
-                o[m] = s;
+                o[m] = s * oscale;
             }
             /* Gated RMSNorm over the head: norm(o) * ssm_norm * SiLU(z)
              * (spec §3.9; transformers Qwen3_5RMSNormGated). */
@@ -147,27 +152,37 @@ void ds4_gdn_layer(ds4_fwd *f, int64_t il, int64_t n) {
 
     conv_step(f, L, st, &w, n);
 
-    /* q, k: L2 norm per k-head; q then scaled by 1/sqrt(d_k). transformers
+    /* q, k: L2 norm per k-head, and the 1/sqrt(d_k) scale. transformers
      * scales q before the recurrence; llama.cpp's fused op scales the output
-     * instead (spec §3.7, pitfall 7). Equal in exact arithmetic; exact mode
-     * follows transformers. The scale is d_k**-0.5 rounded to float, as
-     * torch multiplies a float32 tensor by a Python float. */
+     * instead (spec §3.7, pitfall 7). Equal in exact arithmetic. EXACT
+     * follows transformers (the scale is d_k**-0.5 rounded to float, as torch
+     * multiplies a float32 tensor by a Python float; its l2norm, its
+     * softplus); FAST follows llama.cpp (output scale in delta_heads, its
+     * L2 norm form, ggml's softplus). */
     const float qscale = (float)(1.0 / sqrt((double)dk));
     const float *ssm_a = (const float *)L->ssm_a.data;
     const float *dt_bias = (const float *)L->ssm_dt_bias.data;
+    const int fast = f->fast;
     for (int64_t t = 0; t < n; t++) {
         float *row = w.cv + t * cd;
         for (int64_t h = 0; h < nk; h++) {
             float *q = row + h * dk, *k = row + key_dim + h * dk;
-            ds4_l2norm(q, dk, c->rms_eps);
-            for (int64_t i = 0; i < dk; i++) q[i] *= qscale;
-            ds4_l2norm(k, dk, c->rms_eps);
+            if (fast) {
+                ds4_l2norm_ggml(q, dk, c->rms_eps);
+                ds4_l2norm_ggml(k, dk, c->rms_eps);
+            } else {
+                ds4_l2norm(q, dk, c->rms_eps);
+                for (int64_t i = 0; i < dk; i++) q[i] *= qscale;
+                ds4_l2norm(k, dk, c->rms_eps);
+            }
         }
         for (int64_t j = 0; j < nv; j++) {
             float *b = &w.beta[t * nv + j], *g = &w.g[t * nv + j];
             *b = ds4_sigmoid(*b);
             /* ssm_a is already -exp(A_log) (pitfall 2): g = ssm_a * softplus(a + dt_bias). */
-            *g = ssm_a[j] * ds4_softplus(*g + dt_bias[j]);
+            const float a = *g + dt_bias[j];
+            const float sp = fast ? ds4_softplus_ggml(a) : ds4_softplus(a);
+            *g = ssm_a[j] * sp;
         }
     }
 

@@ -20,8 +20,8 @@ int ds4_kv_init(ds4_fwd *f, ds4_error *err) {
     for (int64_t il = 0; il < f->c.n_main; il++) {
         if (f->m->layers[il].kind != DS4_LAYER_ATTN) continue;
         ds4_kv_layer *kv = &f->kv[il];
-        kv->k = calloc((size_t)f->n_pages_max, sizeof *kv->k);
-        kv->v = calloc((size_t)f->n_pages_max, sizeof *kv->v);
+        kv->k = ds4_fwd_calloc(f, (size_t)f->n_pages_max, sizeof *kv->k);
+        kv->v = ds4_fwd_calloc(f, (size_t)f->n_pages_max, sizeof *kv->v);
         if (!kv->k || !kv->v)
             return ds4_fail(err, DS4_ERR_NOMEM, "out of memory for the KV page table of layer %lld",
                             (long long)il);
@@ -50,7 +50,7 @@ int ds4_fwd_reserve(ds4_fwd *f, int64_t n_pos, ds4_error *err) {
     /* Decode split-K keeps one partial per (head, block) of the row. */
     if (need > f->attn_part_pages) {
         size_t nf = (size_t)(f->c.n_head * need * (2 + f->c.head_dim));
-        float *p = realloc(f->attn_part, (nf ? nf : 1) * sizeof(float));
+        float *p = ds4_fwd_realloc(f, f->attn_part, (nf ? nf : 1) * sizeof(float));
         if (!p)
             return ds4_fail(err, DS4_ERR_NOMEM, "out of memory for %lld attention partials",
                             (long long)need);
@@ -65,7 +65,7 @@ int ds4_fwd_reserve(ds4_fwd *f, int64_t n_pos, ds4_error *err) {
             /* calloc: a page's unused tail is never read (attention stops at
              * the row's position), but zeroed memory keeps any future bug
              * deterministic. */
-            uint8_t *k = calloc(1, pb), *v = calloc(1, pb);
+            uint8_t *k = ds4_fwd_calloc(f, 1, pb), *v = ds4_fwd_calloc(f, 1, pb);
             if (!k || !v) {
                 free(k);
                 free(v);

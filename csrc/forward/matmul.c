@@ -7,17 +7,28 @@
  * the thread count. Work is split over tiles of output rows (a weight row
  * is read once per tile and reused for every token row of the chunk).
  *
- * Precision seam: EXACT dots float activations against the weights
- * (kernel set vec_dot_f32). FAST (not built yet) will quantize each
- * activation row once to the type's vec_dot_type with from_float, as
- * llama.cpp does (qwen35-spec.md §10), and call vec_dot instead; that
- * quantization is per row, so it keeps batch invariance.
+ * Precision seam.
+ *  EXACT: float activations against the weights (kernel set vec_dot_f32).
+ *  FAST:  llama.cpp's CPU pairing (ggml-cpu.c type_traits_cpu, qwen35-spec.md
+ *         §10): every activation row is first converted ONCE to the weight
+ *         type's vec_dot_type with the kernel set's from_float (Q8_0 for
+ *         Q4_0/Q5_0/Q8_0/IQ4_NL/Q4_64A/Q2_64A, Q8_1 for Q4_1/Q5_1, Q8_K for
+ *         the K-quants and IQ4_XS, F16 for F16, BF16 for BF16), then every
+ *         output is the paired integer/half dot (vec_dot). F32 weights keep
+ *         F32 activations (their vec_dot_type is F32), so the router stays
+ *         F32 as in llama.cpp. The quantization is per row, so it keeps batch
+ *         invariance; its buffer (f->mm_q) is sized at init.
+ * Jobs of one call that read the same activation rows at the same
+ * vec_dot_type (q/k/v, gate/up, the experts of a MoE layer) share one
+ * quantized copy.
  */
 #include "forward.h"
 
 /* Output rows per work item: small enough to spread a decode step's
  * matrices over the threads, large enough to amortise the dispatch. */
 #define MM_TILE 8
+/* Jobs per dispatch; longer lists go in slices (one expert = two jobs). */
+#define MM_MAX_JOBS 64
 
 ds4_mm_job ds4_mm(const ds4_tensor *t, int64_t expert, int64_t row0, int64_t n_out,
                   const float *x, int64_t x_stride, float *y, int64_t y_stride,
@@ -38,12 +49,54 @@ ds4_mm_job ds4_mm(const ds4_tensor *t, int64_t expert, int64_t row0, int64_t n_o
     return j;
 }
 
+/* Bytes of one activation row of n values stored as `type`. */
+static size_t act_row_bytes(int type, int64_t n) {
+    const ds4_type_traits *t = &ds4_type_traits_table[type];
+    return (size_t)(n / t->block_size) * (size_t)t->type_size;
+}
+
+size_t ds4_mm_act_row_bytes(int weight_type, int64_t n_in) {
+    const int vdt = ds4_type_traits_table[weight_type].vec_dot_type;
+    return vdt == DS4_TYPE_F32 || vdt < 0 ? 0 : act_row_bytes(vdt, n_in);
+}
+
+/* One quantized activation source: rows [0, n_rows) of x (stride x_stride,
+ * n_in values each) converted to `type`, row r at q + r*q_stride. */
+typedef struct {
+    const float *x;
+    int64_t x_stride, n_in, n_rows;
+    int type;
+    uint8_t *q;
+    size_t q_stride;
+} mm_src;
+
 typedef struct {
     const ds4_mm_job *jobs;
     int n_jobs;
-    int64_t tile_start[64 + 1]; /* first item of each job; jobs per call are few */
+    int64_t tile_start[MM_MAX_JOBS + 1]; /* first item of each job */
     const ds4_kernel_set *k;
+    /* per job: the dot kernel and, in fast precision, its activation rows */
+    ds4_vec_dot_fn dot[MM_MAX_JOBS];
+    const uint8_t *act[MM_MAX_JOBS]; /* NULL: the job's float x rows */
+    size_t act_stride[MM_MAX_JOBS];
+    /* quantization items: row `it - src_start[s]` of source s */
+    mm_src src[DS4_MM_SOURCES];
+    int n_src;
+    int64_t src_start[DS4_MM_SOURCES + 1];
 } mm_ctx;
+
+static void quant_items(void *vctx, int64_t i0, int64_t i1, int ith) {
+    (void)ith;
+    const mm_ctx *c = vctx;
+    int s = 0;
+    for (int64_t it = i0; it < i1; it++) {
+        while (it >= c->src_start[s + 1]) s++;
+        const mm_src *sr = &c->src[s];
+        const int64_t r = it - c->src_start[s];
+        c->k->from_float[sr->type](sr->x + r * sr->x_stride, sr->q + (size_t)r * sr->q_stride,
+                                   sr->n_in);
+    }
+}
 
 static void mm_items(void *vctx, int64_t i0, int64_t i1, int ith) {
     (void)ith;
@@ -52,13 +105,16 @@ static void mm_items(void *vctx, int64_t i0, int64_t i1, int ith) {
     for (int64_t it = i0; it < i1; it++) {
         while (it >= c->tile_start[j + 1]) j++;
         const ds4_mm_job *jb = &c->jobs[j];
-        ds4_vec_dot_fn dot = c->k->vec_dot_f32[jb->type];
+        const ds4_vec_dot_fn dot = c->dot[j];
+        const uint8_t *act = c->act[j];
         int64_t o0 = (it - c->tile_start[j]) * MM_TILE;
         int64_t o1 = o0 + MM_TILE < jb->n_out ? o0 + MM_TILE : jb->n_out;
         for (int64_t o = o0; o < o1; o++) {
             const uint8_t *w = jb->w + (size_t)o * jb->row_bytes;
             for (int64_t r = 0; r < jb->n_rows; r++) {
-                const float *x = jb->x + (jb->x_idx ? jb->x_idx[r] : r) * jb->x_stride;
+                const int64_t xr = jb->x_idx ? jb->x_idx[r] : r;
+                const void *x = act ? (const void *)(act + (size_t)xr * c->act_stride[j])
+                                    : (const void *)(jb->x + xr * jb->x_stride);
                 float *y = jb->y + (jb->y_idx ? jb->y_idx[r] : r) * jb->y_stride;
                 float s = 0.0f;
                 dot(jb->n_in, &s, w, x);
@@ -68,22 +124,107 @@ static void mm_items(void *vctx, int64_t i0, int64_t i1, int ith) {
     }
 }
 
-void ds4_matmul(ds4_fwd *f, const ds4_mm_job *jobs, int n_jobs) {
-    /* Callers batch at most a handful of jobs (q/k/v, gate/up, one per expert);
-     * larger lists go in slices of 64. */
-    while (n_jobs > 0) {
-        int nj = n_jobs < 64 ? n_jobs : 64;
-        mm_ctx c;
-        c.jobs = jobs;
-        c.n_jobs = nj;
-        c.k = f->k;
-        c.tile_start[0] = 0;
-        for (int j = 0; j < nj; j++) {
-            int64_t tiles = jobs[j].n_rows > 0 ? (jobs[j].n_out + MM_TILE - 1) / MM_TILE : 0;
-            c.tile_start[j + 1] = c.tile_start[j] + tiles;
+/* Activation rows a job reads: [0, rows). */
+static int64_t job_rows(const ds4_mm_job *jb) {
+    if (!jb->x_idx) return jb->n_rows;
+    int64_t mx = -1;
+    for (int64_t r = 0; r < jb->n_rows; r++)
+        if (jb->x_idx[r] > mx) mx = jb->x_idx[r];
+    return mx + 1;
+}
+
+/* Bytes the sources of c would take if job jb joined them (0 if it needs
+ * none); *match is the source it would share, or -1 for a new one. */
+static size_t src_bytes_with(const mm_ctx *c, const ds4_mm_job *jb, int vdt, int *match) {
+    const int64_t rows = job_rows(jb);
+    size_t total = 0;
+    *match = -1;
+    for (int s = 0; s < c->n_src; s++) {
+        const mm_src *sr = &c->src[s];
+        int64_t r = sr->n_rows;
+        if (sr->x == jb->x && sr->x_stride == jb->x_stride && sr->n_in == jb->n_in &&
+            sr->type == vdt) {
+            *match = s;
+            if (rows > r) r = rows;
         }
-        ds4_pool_for(f->pool, c.tile_start[nj], mm_items, &c);
-        jobs += nj;
-        n_jobs -= nj;
+        total += (size_t)r * act_row_bytes(sr->type, sr->n_in);
+    }
+    if (*match < 0) total += (size_t)rows * act_row_bytes(vdt, jb->n_in);
+    return total;
+}
+
+/* Quantize the sources, point the jobs at them, run the dots. */
+static void dispatch(ds4_fwd *f, mm_ctx *c, const int *job_src) {
+    if (c->n_src > 0) {
+        uint8_t *q = f->mm_q;
+        c->src_start[0] = 0;
+        for (int s = 0; s < c->n_src; s++) {
+            mm_src *sr = &c->src[s];
+            sr->q = q;
+            sr->q_stride = act_row_bytes(sr->type, sr->n_in);
+            q += (size_t)sr->n_rows * sr->q_stride;
+            c->src_start[s + 1] = c->src_start[s] + sr->n_rows;
+        }
+        ds4_pool_for(f->pool, c->src_start[c->n_src], quant_items, c);
+    }
+    c->tile_start[0] = 0;
+    for (int j = 0; j < c->n_jobs; j++) {
+        const ds4_mm_job *jb = &c->jobs[j];
+        if (job_src[j] >= 0) {
+            c->act[j] = c->src[job_src[j]].q;
+            c->act_stride[j] = c->src[job_src[j]].q_stride;
+        }
+        const int64_t tiles = jb->n_rows > 0 ? (jb->n_out + MM_TILE - 1) / MM_TILE : 0;
+        c->tile_start[j + 1] = c->tile_start[j] + tiles;
+        if (jb->n_rows > 0) f->cnt.weight_bytes += (uint64_t)jb->n_out * jb->row_bytes;
+    }
+    ds4_pool_for(f->pool, c->tile_start[c->n_jobs], mm_items, c);
+}
+
+void ds4_matmul(ds4_fwd *f, const ds4_mm_job *jobs, int n_jobs) {
+    mm_ctx c;
+    int job_src[MM_MAX_JOBS];
+    c.k = f->k;
+    while (n_jobs > 0) {
+        c.jobs = jobs;
+        c.n_jobs = 0;
+        c.n_src = 0;
+        /* Take jobs while there is room: at most MM_MAX_JOBS, and in fast
+         * precision at most DS4_MM_SOURCES sources that fit in mm_q. */
+        while (c.n_jobs < n_jobs && c.n_jobs < MM_MAX_JOBS) {
+            const ds4_mm_job *jb = &jobs[c.n_jobs];
+            const int j = c.n_jobs;
+            const int vdt = ds4_type_traits_table[jb->type].vec_dot_type;
+            if (!f->fast || vdt == DS4_TYPE_F32 || jb->n_rows <= 0) {
+                c.dot[j] = f->fast ? f->k->vec_dot[jb->type] : f->k->vec_dot_f32[jb->type];
+                c.act[j] = NULL;
+                c.act_stride[j] = 0;
+                job_src[j] = -1;
+                c.n_jobs++;
+                continue;
+            }
+            int match;
+            const size_t need = src_bytes_with(&c, jb, vdt, &match);
+            if (c.n_jobs > 0 &&
+                (need > f->mm_qcap || (match < 0 && c.n_src == DS4_MM_SOURCES)))
+                break; /* run what we have; this job starts the next dispatch */
+            if (match < 0) {
+                match = c.n_src++;
+                c.src[match].x = jb->x;
+                c.src[match].x_stride = jb->x_stride;
+                c.src[match].n_in = jb->n_in;
+                c.src[match].type = vdt;
+                c.src[match].n_rows = 0;
+            }
+            const int64_t rows = job_rows(jb);
+            if (rows > c.src[match].n_rows) c.src[match].n_rows = rows;
+            c.dot[j] = f->k->vec_dot[jb->type];
+            c.act[j] = NULL;
+            job_src[j] = match;
+            c.n_jobs++;
+        }
+        dispatch(f, &c, job_src);
+        jobs += c.n_jobs;
+        n_jobs -= c.n_jobs;
     }
 }

@@ -49,18 +49,32 @@ static moe_work carve(const ds4_fwd *f) {
 /* Softmax over all experts, then the top-k by probability: repeated
  * arg-max scanning upward with a strict '>', so equal probabilities go to
  * the lower id (a stable descending sort's order). */
-static void route(const ds4_model_config *c, const float *logits, int32_t *sel, float *wt,
-                  float *p) {
+static void route(const ds4_model_config *c, int fast, const float *logits, int32_t *sel,
+                  float *wt, float *p) {
     const int64_t ne = c->n_expert, k = c->n_expert_used;
     float mx = logits[0];
     for (int64_t e = 1; e < ne; e++)
         if (logits[e] > mx) mx = logits[e];
-    float sum = 0.0f;
-    for (int64_t e = 0; e < ne; e++) {
-        p[e] = expf(logits[e] - mx);
-        sum += p[e];
+    if (fast) {
+        /* ggml's soft_max (ggml-cpu ops.cpp soft_max_f32 and vec.cpp
+         * ggml_vec_soft_max_f32): the sum of exps in double, then every exp
+         * multiplied by (float)(1/sum). (Its SIMD body uses a vector exp for
+         * runs of 16; we use expf throughout.) */
+        double sum = 0.0;
+        for (int64_t e = 0; e < ne; e++) {
+            p[e] = expf(logits[e] - mx);
+            sum += (double)p[e];
+        }
+        const float inv = (float)(1.0 / sum);
+        for (int64_t e = 0; e < ne; e++) p[e] *= inv;
+    } else {
+        float sum = 0.0f;
+        for (int64_t e = 0; e < ne; e++) {
+            p[e] = expf(logits[e] - mx);
+            sum += p[e];
+        }
+        for (int64_t e = 0; e < ne; e++) p[e] /= sum;
     }
-    for (int64_t e = 0; e < ne; e++) p[e] /= sum;
     for (int64_t s = 0; s < k; s++) {
         int64_t best = -1;
         for (int64_t e = 0; e < ne; e++) {
@@ -72,7 +86,14 @@ static void route(const ds4_model_config *c, const float *logits, int32_t *sel, 
         wt[s] = p[best];
     }
     float ws = 0.0f;
-    for (int64_t s = 0; s < k; s++) ws += wt[s];
+    if (fast) {
+        /* ggml_sum_rows accumulates in double (vec.h ggml_vec_sum_f32). */
+        double d = 0.0;
+        for (int64_t s = 0; s < k; s++) d += (double)wt[s];
+        ws = (float)d;
+    } else {
+        for (int64_t s = 0; s < k; s++) ws += wt[s];
+    }
     if (ws < MOE_WSUM_MIN) ws = MOE_WSUM_MIN;
     for (int64_t s = 0; s < k; s++) wt[s] /= ws;
 }
@@ -97,7 +118,8 @@ void ds4_ffn_moe(ds4_fwd *f, const ds4_layer *L, int64_t n) {
 
     /* Route every row; the probabilities go to the (already read) logits row. */
     for (int64_t t = 0; t < n; t++)
-        route(c, w.logits + t * ne, f->moe_sel + t * k, f->moe_w + t * k, w.logits + t * ne);
+        route(c, f->fast, w.logits + t * ne, f->moe_sel + t * k, f->moe_w + t * k,
+              w.logits + t * ne);
 
     /* Group the (row, slot) pairs by expert, ascending pair index within one. */
     int64_t *off = f->moe_off;

@@ -24,14 +24,26 @@ void ds4_rmsnorm(const float *x, const float *w, float *y, int64_t n, float eps)
 }
 
 /* transformers (modeling_qwen3_5.py l2norm, FLA-compatible) scales by
- * rsqrt(sum + eps); llama.cpp (ops.cpp l2_norm_f32) by 1/max(sqrt(sum), eps).
- * They differ only for norms near eps. Exact mode follows transformers, the
- * reference it is tested against. */
+ * rsqrt(sum + eps). Exact mode follows transformers, the reference it is
+ * tested against; fast mode uses ds4_l2norm_ggml below. */
 void ds4_l2norm(float *x, int64_t n, float eps) {
     double sum = 0.0;
     for (int64_t i = 0; i < n; i++) sum += (double)(x[i] * x[i]);
     const float scale = 1.0f / sqrtf((float)sum + eps);
     for (int64_t i = 0; i < n; i++) x[i] *= scale;
+}
+
+/* llama.cpp normalises the GDN q and k heads with an RMSNorm whose eps is
+ * eps/n, then scales by 1/sqrt(n) (src/models/models.h build_gdn_l2_norm:
+ * ggml_scale(ggml_rms_norm(x, eps/n), 1/sqrtf(n))): x / sqrt(sum + eps) in
+ * exact arithmetic, with ggml's roundings (mean in float, two multiplies).
+ * The spec's max(||x||, eps) floor belongs to ggml_l2_norm, which this
+ * llama.cpp version no longer uses here. */
+void ds4_l2norm_ggml(float *x, int64_t n, float eps) {
+    const float nf = (float)n;
+    ds4_rmsnorm(x, NULL, x, n, eps / nf);
+    const float s = 1.0f / sqrtf(nf);
+    for (int64_t i = 0; i < n; i++) x[i] *= s;
 }
 
 /* x * sigmoid(x) written as x / (1 + e^-x), which is what torch's CPU silu
@@ -44,3 +56,5 @@ float ds4_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
  * threshold, else log1p(exp(x)). ggml's unary-ops.cpp op_softplus uses the
  * same threshold with logf(1 + expf(x)). */
 float ds4_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+float ds4_softplus_ggml(float x) { return x > 20.0f ? x : logf(1.0f + expf(x)); }
