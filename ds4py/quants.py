@@ -27,6 +27,8 @@ __all__ = [
     "dequantize",
     "quantize",
     "quantize_q8_0_ref",
+    "quantize_weights",
+    "WEIGHT_QUANT_TYPES",
     "vec_dot",
     "available_isas",
 ]
@@ -185,6 +187,42 @@ def quantize_q8_0_ref(x) -> np.ndarray:
     """Q8_0 as ggml's reference quantizer writes model files:
     roundf(x/d), ties away from zero."""
     return _quantize_with(lib.ds4_quantize_row_q8_0_ref, type_info("Q8_0"), x, None)
+
+
+def _weight_quant_types() -> tuple[str, ...]:
+    # A zero-row call checks only the type: it succeeds exactly for the
+    # types ds4_quantize_weights implements.
+    err = _core.new_error()
+    return tuple(t.name for t in TYPES
+                 if lib.ds4_quantize_weights(t.id, ffi.NULL, ffi.NULL, 0, 0, err) == 0)
+
+
+#: Types `quantize_weights` can write, in id order.
+WEIGHT_QUANT_TYPES: tuple[str, ...] = _weight_quant_types()
+
+
+def quantize_weights(type: str | int, x) -> np.ndarray:
+    """Quantize a weight matrix (2-D: rows x n_per_row) or one row (1-D) into
+    `type`, byte for byte as llama.cpp's ggml_quantize_chunk writes it with
+    no importance matrix. Returns uint8 of shape (rows, row_bytes) for 2-D
+    input, (row_bytes,) for 1-D. n_per_row must be whole blocks (32; 256 for
+    the K-quants and IQ4_XS). Types: WEIGHT_QUANT_TYPES. Runs on the calling
+    thread with the GIL released, so threads may quantize disjoint rows."""
+    info = type_info(type)
+    try:
+        arr = np.asarray(x, dtype=np.float32)
+    except (TypeError, ValueError) as e:
+        raise QuantError(f"x must be convertible to float32: {e}") from None
+    if arr.ndim not in (1, 2):
+        raise QuantError(f"x must be 1-D (one row) or 2-D (rows x n_per_row), not {arr.ndim}-D")
+    src = np.ascontiguousarray(arr)
+    n_rows, n_per_row = (1, src.shape[0]) if src.ndim == 1 else src.shape
+    row_bytes = -(-n_per_row // info.block_size) * info.type_size  # partial rows are refused
+    out = np.zeros((n_rows, row_bytes), dtype=np.uint8)
+    err = _core.new_error()
+    _core.check(lib.ds4_quantize_weights(info.id, _core.ptr(src, "float *"), _core.ptr(out),
+                                         n_rows, n_per_row, err), err, QuantError)
+    return out.reshape(-1) if src.ndim == 1 else out
 
 
 def vec_dot(type: str | int, w, act, act_type: str | int = "F32",
