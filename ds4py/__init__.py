@@ -5,7 +5,9 @@ from .errors import DS4Error, GGUFError, ModelError, QuantError
 from .gguf import GGUFFile, TensorInfo
 from .gguf_writer import GGUFWriter, write_gguf
 from .model import Model, ModelConfig
+from .sampling import Sampler, SamplingParams
 from .session import Session
+from .stop import StopMatcher
 
 load = Model.load
 
@@ -13,4 +15,4 @@ __version__ = "0.1.0.dev0"
 
 __all__ = ["DS4Error", "GGUFError", "ModelError", "QuantError", "__version__", "quants",
            "gguf", "GGUFFile", "TensorInfo", "GGUFWriter", "write_gguf", "Model", "ModelConfig",
-           "load", "Session"]
+           "load", "Session", "Sampler", "SamplingParams", "StopMatcher"]
