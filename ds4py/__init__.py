@@ -8,6 +8,7 @@ from .model import Model, ModelConfig
 from .sampling import Sampler, SamplingParams
 from .session import Session
 from .stop import StopMatcher
+from .tokenizer import Tokenizer, TokenizerError
 
 load = Model.load
 
@@ -15,4 +16,5 @@ __version__ = "0.1.0.dev0"
 
 __all__ = ["DS4Error", "GGUFError", "ModelError", "QuantError", "__version__", "quants",
            "gguf", "GGUFFile", "TensorInfo", "GGUFWriter", "write_gguf", "Model", "ModelConfig",
-           "load", "Session", "Sampler", "SamplingParams", "StopMatcher"]
+           "load", "Session", "Sampler", "SamplingParams", "StopMatcher", "Tokenizer",
+           "TokenizerError"]
