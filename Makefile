@@ -61,6 +61,8 @@ lint:
 
 bench: build
 	$(PY) bench/bench_kernels.py
+	$(PY) bench/bench_sampling.py
+	$(PY) bench/bench_generate.py
 
 # Fuzz the GGUF reader with libFuzzer (clang): build fuzz/out/fuzz_gguf from
 # the reader's sources with ASan+UBSan, seed it from fuzz/make_corpus.py and

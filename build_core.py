@@ -37,6 +37,8 @@ GENERIC_SOURCES = [
     "csrc/forward/attention.c",
     "csrc/forward/ffn.c",
     "csrc/forward/moe.c",
+    "csrc/forward/nextn.c",
+    "csrc/bench_loop.c",
 ]
 
 # Per-variant sources and their target flags (x86-64 and arm64). A variant

@@ -250,6 +250,9 @@ typedef struct {
     int precision;            /* DS4_PRECISION_* */
     int n_threads;            /* <= 0: one per online CPU */
     int64_t n_ctx;            /* <= 0: min(context_length, 8192) */
+    const char *draft_head;   /* NULL, or the path of a standalone nextn (MTP) head GGUF
+                                 to run as this model's head (ds4_model_nextn_source);
+                                 read during ds4_model_load only */
 } ds4_model_params;
 
 /* Load and bind a qwen35/qwen35moe GGUF. Everything the engine cannot run
@@ -261,6 +264,22 @@ void ds4_model_free(ds4_model *m);
 void ds4_model_get_config(const ds4_model *m, ds4_model_config *out);
 /* DS4_LAYER_* of block il (0 <= il < n_layer_all), or -1 when out of range. */
 int ds4_model_layer_kind(const ds4_model *m, int64_t il);
+/* Where the model's nextn (MTP) head comes from: 0 = none; bit
+ * DS4_NEXTN_BUNDLED = the model file carries one; bit DS4_NEXTN_DRAFT_HEAD =
+ * a draft_head file was attached and is the head that runs (with both bits,
+ * the file's own head is ignored).
+ * A draft_head file is the layout llama.cpp's converter writes for MTP-only
+ * output (convert_hf_to_gguf.py --mtp): the trunk's metadata, blk.N.* of
+ * the head (N = the trunk's layer count), and optionally token_embd /
+ * output_norm / output, which the head then uses instead of the trunk's.
+ * Refused at load, naming the reason: a file with any other blk.k (a full
+ * model is not a head, whatever it carries), another architecture (an MoE
+ * head on a dense trunk or the reverse), a head for a trunk of another
+ * depth, a tensor whose shape does not match the trunk (named), or a
+ * non-shape setting that differs (rms eps, rope, attention scale, experts
+ * per token; the key is named). */
+enum { DS4_NEXTN_BUNDLED = 1, DS4_NEXTN_DRAFT_HEAD = 2 };
+int ds4_model_nextn_source(const ds4_model *m);
 int64_t ds4_model_n_ctx(const ds4_model *m);
 int ds4_model_precision(const ds4_model *m);
 int ds4_model_n_threads(const ds4_model *m);
@@ -311,13 +330,97 @@ int ds4_session_eval_layers(ds4_session *s, const int32_t *tokens, int64_t n,
 const float *ds4_session_layer_hidden(const ds4_session *s, int64_t *n_rows,
                                       int64_t *n_layers);
 
+/* The nextn (MTP) head (csrc/forward/nextn.c; qwen35-spec.md §7), with its
+ * own KV cache in the session. Row r is (tokens[r], hiddens[r], positions[r])
+ * where hiddens[r] (n_embd floats) is the trunk's post-final-norm hidden of
+ * position positions[r]-1 (ds4_session_hidden), or the head's own output
+ * hidden of the previous row when chaining drafts. Positions must be
+ * consecutive. An empty head takes any first position (llama.cpp mirrors a
+ * fresh sequence from position 1; position 0 may instead be given a zero
+ * hidden); later rows continue the head's KV or rewind into it: rows at
+ * positions >= positions[0] are replaced. Both precisions and batch
+ * invariance as the trunk: n rows in one call equal n one-row calls bit for
+ * bit. DS4_ERR_UNSUPPORTED when the model has no head; a failed call
+ * changes nothing. */
+int ds4_session_nextn_eval(ds4_session *s, const int32_t *tokens, const float *hiddens,
+                           const int64_t *positions, int64_t n, ds4_error *err);
+/* One row (token, hidden) at the head's next position (or, when the head
+ * is empty, at the trunk's n_past): one draft step. */
+int ds4_session_nextn_draft(ds4_session *s, int32_t token, const float *hidden,
+                            ds4_error *err);
+/* Results of the last nextn call, owned by the session: rows x n_vocab
+ * logits and rows x n_embd output hiddens (the head's post-norm rows). The
+ * logits are valid until the next nextn call; the hidden rows stay valid
+ * through the next nextn call (so they may be its input) and no longer. */
+const float *ds4_session_nextn_logits(const ds4_session *s, int64_t *n_rows);
+const float *ds4_session_nextn_hidden(const ds4_session *s, int64_t *n_rows);
+/* The head's KV: positions [*first, *next) (empty when equal). */
+void ds4_session_nextn_range(const ds4_session *s, int64_t *first, int64_t *next);
+
+/* Snapshots (csrc/session.c). A snapshot is the session's whole state at
+ * one point: position, KV pages of every KV layer (trunk and nextn head),
+ * GDN conv + recurrent states, and the last result row (logits, hidden),
+ * so a restored session continues at once (ds4_session_logits/hidden show
+ * that row). Taking one is cheap: the KV pages covering [0, n_past) are
+ * shared, reference counted, and copied only when the session next writes
+ * into a page the snapshot shares (at most one page per K/V of each
+ * attention layer per snapshot); the recurrent states are copied. A
+ * snapshot stays valid and unchanged whatever the session does next, and
+ * until ds4_snapshot_free; it may outlive its session. Restoring it (any
+ * number of times, into any session of the same ds4_model; another model's
+ * session is DS4_ERR_ARG) leaves that session exactly as the snapshot's
+ * session was: the next evals are bit-identical to a fresh evaluation of
+ * the same tokens. Its memory is counted in the snapshotting session's
+ * counters. */
+typedef struct ds4_snapshot ds4_snapshot;
+int ds4_session_snapshot(ds4_session *s, ds4_snapshot **out, ds4_error *err);
+int ds4_session_restore(ds4_session *s, const ds4_snapshot *snap, ds4_error *err);
+void ds4_snapshot_free(ds4_snapshot *snap);
+int64_t ds4_snapshot_n_past(const ds4_snapshot *snap);
+/* Bytes the snapshot allocated itself (recurrent states, last row, page
+ * table), not the pages it shares. */
+uint64_t ds4_snapshot_bytes(const ds4_snapshot *snap);
+
+/* KV pages (K and V counted separately) alive in this process, in every
+ * session and snapshot: each is freed when its last holder lets go. */
+int64_t ds4_kv_live_pages(void);
+
+/* Speculative verification. ds4_session_verify evaluates n tokens
+ * (1 <= n <= DS4_VERIFY_MAX) after n_past as one batch and keeps the logits
+ * and hidden of every row (plus the residual stream after the given trunk
+ * layers, as ds4_session_eval_layers; n_layers may be 0), bit-identical to
+ * n one-token evals. ds4_session_accept(k), 1 <= k <= n, then leaves the
+ * session exactly as if only the first k tokens had been evaluated:
+ * n_past = before + k, results show row k-1 (the verify's other rows stay
+ * readable in the buffer until the next eval), the nextn head's KV is cut
+ * back to n_past if it went past it. Accept applies to the last verify
+ * only and only until another eval, verify, restore or accept; anything
+ * else is DS4_ERR_ARG. An eval right after a verify keeps all n rows. */
+enum { DS4_VERIFY_MAX = 16 };
+int ds4_session_verify(ds4_session *s, const int32_t *tokens, int64_t n,
+                       const int64_t *layers, int64_t n_layers, ds4_error *err);
+int ds4_session_accept(ds4_session *s, int64_t k, ds4_error *err);
+/* What verify keeps for rollback on a model of config c with n_gdn_layers
+ * GDN layers (computed, nothing allocated): *per_row bytes per verified
+ * row, and *per_state bytes of one full recurrent state, which a session
+ * keeps once (allocated at its first verify) as the replay's base; keeping
+ * a full state per row instead would cost *per_state per row. */
+void ds4_rollback_bytes(const ds4_model_config *c, int64_t n_gdn_layers,
+                        uint64_t *per_row, uint64_t *per_state);
+
 /* Cumulative counts of a session since ds4_session_new.
  *  allocs / alloc_bytes: every heap allocation (malloc, calloc, realloc) the
  *    session makes for itself: forward scratch, recurrent state, KV pages and
  *    their tables, result buffers (not the thread pool's own few at session
  *    creation). The decode path allocates only when a step enters a new KV
  *    page (256 positions, forward.h DS4_KV_PAGE): one K and one V page per
- *    attention layer plus one realloc of the split-K partials.
+ *    attention layer plus one realloc of the split-K partials. A page
+ *    allocation is the page plus a 64-byte reference-count header
+ *    (forward.h DS4_KV_PAGE_HEADER). After a snapshot, the first write into
+ *    a page it shares copies that page (one K and one V page per attention
+ *    layer); a session's first verify allocates a second recurrent state
+ *    and room for its rows' rollback inputs (grown, never shrunk, when a
+ *    later verify has more rows). Snapshots' own memory is counted here.
  *  weight_bytes: bytes of model weights the forward pass read: per matmul
  *    job n_out * row_bytes (each weight row is read once per job, however
  *    many token rows share it; a MoE layer has one job per routed expert
@@ -332,6 +435,15 @@ typedef struct {
 } ds4_counters;
 
 void ds4_session_counters(const ds4_session *s, ds4_counters *out);
+
+/* The core's own greedy decode loop (csrc/bench_loop.c), the baseline for
+ * the Python front's overhead: n times, evaluate one token (first, then each
+ * result) with ds4_session_eval and take the argmax of its logits (ties: the
+ * lowest id; a NaN logit fails), writing the n chosen ids to out. Only public
+ * session calls; s must be a session of m. Stops at the first failing eval
+ * (out then holds the ids chosen before it). */
+int ds4_greedy_loop(const ds4_model *m, ds4_session *s, int32_t first, int64_t n, int32_t *out,
+                    ds4_error *err);
 
 /* ---------------------------------------------------------------- Metal -- */
 

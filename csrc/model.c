@@ -48,8 +48,10 @@ typedef struct {
     ds4_model *m;
     const ds4_gguf *g;
     uint8_t *used;     /* per file tensor: taken by a slot */
-    size_t *name_off;  /* per file tensor: its name in m->name_pool */
+    size_t *name_off;  /* per file tensor: its name in pool */
     ds4_error *err;
+    char *pool;        /* NUL-terminated names of g's tensors (m->name_pool, or
+                          m->head_name_pool for a draft head) */
 } binder;
 
 static int64_t sat_mul(int64_t a, int64_t b) {
@@ -110,7 +112,7 @@ static int bind(binder *b, ds4_tensor *t, const char *name, tensor_use use, int 
         return ds4_fail(b->err, DS4_ERR_UNSUPPORTED,
                         "tensor '%s' data is not 4-byte aligned (general.alignment = %llu)", name,
                         (unsigned long long)ds4_gguf_alignment(b->g));
-    t->name = b->m->name_pool + b->name_off[gi];
+    t->name = b->pool + b->name_off[gi];
     t->type = gt.type;
     t->n_dims = gt.n_dims;
     memcpy(t->ne, gt.ne, sizeof t->ne);
@@ -240,8 +242,7 @@ static int bind_nextn(binder *b, ds4_layer *L, int64_t il) {
     return DS4_OK;
 }
 
-static int bind_layer(binder *b, int64_t il) {
-    ds4_layer *L = &b->m->layers[il];
+static int bind_layer_into(binder *b, ds4_layer *L, int64_t il) {
     char nm[NAME_MAX_LEN];
     int rc;
     BIND(attn_norm, "attn_norm.weight", T_F32, 1, b->m->cfg.n_embd, 1, 1, "{n_embd}");
@@ -254,6 +255,8 @@ static int bind_layer(binder *b, int64_t il) {
     if (L->kind == DS4_LAYER_NEXTN) return bind_nextn(b, L, il);
     return DS4_OK;
 }
+
+static int bind_layer(binder *b, int64_t il) { return bind_layer_into(b, &b->m->layers[il], il); }
 
 #undef BIND
 
@@ -290,40 +293,72 @@ static int bind_globals(binder *b) {
     return DS4_OK;
 }
 
-static int bind_all(ds4_model *m, const int *kinds, ds4_error *err) {
-    const ds4_gguf *g = m->gguf;
+/* A binder over g: per-tensor flags and NUL-terminated copies of the
+ * names (the file's are not terminated), returned in *pool. */
+static int binder_open(binder *b, ds4_model *m, const ds4_gguf *g, char **pool, ds4_error *err) {
     int64_t n = ds4_gguf_n_tensors(g);
-    binder b = {m, g, calloc((size_t)n + 1, 1), malloc(((size_t)n + 1) * sizeof(size_t)), err};
-    int rc = DS4_OK;
-    if (!b.used || !b.name_off) {
-        rc = ds4_fail(err, DS4_ERR_NOMEM, "out of memory binding %lld tensors", (long long)n);
-        goto done;
-    }
-    /* Names as NUL-terminated copies (the file's are not terminated). */
+    b->m = m;
+    b->g = g;
+    b->err = err;
+    b->used = calloc((size_t)n + 1, 1);
+    b->name_off = malloc(((size_t)n + 1) * sizeof(size_t));
+    b->pool = NULL;
+    if (!b->used || !b->name_off)
+        return ds4_fail(err, DS4_ERR_NOMEM, "out of memory binding %lld tensors", (long long)n);
     size_t total = 1;
     for (int64_t i = 0; i < n; i++) {
         ds4_gguf_tensor gt;
         ds4_gguf_get_tensor(g, i, &gt, NULL);
-        b.name_off[i] = total;
+        b->name_off[i] = total;
         total += gt.name_len + 1;
     }
-    if (!(m->name_pool = calloc(total, 1))) {
-        rc = ds4_fail(err, DS4_ERR_NOMEM, "out of memory for tensor names");
-        goto done;
-    }
+    if (!(b->pool = calloc(total, 1)))
+        return ds4_fail(err, DS4_ERR_NOMEM, "out of memory for tensor names");
     for (int64_t i = 0; i < n; i++) {
         ds4_gguf_tensor gt;
         ds4_gguf_get_tensor(g, i, &gt, NULL);
-        memcpy(m->name_pool + b.name_off[i], gt.name, gt.name_len);
+        memcpy(b->pool + b->name_off[i], gt.name, gt.name_len);
     }
+    *pool = b->pool;
+    return DS4_OK;
+}
+
+static void binder_close(binder *b) {
+    free(b->used);
+    free(b->name_off);
+}
+
+/* The first tensor no slot took: refused (unused tensors are refused, as
+ * llama.cpp does), naming it and saying what it is not part of. */
+static int refuse_unused(binder *b, const char *what) {
+    int64_t n = ds4_gguf_n_tensors(b->g);
+    for (int64_t i = 0; i < n; i++) {
+        if (b->used[i]) continue;
+        ds4_gguf_tensor gt;
+        char q[NAME_MAX_LEN + 40];
+        ds4_gguf_get_tensor(b->g, i, &gt, NULL);
+        ds4_model_quote(q, sizeof q, gt.name, gt.name_len < 80 ? gt.name_len : 80);
+        return ds4_fail(b->err, DS4_ERR_BAD_MODEL,
+                        "tensor %s is not part of %s with this configuration (unused "
+                        "tensors are refused, as llama.cpp does)",
+                        q, what);
+    }
+    return DS4_OK;
+}
+
+static int bind_all(ds4_model *m, const int *kinds, ds4_error *err) {
+    const ds4_gguf *g = m->gguf;
+    binder b;
+    int rc = binder_open(&b, m, g, &m->name_pool, err);
+    if (rc) goto done;
 
     if (m->cfg.n_nextn > 0 && !has_tensor(&b, "blk.0.attn_norm.weight")) {
         /* qwen35*.cpp load_arch_tensors: "mtp_only" files hold only a nextn
          * head (plus embeddings/norm/head) for another file's trunk. */
         rc = ds4_fail(err, DS4_ERR_UNSUPPORTED,
                       "this is an MTP-only GGUF (a nextn head without trunk layers: no "
-                      "blk.0.attn_norm.weight); it cannot be loaded as a model (draft heads are "
-                      "not supported yet)");
+                      "blk.0.attn_norm.weight); it cannot be loaded as a model: load its trunk "
+                      "and give this file as the trunk's draft_head");
         goto done;
     }
     if ((rc = bind_globals(&b))) goto done;
@@ -331,22 +366,12 @@ static int bind_all(ds4_model *m, const int *kinds, ds4_error *err) {
         m->layers[il].kind = kinds[il];
         if ((rc = bind_layer(&b, il))) goto done;
     }
-    for (int64_t i = 0; i < n; i++) {
-        if (!b.used[i]) {
-            ds4_gguf_tensor gt;
-            char q[NAME_MAX_LEN + 40];
-            ds4_gguf_get_tensor(g, i, &gt, NULL);
-            ds4_model_quote(q, sizeof q, gt.name, gt.name_len < 80 ? gt.name_len : 80);
-            rc = ds4_fail(err, DS4_ERR_BAD_MODEL,
-                          "tensor %s is not part of a %s model with this configuration (unused "
-                          "tensors are refused, as llama.cpp does)",
-                          q, ds4_model_arch_name(m->cfg.arch));
-            goto done;
-        }
-    }
+    char what[64];
+    snprintf(what, sizeof what, "a %s model", ds4_model_arch_name(m->cfg.arch));
+    if ((rc = refuse_unused(&b, what))) goto done;
+    if (m->cfg.n_nextn > 0) m->nextn_source = DS4_NEXTN_BUNDLED;
 done:
-    free(b.used);
-    free(b.name_off);
+    binder_close(&b);
     return rc;
 }
 
@@ -376,12 +401,175 @@ static void resolve_params(ds4_model *m, const ds4_model_params *p) {
                                                                  : DEFAULT_N_CTX_CAP;
 }
 
+/* --------------------------------------------------------- draft head -- */
+/* A standalone nextn head (ds4.h ds4_model_nextn_source): the layout
+ * llama.cpp's converter writes for MTP-only output (conversion/qwen.py
+ * _QwenMtpMixin with mtp_only: the full model's metadata, blk.N.* of the
+ * head, plus token_embd / output_norm / output; llama.cpp's qwen35*.cpp
+ * load_arch_tensors recognises it by the missing blk.0.attn_norm.weight).
+ * Its tensors are bound against the TRUNK's configuration, so a head made
+ * for another model fails on the first tensor whose shape differs, named.
+ * Its own token_embd / output / output_norm, when present, take the places
+ * of nextn.embed_tokens / shared_head_head / the shared_head_norm fallback,
+ * which is what llama.cpp computes when it runs that file (graph_mtp reads
+ * the head file's own tok_embd, output and output_norm). */
+
+/* k of a "blk.<k>.<...>" name, or -1 for any other name. */
+static int64_t block_index(const char *name) {
+    if (strncmp(name, "blk.", 4) != 0) return -1;
+    const char *p = name + 4;
+    int64_t k = 0;
+    if (*p < '0' || *p > '9') return -1;
+    for (; *p >= '0' && *p <= '9'; p++)
+        if ((k = k * 10 + (*p - '0')) > INT32_MAX) return INT32_MAX;
+    return *p == '.' ? k : -1;
+}
+
+/* Settings no tensor shape shows, which the head must share with the trunk
+ * (the forward pass runs the head with the trunk's configuration). */
+static int same_settings(const ds4_model_config *t, const ds4_model_config *h, ds4_error *err) {
+    const char *a = ds4_model_arch_name(t->arch);
+    const struct {
+        const char *key;
+        double tv, hv;
+    } f[] = {
+        {"attention.layer_norm_rms_epsilon", t->rms_eps, h->rms_eps},
+        {"rope.freq_base", t->rope_base, h->rope_base},
+        {"rope.dimension_count", (double)t->n_rot, (double)h->n_rot},
+        {"attention.scale", t->attn_scale, h->attn_scale},
+        {"expert_used_count", (double)t->n_expert_used, (double)h->n_expert_used},
+    };
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+        if (f[i].tv != f[i].hv)
+            return ds4_fail(err, DS4_ERR_BAD_MODEL,
+                            "%s.%s is %g in the head file but %g in the trunk", a, f[i].key,
+                            f[i].hv, f[i].tv);
+    return DS4_OK;
+}
+
+static int attach_checked(ds4_model *m, ds4_gguf *g, char **pool, ds4_error *err) {
+    ds4_model_config hc;
+    int *kinds = NULL;
+    int rc = ds4_model_config_read(g, &hc, &kinds, err);
+    free(kinds);
+    if (rc) return rc;
+    const int64_t N = m->cfg.n_main;
+    /* The head-only guard first, whatever else the file says: a full model
+     * carries its trunk blocks (and perhaps its own head) and must never be
+     * taken as a head (ds4-notes: qwen_nextn_head_only). */
+    binder b;
+    if ((rc = binder_open(&b, m, g, pool, err))) goto done;
+    const int64_t n = ds4_gguf_n_tensors(g);
+    for (int64_t i = 0; i < n; i++) {
+        const char *name = b.pool + b.name_off[i];
+        int64_t k = block_index(name);
+        if (k >= 0 && k != hc.n_main) {
+            rc = ds4_fail(err, DS4_ERR_BAD_MODEL,
+                          "carries tensors outside blk.%lld (e.g. '%s'); not a standalone head",
+                          (long long)hc.n_main, name);
+            goto done;
+        }
+    }
+    if (hc.n_nextn != 1) {
+        rc = ds4_fail(err, DS4_ERR_BAD_MODEL,
+                      "%s.nextn_predict_layers is %lld; a standalone head has one nextn block",
+                      ds4_model_arch_name(hc.arch), (long long)hc.n_nextn);
+        goto done;
+    }
+    if (hc.arch != m->cfg.arch) {
+        rc = ds4_fail(err, DS4_ERR_BAD_MODEL, "is a %s head (%s FFN); the trunk is %s (%s FFN)",
+                      ds4_model_arch_name(hc.arch),
+                      hc.arch == DS4_ARCH_QWEN35MOE ? "routed MoE" : "dense",
+                      ds4_model_arch_name(m->cfg.arch),
+                      m->cfg.arch == DS4_ARCH_QWEN35MOE ? "routed MoE" : "dense");
+        goto done;
+    }
+    if (hc.n_main != N) {
+        rc = ds4_fail(err, DS4_ERR_BAD_MODEL,
+                      "is the head of a %lld-layer trunk (blk.%lld); this trunk has %lld layers",
+                      (long long)hc.n_main, (long long)hc.n_main, (long long)N);
+        goto done;
+    }
+    int64_t ki = ds4_gguf_find_kv(g, "tokenizer.ggml.tokens");
+    if (ki >= 0) {
+        ds4_gguf_kv kv;
+        ds4_gguf_get_kv(g, ki, &kv, NULL);
+        if (kv.type == DS4_GGUF_ARRAY && (int64_t)kv.array_count != m->cfg.n_vocab) {
+            rc = ds4_fail(err, DS4_ERR_BAD_MODEL,
+                          "tokenizer.ggml.tokens has %llu tokens; the trunk's vocabulary has %lld",
+                          (unsigned long long)kv.array_count, (long long)m->cfg.n_vocab);
+            goto done;
+        }
+    }
+
+    const int64_t E = m->cfg.n_embd, V = m->cfg.n_vocab;
+    ds4_tensor emb, onorm, out;
+    if ((rc = bind(&b, &emb, "token_embd.weight", T_MATRIX, 0, E, V, 1, "{n_embd, n_vocab}")) ||
+        (rc = bind(&b, &onorm, "output_norm.weight", T_F32, 0, E, 1, 1, "{n_embd}")) ||
+        (rc = bind(&b, &out, "output.weight", T_MATRIX, 0, E, V, 1, "{n_embd, n_vocab}")))
+        goto done;
+    ds4_layer L;
+    memset(&L, 0, sizeof L);
+    L.kind = DS4_LAYER_NEXTN;
+    if ((rc = bind_layer_into(&b, &L, N))) goto done;
+    if ((rc = refuse_unused(&b, "a standalone nextn head"))) goto done;
+    /* after the shapes, so a head of another width names a tensor */
+    if ((rc = same_settings(&m->cfg, &hc, err))) goto done;
+    if (!L.nextn_embed_tokens.data && emb.data) L.nextn_embed_tokens = emb;
+    if (!L.nextn_shared_head_head.data) {
+        if (out.data) L.nextn_shared_head_head = out;
+        else if (emb.data) L.nextn_shared_head_head = emb; /* the head file's tied head */
+    }
+    /* bind_nextn fell back to the trunk's output_norm; the head file's own
+     * is the one its shared_head_norm falls back to */
+    if (L.nextn_shared_head_norm.data == m->output_norm.data && onorm.data)
+        L.nextn_shared_head_norm = onorm;
+
+    if (m->cfg.n_layer_all <= N) {
+        ds4_layer *ls = realloc(m->layers, (size_t)(N + 1) * sizeof *ls);
+        if (!ls) {
+            rc = ds4_fail(err, DS4_ERR_NOMEM, "out of memory for the head's layer");
+            goto done;
+        }
+        m->layers = ls;
+    }
+    m->layers[N] = L;
+    m->cfg.n_layer_all = N + 1;
+    m->cfg.n_nextn = 1;
+    m->nextn_source |= DS4_NEXTN_DRAFT_HEAD;
+done:
+    binder_close(&b);
+    return rc;
+}
+
+static int attach_head(ds4_model *m, const char *path, ds4_error *err) {
+    ds4_gguf *g = NULL;
+    char *pool = NULL;
+    int rc = ds4_gguf_open(path, &g, err);
+    if (!rc) rc = attach_checked(m, g, &pool, err);
+    if (rc) {
+        ds4_gguf_close(g);
+        free(pool);
+        if (err) {
+            char msg[sizeof err->message];
+            snprintf(msg, sizeof msg, "%s", err->message);
+            char q[160];
+            ds4_model_quote(q, sizeof q, path, strlen(path) < 120 ? strlen(path) : 120);
+            ds4_fail(err, rc, "draft head %s: %s", q, msg);
+        }
+        return rc;
+    }
+    m->head_gguf = g;
+    m->head_name_pool = pool;
+    return DS4_OK;
+}
+
 int ds4_model_load(const char *path, const ds4_model_params *params, ds4_model **out,
                    ds4_error *err) {
     if (!out) return ds4_fail(err, DS4_ERR_ARG, "ds4_model_load: out is NULL");
     *out = NULL;
     if (!path) return ds4_fail(err, DS4_ERR_ARG, "ds4_model_load: path is NULL");
-    ds4_model_params p = {DS4_PRECISION_FAST, 0, 0};
+    ds4_model_params p = {DS4_PRECISION_FAST, 0, 0, NULL};
     if (params) p = *params;
     int rc = check_params(&p, err);
     if (rc) return rc;
@@ -397,8 +585,10 @@ int ds4_model_load(const char *path, const ds4_model_params *params, ds4_model *
         goto fail;
     }
     if ((rc = bind_all(m, kinds, err))) goto fail;
+    if (p.draft_head && (rc = attach_head(m, p.draft_head, err))) goto fail;
     free(kinds);
     resolve_params(m, &p);
+    m->params.draft_head = NULL; /* the caller's string: read during the load only */
     *out = m;
     return ds4_ok(err);
 fail:
@@ -410,6 +600,8 @@ fail:
 void ds4_model_free(ds4_model *m) {
     if (!m) return;
     ds4_gguf_close(m->gguf);
+    ds4_gguf_close(m->head_gguf);
+    free(m->head_name_pool);
     free(m->layers);
     free(m->name_pool);
     free(m);
@@ -422,6 +614,7 @@ int ds4_model_layer_kind(const ds4_model *m, int64_t il) {
 }
 
 int64_t ds4_model_n_ctx(const ds4_model *m) { return m->params.n_ctx; }
+int ds4_model_nextn_source(const ds4_model *m) { return m->nextn_source; }
 int ds4_model_precision(const ds4_model *m) { return m->params.precision; }
 int ds4_model_n_threads(const ds4_model *m) { return m->params.n_threads; }
 

@@ -54,6 +54,11 @@ struct ds4_model {
     ds4_tensor token_embd, output_norm, output; /* output.data == NULL: tied */
     ds4_layer *layers;         /* n_layer_all entries */
     char *name_pool;           /* NUL-terminated tensor names that ds4_tensor.name points into */
+    /* A draft_head file (model.c ds4_model_params.draft_head): its mapping
+     * and names, which layers[n_main]'s slots point into. */
+    ds4_gguf *head_gguf;
+    char *head_name_pool;
+    int nextn_source;          /* DS4_NEXTN_* bits (ds4.h ds4_model_nextn_source) */
 };
 
 /* The LM head matrix (output, or token_embd when tied). */

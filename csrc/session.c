@@ -1,19 +1,54 @@
 /*
  * session.c — a sequence being evaluated: its position, its forward state
- * (KV pages, recurrent states, scratch, threads: forward/forward.h) and the
- * results of the last eval.
+ * (KV pages, recurrent states, scratch, threads: forward/forward.h), the
+ * results of the last eval, snapshots, and verify/accept.
  *
  * An eval checks everything and allocates everything it needs (output rows,
  * KV pages) before the first state change, so a failed eval leaves the
  * session exactly as it was. The tokens of one eval are one batch; it runs
  * as fixed chunks of DS4_CHUNK_ROWS rows, and since every row's math is
  * batch invariant the chunking is invisible in the results.
+ *
+ * Snapshots. A snapshot holds references to the KV pages covering
+ * [0, n_past) of every KV layer (trunk attention layers, and the nextn
+ * head's when the model has one) and copies of the GDN conv + ssm states and
+ * of the last result row (logits and hidden), so a restored session can
+ * continue at once. The pages are shared, not copied (kv.c: reference
+ * counts, copy-on-write), so a snapshot costs its recurrent state plus a
+ * page table, and the session pays one page copy per K/V page of each
+ * attention layer when it next writes into a page the snapshot shares.
+ *
+ * Verify / accept. verify(n <= DS4_VERIFY_MAX tokens) is an eval of all rows
+ * that also keeps what rollback needs; accept(k) then leaves the session as
+ * if only the first k rows had been evaluated. The attention KV needs
+ * nothing (n_past moves back; rows past it are overwritten before anything
+ * reads them). The GDN state needs the state after row k-1. Two ways:
+ *  A. keep the full state after every row: (K-1)*conv_dim + n_v*d_k*d_v
+ *     floats per GDN layer per row;
+ *  B. keep the state before the verify (one extra state per session,
+ *     written by the verify itself: gdn_alt) plus, per row, the update's
+ *     inputs (raw conv row, k, v, g, beta: 2*conv_dim - key_dim + 2*n_v
+ *     floats per GDN layer), and on accept(k < n) replay k rows' rank-1
+ *     updates with the same code (gdn.c delta_update): bit for bit the
+ *     verify's own arithmetic.
+ * On a Qwen3.5-27B shape (48 GDN layers of 64; n_v 48, n_k 16,
+ * d_k = d_v = 128, K 4, conv_dim 10240): A keeps 817,152 floats =
+ * 3,268,608 bytes per layer, 156,893,184 bytes (150 MiB) per row, 2.5 GB at
+ * n = 16; B keeps 18,528 floats = 74,112 bytes per layer, 3,557,376 bytes
+ * (3.4 MiB) per row (57 MB at n = 16) plus the one extra state of
+ * 156,893,184 bytes. B is what this file does (ds4_rollback_bytes computes
+ * these figures; tests/test_verify.py checks them). The replay costs about
+ * what the verify's delta rule cost for those k rows, a small fraction of
+ * the matmuls.
  */
 #include "model.h"
 #include "error.h"
 #include "forward/forward.h"
 
 #include <stdlib.h>
+#include <string.h>
+
+_Static_assert(DS4_VERIFY_MAX <= DS4_CHUNK_ROWS, "a verify must be one chunk");
 
 struct ds4_session {
     ds4_model *m;
@@ -21,10 +56,28 @@ struct ds4_session {
     int64_t n_past;
     float *logits, *hidden;   /* cap_rows rows each */
     int64_t cap_rows, n_rows; /* n_rows: rows of the last eval's results */
-    float *layer_hidden;      /* n_rows x n_lh x n_embd of the last eval */
+    int64_t row0;             /* the getters show rows [row0, row0 + n_rows) (accept) */
+    float *layer_hidden;      /* rows x n_lh x n_embd of the last eval */
     int64_t cap_lh;           /* its capacity in rows x layers */
     int64_t n_lh;             /* layers the last eval captured */
+    int64_t ver_n;            /* rows of the verify accept() may roll back; 0: none */
+    int64_t ver_n_past;       /* n_past before that verify */
     uint64_t own_allocs, own_alloc_bytes; /* the session struct itself */
+};
+
+struct ds4_snapshot {
+    const ds4_model *m;
+    int64_t n_past;
+    int64_t np;               /* pages per trunk attention layer: ceil(n_past / PAGE) */
+    int64_t n_attn;           /* trunk attention layers */
+    int has_nextn;            /* the head's KV is in the snapshot */
+    int64_t nextn_pos0, nextn_n_pos, nextn_np;
+    uint8_t **pages;          /* per trunk attention layer (ascending): np K pages, np V
+                                 pages; then the head's nextn_np K, nextn_np V pages */
+    int64_t n_rows;           /* 1: logits/hidden hold the last result row; 0: none */
+    float *data;              /* GDN states (per GDN layer ascending: conv, ssm), then
+                                 the logits row, then the hidden row */
+    uint64_t bytes;           /* what the snapshot allocated itself */
 };
 
 int ds4_session_new(ds4_model *m, ds4_session **out, ds4_error *err) {
@@ -89,17 +142,10 @@ static int grow_outputs(ds4_session *s, int64_t n_out, int64_t n_layers, ds4_err
     return DS4_OK;
 }
 
-int ds4_session_eval(ds4_session *s, const int32_t *tokens, int64_t n, int all_rows,
-                     ds4_error *err) {
-    return ds4_session_eval_layers(s, tokens, n, all_rows, NULL, 0, err);
-}
-
-int ds4_session_eval_layers(ds4_session *s, const int32_t *tokens, int64_t n, int all_rows,
-                            const int64_t *layers, int64_t n_layers, ds4_error *err) {
-    if (!s) return ds4_fail(err, DS4_ERR_ARG, "ds4_session_eval: session is NULL");
-    if (n <= 0)
-        return ds4_fail(err, DS4_ERR_ARG, "eval needs at least one token (got %lld)", (long long)n);
-    if (!tokens) return ds4_fail(err, DS4_ERR_ARG, "ds4_session_eval: tokens is NULL");
+/* Argument checks shared by eval and verify. */
+static int check_tokens(const ds4_session *s, const int32_t *tokens, int64_t n,
+                        const int64_t *layers, int64_t n_layers, ds4_error *err) {
+    if (!tokens) return ds4_fail(err, DS4_ERR_ARG, "tokens is NULL");
     const ds4_model_config *c = &s->f.c;
     for (int64_t i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= c->n_vocab)
@@ -118,15 +164,26 @@ int ds4_session_eval_layers(ds4_session *s, const int32_t *tokens, int64_t n, in
         return ds4_fail(err, DS4_ERR_ARG,
                         "prompt of %lld tokens does not fit: n_past %lld + %lld > n_ctx %lld",
                         (long long)n, (long long)s->n_past, (long long)n, (long long)n_ctx);
+    return DS4_OK;
+}
+
+/* Run checked tokens; verify != 0: one chunk (n <= DS4_VERIFY_MAX) with the
+ * rollback capture. Everything that can fail happens before the first state
+ * change. */
+static int run(ds4_session *s, const int32_t *tokens, int64_t n, int all_rows,
+               const int64_t *layers, int64_t n_layers, int verify, ds4_error *err) {
+    const ds4_model_config *c = &s->f.c;
     const int64_t n_out = all_rows ? n : 1;
     int rc;
-    if ((rc = ds4_fwd_reserve(&s->f, s->n_past + n, err)) ||
-        (rc = grow_outputs(s, n_out, n_layers, err)))
+    if ((rc = ds4_fwd_reserve(&s->f, s->n_past, s->n_past + n, err)) ||
+        (rc = grow_outputs(s, n_out, n_layers, err)) ||
+        (verify && (rc = ds4_fwd_verify_reserve(&s->f, n, err))))
         return rc;
 
     /* Nothing below can fail. */
     s->f.cap_layers = layers;
     s->f.n_cap = n_layers;
+    s->f.verify = verify;
     for (int64_t c0 = 0; c0 < n; c0 += DS4_CHUNK_ROWS) {
         const int64_t cn = n - c0 < DS4_CHUNK_ROWS ? n - c0 : DS4_CHUNK_ROWS;
         int64_t out_row0;
@@ -142,23 +199,261 @@ int ds4_session_eval_layers(ds4_session *s, const int32_t *tokens, int64_t n, in
         }
         ds4_fwd_chunk(&s->f, tokens + c0, cn, s->n_past + c0, out_row0, lg, hd);
     }
+    s->f.verify = 0;
     s->f.cap_layers = NULL;
     s->f.n_cap = 0;
     s->f.cap_out = NULL;
+    if (verify) {
+        /* gdn now holds the state after the verify, gdn_alt the one before */
+        ds4_fwd_swap_gdn(&s->f);
+        s->ver_n = n;
+        s->ver_n_past = s->n_past;
+    } else {
+        s->ver_n = 0;
+    }
     s->n_past += n;
     s->n_rows = n_out;
+    s->row0 = 0;
     s->n_lh = n_layers;
     return ds4_ok(err);
 }
 
+int ds4_session_eval(ds4_session *s, const int32_t *tokens, int64_t n, int all_rows,
+                     ds4_error *err) {
+    return ds4_session_eval_layers(s, tokens, n, all_rows, NULL, 0, err);
+}
+
+int ds4_session_eval_layers(ds4_session *s, const int32_t *tokens, int64_t n, int all_rows,
+                            const int64_t *layers, int64_t n_layers, ds4_error *err) {
+    if (!s) return ds4_fail(err, DS4_ERR_ARG, "ds4_session_eval: session is NULL");
+    if (n <= 0)
+        return ds4_fail(err, DS4_ERR_ARG, "eval needs at least one token (got %lld)", (long long)n);
+    int rc = check_tokens(s, tokens, n, layers, n_layers, err);
+    if (rc) return rc;
+    return run(s, tokens, n, all_rows, layers, n_layers, 0, err);
+}
+
+int ds4_session_verify(ds4_session *s, const int32_t *tokens, int64_t n, const int64_t *layers,
+                       int64_t n_layers, ds4_error *err) {
+    if (!s) return ds4_fail(err, DS4_ERR_ARG, "ds4_session_verify: session is NULL");
+    if (n < 1 || n > DS4_VERIFY_MAX)
+        return ds4_fail(err, DS4_ERR_ARG, "verify takes 1 to %d tokens (got %lld)", DS4_VERIFY_MAX,
+                        (long long)n);
+    int rc = check_tokens(s, tokens, n, layers, n_layers, err);
+    if (rc) return rc;
+    return run(s, tokens, n, 1, layers, n_layers, 1, err);
+}
+
+/* The nextn head's KV is a sequence of its own (forward.h): the head holds
+ * entries [0, nextn_n_pos - nextn_pos0) for positions nextn_pos0 .. */
+static int has_nextn_kv(const ds4_fwd *f) { return f->nextn_kv.k != NULL; }
+
+int ds4_session_accept(ds4_session *s, int64_t k, ds4_error *err) {
+    if (!s) return ds4_fail(err, DS4_ERR_ARG, "ds4_session_accept: session is NULL");
+    if (s->ver_n == 0)
+        return ds4_fail(err, DS4_ERR_ARG,
+                        "accept(%lld) without a verify to accept: accept follows verify directly "
+                        "(an eval, restore or accept in between ends it)",
+                        (long long)k);
+    if (k < 1 || k > s->ver_n)
+        return ds4_fail(err, DS4_ERR_ARG, "accept(%lld): k must be in 1..%lld, the rows of the last verify",
+                        (long long)k, (long long)s->ver_n);
+    if (k < s->ver_n) {
+        /* gdn_alt holds the state before the verify: replay k rows on it
+         * and make it current. */
+        ds4_gdn_replay(&s->f, k);
+        ds4_fwd_swap_gdn(&s->f);
+    }
+    s->n_past = s->ver_n_past + k;
+    /* The results show row k-1, the new last position (the verify's rows
+     * stay in the buffer: earlier views of them still read them). */
+    s->row0 = k - 1;
+    s->n_rows = 1;
+    s->ver_n = 0;
+    /* The head's entries at positions the trunk no longer holds cannot be
+     * valid after the rollback. */
+    ds4_fwd *f = &s->f;
+    if (has_nextn_kv(f) && f->nextn_n_pos > s->n_past)
+        f->nextn_n_pos = s->n_past > f->nextn_pos0 ? s->n_past : f->nextn_pos0;
+    return ds4_ok(err);
+}
+
+/* ---------------------------------------------------------- snapshots -- */
+
+static int64_t n_attn_layers(const ds4_fwd *f) {
+    int64_t n = 0;
+    for (int64_t il = 0; il < f->c.n_main; il++) n += f->m->layers[il].kind == DS4_LAYER_ATTN;
+    return n;
+}
+
+/* Floats of one GDN layer's conv state and ssm state. */
+static int64_t conv_floats(const ds4_model_config *c) {
+    return (c->ssm_conv_kernel - 1) * (2 * c->ssm_n_k * c->ssm_d_state + c->ssm_d_inner);
+}
+static int64_t ssm_floats(const ds4_model_config *c) {
+    return c->ssm_n_v * c->ssm_d_state * c->ssm_d_state;
+}
+
+int ds4_session_snapshot(ds4_session *s, ds4_snapshot **out, ds4_error *err) {
+    if (!out) return ds4_fail(err, DS4_ERR_ARG, "ds4_session_snapshot: out is NULL");
+    *out = NULL;
+    if (!s) return ds4_fail(err, DS4_ERR_ARG, "ds4_session_snapshot: session is NULL");
+    ds4_fwd *f = &s->f;
+    const ds4_model_config *c = &f->c;
+    int64_t n_gdn = 0;
+    for (int64_t il = 0; il < c->n_main; il++) n_gdn += f->m->layers[il].kind == DS4_LAYER_GDN;
+    const int64_t np = ds4_kv_pages_for(s->n_past), n_attn = n_attn_layers(f);
+    const int has_nextn = has_nextn_kv(f);
+    const int64_t nextn_np =
+        has_nextn ? ds4_kv_pages_for(f->nextn_n_pos - f->nextn_pos0) : 0;
+    const int64_t n_rows = s->n_rows > 0 ? 1 : 0;
+    const size_t n_pages = (size_t)(2 * (n_attn * np + nextn_np));
+    const size_t n_floats = (size_t)(n_gdn * (conv_floats(c) + ssm_floats(c)) +
+                                     n_rows * (c->n_vocab + c->n_embd));
+
+    ds4_snapshot *sn = ds4_fwd_malloc(f, sizeof *sn);
+    uint8_t **pages = ds4_fwd_malloc(f, (n_pages ? n_pages : 1) * sizeof *pages);
+    float *data = ds4_fwd_malloc(f, (n_floats ? n_floats : 1) * sizeof *data);
+    if (!sn || !pages || !data) {
+        free(sn);
+        free(pages);
+        free(data);
+        return ds4_fail(err, DS4_ERR_NOMEM, "out of memory for a snapshot (%zu floats)", n_floats);
+    }
+    memset(sn, 0, sizeof *sn);
+    sn->m = s->m;
+    sn->n_past = s->n_past;
+    sn->np = np;
+    sn->n_attn = n_attn;
+    sn->pages = pages;
+    sn->data = data;
+    sn->n_rows = n_rows;
+    sn->bytes = sizeof *sn + (n_pages ? n_pages : 1) * sizeof *pages +
+                (n_floats ? n_floats : 1) * sizeof *data;
+
+    /* Every page of [0, n_past) of every KV layer: shared (one more
+     * reference), never copied. */
+    size_t ip = 0;
+    for (int64_t il = 0; il < c->n_main; il++) {
+        if (f->m->layers[il].kind != DS4_LAYER_ATTN) continue;
+        const ds4_kv_layer *kv = &f->kv[il];
+        for (int64_t p = 0; p < np; p++) ds4_kv_page_ref(pages[ip++] = kv->k[p]);
+        for (int64_t p = 0; p < np; p++) ds4_kv_page_ref(pages[ip++] = kv->v[p]);
+    }
+    if (has_nextn) {
+        sn->has_nextn = 1;
+        sn->nextn_pos0 = f->nextn_pos0;
+        sn->nextn_n_pos = f->nextn_n_pos;
+        sn->nextn_np = nextn_np;
+        for (int64_t p = 0; p < nextn_np; p++) ds4_kv_page_ref(pages[ip++] = f->nextn_kv.k[p]);
+        for (int64_t p = 0; p < nextn_np; p++) ds4_kv_page_ref(pages[ip++] = f->nextn_kv.v[p]);
+    }
+
+    /* The recurrent states are copied: they change with every token. */
+    float *d = data;
+    for (int64_t il = 0; il < c->n_main; il++) {
+        if (f->m->layers[il].kind != DS4_LAYER_GDN) continue;
+        memcpy(d, f->gdn[il].conv, (size_t)conv_floats(c) * sizeof(float));
+        d += conv_floats(c);
+        memcpy(d, f->gdn[il].ssm, (size_t)ssm_floats(c) * sizeof(float));
+        d += ssm_floats(c);
+    }
+    if (n_rows) {
+        /* The last result row is the one at position n_past - 1. */
+        const int64_t r = s->row0 + s->n_rows - 1;
+        memcpy(d, s->logits + r * c->n_vocab, (size_t)c->n_vocab * sizeof(float));
+        memcpy(d + c->n_vocab, s->hidden + r * c->n_embd, (size_t)c->n_embd * sizeof(float));
+    }
+    *out = sn;
+    return ds4_ok(err);
+}
+
+int ds4_session_restore(ds4_session *s, const ds4_snapshot *sn, ds4_error *err) {
+    if (!s) return ds4_fail(err, DS4_ERR_ARG, "ds4_session_restore: session is NULL");
+    if (!sn) return ds4_fail(err, DS4_ERR_ARG, "ds4_session_restore: snapshot is NULL");
+    ds4_fwd *f = &s->f;
+    const ds4_model_config *c = &f->c;
+    if (sn->m != s->m)
+        return ds4_fail(err, DS4_ERR_ARG,
+                        "snapshot was taken from a session of another model; a snapshot "
+                        "restores only into sessions of the model it came from");
+    if (sn->has_nextn != has_nextn_kv(f))
+        return ds4_fail(err, DS4_ERR_ARG, "snapshot and session disagree on the nextn head's KV");
+    int rc;
+    if (sn->n_rows && (rc = grow_outputs(s, 1, 0, err))) return rc;
+
+    /* Nothing below can fail. Take the snapshot's references before
+     * dropping the session's: they may be the same pages. */
+    const size_t n_pages = (size_t)(2 * (sn->n_attn * sn->np + sn->nextn_np));
+    for (size_t i = 0; i < n_pages; i++) ds4_kv_page_ref(sn->pages[i]);
+    size_t ip = 0;
+    for (int64_t il = 0; il < c->n_main; il++) {
+        if (f->m->layers[il].kind != DS4_LAYER_ATTN) continue;
+        ds4_kv_layer *kv = &f->kv[il];
+        ds4_kv_layer_truncate(kv, 0);
+        for (int64_t p = 0; p < sn->np; p++) kv->k[p] = sn->pages[ip++];
+        for (int64_t p = 0; p < sn->np; p++) kv->v[p] = sn->pages[ip++];
+        kv->n_pages = sn->np;
+    }
+    if (sn->has_nextn) {
+        ds4_kv_layer *kv = &f->nextn_kv;
+        ds4_kv_layer_truncate(kv, 0);
+        for (int64_t p = 0; p < sn->nextn_np; p++) kv->k[p] = sn->pages[ip++];
+        for (int64_t p = 0; p < sn->nextn_np; p++) kv->v[p] = sn->pages[ip++];
+        kv->n_pages = sn->nextn_np;
+        f->nextn_pos0 = sn->nextn_pos0;
+        f->nextn_n_pos = sn->nextn_n_pos;
+        f->nextn_n_rows = 0; /* the head's last results belong to the old state */
+    }
+    const float *d = sn->data;
+    for (int64_t il = 0; il < c->n_main; il++) {
+        if (f->m->layers[il].kind != DS4_LAYER_GDN) continue;
+        memcpy(f->gdn[il].conv, d, (size_t)conv_floats(c) * sizeof(float));
+        d += conv_floats(c);
+        memcpy(f->gdn[il].ssm, d, (size_t)ssm_floats(c) * sizeof(float));
+        d += ssm_floats(c);
+    }
+    if (sn->n_rows) {
+        memcpy(s->logits, d, (size_t)c->n_vocab * sizeof(float));
+        memcpy(s->hidden, d + c->n_vocab, (size_t)c->n_embd * sizeof(float));
+    }
+    s->n_past = sn->n_past;
+    s->n_rows = sn->n_rows;
+    s->row0 = 0;
+    s->n_lh = 0;
+    s->ver_n = 0;
+    return ds4_ok(err);
+}
+
+void ds4_snapshot_free(ds4_snapshot *sn) {
+    if (!sn) return;
+    const size_t n_pages = (size_t)(2 * (sn->n_attn * sn->np + sn->nextn_np));
+    for (size_t i = 0; i < n_pages; i++) ds4_kv_page_unref(sn->pages[i]);
+    free(sn->pages);
+    free(sn->data);
+    free(sn);
+}
+
+int64_t ds4_snapshot_n_past(const ds4_snapshot *sn) { return sn ? sn->n_past : 0; }
+
+uint64_t ds4_snapshot_bytes(const ds4_snapshot *sn) { return sn ? sn->bytes : 0; }
+
+void ds4_rollback_bytes(const ds4_model_config *c, int64_t n_gdn_layers, uint64_t *per_row,
+                        uint64_t *per_state) {
+    *per_row = (uint64_t)n_gdn_layers * (uint64_t)ds4_gdn_capture_floats(c) * sizeof(float);
+    *per_state = (uint64_t)n_gdn_layers * (uint64_t)ds4_gdn_state_bytes(c);
+}
+
+/* ------------------------------------------------------------ results -- */
+
 const float *ds4_session_logits(const ds4_session *s, int64_t *n_rows) {
     *n_rows = s && s->n_rows ? s->n_rows : 0;
-    return *n_rows ? s->logits : NULL;
+    return *n_rows ? s->logits + s->row0 * s->f.c.n_vocab : NULL;
 }
 
 const float *ds4_session_hidden(const ds4_session *s, int64_t *n_rows) {
     *n_rows = s && s->n_rows ? s->n_rows : 0;
-    return *n_rows ? s->hidden : NULL;
+    return *n_rows ? s->hidden + s->row0 * s->f.c.n_embd : NULL;
 }
 
 int64_t ds4_session_n_past(const ds4_session *s) { return s ? s->n_past : 0; }
@@ -166,7 +461,7 @@ int64_t ds4_session_n_past(const ds4_session *s) { return s ? s->n_past : 0; }
 const float *ds4_session_layer_hidden(const ds4_session *s, int64_t *n_rows, int64_t *n_layers) {
     *n_rows = s && s->n_rows ? s->n_rows : 0;
     *n_layers = *n_rows ? s->n_lh : 0;
-    return *n_layers ? s->layer_hidden : NULL;
+    return *n_layers ? s->layer_hidden + s->row0 * s->n_lh * s->f.c.n_embd : NULL;
 }
 
 void ds4_session_counters(const ds4_session *s, ds4_counters *out) {
@@ -175,4 +470,36 @@ void ds4_session_counters(const ds4_session *s, ds4_counters *out) {
     *out = s->f.cnt;
     out->allocs += s->own_allocs;
     out->alloc_bytes += s->own_alloc_bytes;
+}
+
+/* ------------------------------------------- nextn head (forward/nextn.c) -- */
+
+int ds4_session_nextn_eval(ds4_session *s, const int32_t *tokens, const float *hiddens,
+                           const int64_t *positions, int64_t n, ds4_error *err) {
+    if (!s) return ds4_fail(err, DS4_ERR_ARG, "ds4_session_nextn_eval: session is NULL");
+    return ds4_nextn_eval(&s->f, tokens, hiddens, positions, n, err);
+}
+
+int ds4_session_nextn_draft(ds4_session *s, int32_t token, const float *hidden,
+                            ds4_error *err) {
+    if (!s) return ds4_fail(err, DS4_ERR_ARG, "ds4_session_nextn_draft: session is NULL");
+    /* The next head position; an empty head drafts at the trunk's n_past
+     * (row (x_n, h_{n-1}) at position n, spec §7 "Drafting"). */
+    const int64_t pos = s->f.nextn_n_pos > s->f.nextn_pos0 ? s->f.nextn_n_pos : s->n_past;
+    return ds4_nextn_eval(&s->f, &token, hidden, &pos, 1, err);
+}
+
+const float *ds4_session_nextn_logits(const ds4_session *s, int64_t *n_rows) {
+    *n_rows = s && s->f.nextn_n_rows ? s->f.nextn_n_rows : 0;
+    return *n_rows ? s->f.nextn_logits : NULL;
+}
+
+const float *ds4_session_nextn_hidden(const ds4_session *s, int64_t *n_rows) {
+    *n_rows = s && s->f.nextn_n_rows ? s->f.nextn_n_rows : 0;
+    return *n_rows ? s->f.nextn_hidden : NULL;
+}
+
+void ds4_session_nextn_range(const ds4_session *s, int64_t *first, int64_t *next) {
+    *first = s ? s->f.nextn_pos0 : 0;
+    *next = s ? s->f.nextn_n_pos : 0;
 }

@@ -2,11 +2,12 @@
 
 from . import gguf, quants
 from .errors import DS4Error, GGUFError, ModelError, QuantError
+from .generate import Generation, GenerationChunk, generate, stream_generate
 from .gguf import GGUFFile, TensorInfo
 from .gguf_writer import GGUFWriter, write_gguf
 from .model import Model, ModelConfig
 from .sampling import Sampler, SamplingParams
-from .session import Session
+from .session import Session, Snapshot
 from .stop import StopMatcher
 from .tokenizer import Tokenizer, TokenizerError
 
@@ -16,5 +17,5 @@ __version__ = "0.1.0.dev0"
 
 __all__ = ["DS4Error", "GGUFError", "ModelError", "QuantError", "__version__", "quants",
            "gguf", "GGUFFile", "TensorInfo", "GGUFWriter", "write_gguf", "Model", "ModelConfig",
-           "load", "Session", "Sampler", "SamplingParams", "StopMatcher", "Tokenizer",
-           "TokenizerError"]
+           "load", "Session", "Snapshot", "Sampler", "SamplingParams", "StopMatcher", "Tokenizer",
+           "TokenizerError", "generate", "stream_generate", "Generation", "GenerationChunk"]

@@ -28,7 +28,10 @@ Lifetime
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
+
+import numpy as np
 
 from ._core import ffi, lib, new_error
 from .errors import GGUFError, ModelError
@@ -154,6 +157,8 @@ class Model:
         self.n_threads = int(lib.ds4_model_n_threads(ptr))
         self.precision = _PRECISION_NAME[lib.ds4_model_precision(ptr)]
         self._tokenizer = None
+        self._nextn_bits = int(lib.ds4_model_nextn_source(ptr))
+        self.draft_head: str | None = None  # the draft_head path given to load()
 
     @classmethod
     def load(cls, path: str | os.PathLike, n_threads: int | None = None,
@@ -169,9 +174,17 @@ class Model:
         llama.cpp's small-batch flash-attention rounding (Q in F16, V summed
         in F16) on every row. "exact" runs float32 activations, an F32 KV
         cache and transformers' formulas. Both are batch invariant.
+        draft_head: a standalone nextn (MTP) head GGUF to run as this
+        model's head (the layout llama.cpp's converter writes with --mtp:
+        the model's metadata, the head's blk.N.* tensors, optionally
+        token_embd / output_norm / output, which the head then uses). It is
+        refused, with the reason, when it carries anything else (a full
+        model is never taken as a head), is for another architecture or
+        trunk depth, has a tensor whose shape does not fit this model
+        (named), or a differing rms eps / rope / attention scale / experts
+        per token. A model that bundles its own head runs the draft_head
+        instead, with a UserWarning. See :meth:`nextn_eval`.
         """
-        if draft_head is not None:
-            raise ModelError("draft_head is not supported yet", lib.DS4_ERR_UNSUPPORTED)
         prec = _precision_id(precision)
         threads = 0 if n_threads is None else _positive_int("n_threads", n_threads)
         ctx = 0 if n_ctx is None else _positive_int("n_ctx", n_ctx)
@@ -187,12 +200,29 @@ class Model:
         bpath = os.fsencode(path)
         if b"\0" in bpath:
             raise GGUFError(f"path {os.fsdecode(bpath)!r} contains a NUL byte", lib.DS4_ERR_ARG)
+        head_c = ffi.NULL
+        if draft_head is not None:
+            if not isinstance(draft_head, (str, bytes, os.PathLike)):
+                raise ModelError(f"draft_head must be a path or None, got {draft_head!r}",
+                                 lib.DS4_ERR_ARG)
+            bhead = os.fsencode(draft_head)
+            if b"\0" in bhead:
+                raise GGUFError(f"draft_head {os.fsdecode(bhead)!r} contains a NUL byte",
+                                lib.DS4_ERR_ARG)
+            head_c = ffi.new("char[]", bhead)  # alive through the load call
+            params.draft_head = head_c
         pp = ffi.new("ds4_model **")
         err = new_error()
         status = lib.ds4_model_load(bpath, params, pp, err)
         if status != lib.DS4_OK:
             _raise(status, err)
-        return cls(ffi.gc(pp[0], lib.ds4_model_free), os.fsdecode(bpath))
+        model = cls(ffi.gc(pp[0], lib.ds4_model_free), os.fsdecode(bpath))
+        if draft_head is not None:
+            model.draft_head = os.fsdecode(os.fsencode(draft_head))
+            if model._nextn_bits & lib.DS4_NEXTN_BUNDLED:
+                warnings.warn(f"{model.path!r} bundles its own nextn head; the draft_head "
+                              f"{model.draft_head!r} replaces it", UserWarning, stacklevel=2)
+        return model
 
     # -- lifetime ---------------------------------------------------------
     def close(self) -> None:
@@ -257,6 +287,119 @@ class Model:
         """A fresh :class:`ds4py.Session` (position 0) over this model."""
         from .session import Session
         return Session(self)
+
+    # -- nextn / MTP head (csrc/forward/nextn.c) ----------------------------
+    @property
+    def nextn_source(self) -> str | None:
+        """Which nextn (MTP) head runs: ``"draft_head"`` (a standalone head
+        file given to :meth:`load`; it replaces a bundled one, with a
+        warning at load), ``"bundled"`` (the model file's own block), or
+        None (no head: :meth:`nextn_eval` raises ModelError)."""
+        if self._nextn_bits & lib.DS4_NEXTN_DRAFT_HEAD:
+            return "draft_head"
+        return "bundled" if self._nextn_bits & lib.DS4_NEXTN_BUNDLED else None
+
+    def _session_ptr(self, session):
+        # The C calls run the head of the session's own model; refuse a
+        # session of another Model rather than run a different head.
+        mine = self._live()
+        theirs = getattr(session, "_model_ptr", None)
+        if theirs is None or theirs != mine:
+            raise ModelError("session does not belong to this model", lib.DS4_ERR_ARG)
+        return session._live()
+
+    def nextn_eval(self, session, tokens, hiddens, positions):
+        """Run the nextn head over rows ``(tokens[r], hiddens[r])`` at
+        ``positions[r]``, extending the head's own KV cache in ``session``.
+
+        The batched catch-up after a trunk step: row p pairs token p with
+        the trunk's post-final-norm hidden of position p-1 (``session.eval(
+        ..., return_hidden=True)``), so it predicts token p+2. ``hiddens`` is
+        ``[n, hidden_size]``; ``positions`` must be consecutive. An empty head
+        takes any first position (llama.cpp mirrors a fresh sequence from
+        position 1; position 0 may instead be paired with a zero hidden
+        row); after that rows continue the head's KV or rewind into it (rows
+        at or after ``positions[0]`` are replaced). n rows in one call give
+        bit for bit what n :meth:`nextn_draft`-style one-row calls give.
+
+        Returns ``(logits [n, vocab], hidden [n, hidden_size])``: read-only
+        views of session-owned buffers. ``logits`` is valid until the next
+        nextn call on the session; ``hidden`` (the head's own output rows,
+        what a chained draft feeds back) stays valid through the next nextn
+        call, so it may be passed to it directly.
+        """
+        ptr = self._session_ptr(session)
+        from .session import _as_tokens
+        tok = _as_tokens(tokens)
+        n = tok.size
+        E = self.config.hidden_size
+        hid = np.ascontiguousarray(hiddens, dtype=np.float32)
+        if hid.shape != (n, E):
+            raise ModelError(f"hiddens must be [{n}, {E}] (one row per token), got "
+                             f"{hid.shape}", lib.DS4_ERR_ARG)
+        pos = np.asarray(positions)
+        if pos.dtype == object or pos.dtype == np.bool_ or (
+                pos.size and not np.issubdtype(pos.dtype, np.integer)):
+            raise ModelError(f"positions must be integers, got dtype {pos.dtype}",
+                             lib.DS4_ERR_ARG)
+        if pos.shape != (n,):
+            raise ModelError(f"positions must be [{n}], got {pos.shape}", lib.DS4_ERR_ARG)
+        if n and (int(pos.min()) < -(2**63) or int(pos.max()) >= 2**63):
+            raise ModelError("position out of range", lib.DS4_ERR_ARG)
+        pos = np.ascontiguousarray(pos, dtype=np.int64)
+        err = new_error()
+        status = lib.ds4_session_nextn_eval(
+            ptr, ffi.cast("int32_t *", ffi.from_buffer(tok)) if n else ffi.NULL,
+            ffi.cast("float *", ffi.from_buffer(hid, require_writable=False)) if n else ffi.NULL,
+            ffi.cast("int64_t *", ffi.from_buffer(pos)) if n else ffi.NULL, n, err)
+        if status != lib.DS4_OK:
+            _raise(status, err)
+        return self._nextn_views(ptr)
+
+    def nextn_draft(self, session, token: int, hidden):
+        """One draft step: the row ``(token, hidden)`` at the head's next
+        position (the trunk's ``n_past`` when the head is empty), which
+        extends the head's KV. ``hidden`` is ``[hidden_size]``: the trunk's
+        last hidden for the first step, then the head's own output hidden of
+        the previous step. Returns ``(logits [vocab], hidden [hidden_size])``
+        (views; lifetimes as :meth:`nextn_eval`)."""
+        ptr = self._session_ptr(session)
+        if isinstance(token, bool) or not isinstance(token, (int, np.integer)):
+            raise ModelError(f"token must be an int, got {token!r}", lib.DS4_ERR_ARG)
+        if not -(2**31) <= int(token) < 2**31:
+            raise ModelError(f"token id {int(token)} is out of range", lib.DS4_ERR_ARG)
+        E = self.config.hidden_size
+        hid = np.ascontiguousarray(hidden, dtype=np.float32)
+        if hid.shape != (E,):
+            raise ModelError(f"hidden must be [{E}], got {hid.shape}", lib.DS4_ERR_ARG)
+        err = new_error()
+        status = lib.ds4_session_nextn_draft(
+            ptr, int(token), ffi.cast("float *", ffi.from_buffer(hid, require_writable=False)),
+            err)
+        if status != lib.DS4_OK:
+            _raise(status, err)
+        logits, hid_out = self._nextn_views(ptr)
+        return logits[0], hid_out[0]
+
+    def nextn_range(self, session) -> tuple[int, int]:
+        """The positions the head's KV holds in ``session``: ``[first, next)``
+        (empty when equal; ``next`` is where the next draft row goes)."""
+        ptr = self._session_ptr(session)
+        a, b = ffi.new("int64_t *"), ffi.new("int64_t *")
+        lib.ds4_session_nextn_range(ptr, a, b)
+        return int(a[0]), int(b[0])
+
+    def _nextn_views(self, ptr):
+        V, E = self.config.vocab_size, self.config.hidden_size
+        nr = ffi.new("int64_t *")
+        lp = lib.ds4_session_nextn_logits(ptr, nr)
+        rows = int(nr[0])
+        logits = np.frombuffer(ffi.buffer(lp, rows * V * 4), dtype=np.float32).reshape(rows, V)
+        hp = lib.ds4_session_nextn_hidden(ptr, nr)
+        hidden = np.frombuffer(ffi.buffer(hp, rows * E * 4), dtype=np.float32).reshape(rows, E)
+        logits.flags.writeable = False
+        hidden.flags.writeable = False
+        return logits, hidden
 
 
 load = Model.load

@@ -9,6 +9,15 @@
         s.n_past                                     # 7
         s.counters()        # {"allocs": ..., "alloc_bytes": ..., "weight_bytes": ...}
 
+        snap = s.snapshot()                          # cheap: shares the KV pages
+        s.eval([1, 2, 3])
+        s.restore(snap)                              # back at n_past 7, any number of times
+        s.last_logits()                              # the row of position 6 again
+
+        rows = s.verify([5, 6, 7, 8])                # float32 [4, vocab], one batch
+        s.accept(2)                                  # as if only [5, 6] had been evaluated
+        s.n_past                                     # 9
+
 A session is one sequence: its KV cache pages, the recurrent (GDN) states and
 its position live in the C core (csrc/session.c, csrc/forward/). Each
 ``eval`` appends its tokens after ``n_past`` and runs them as one batch; the
@@ -16,17 +25,45 @@ results do not depend on how a prompt is split into evals, nor on the thread
 count (batch invariance, DESIGN.md).
 
 Lifetime of results
-  ``eval`` returns read-only numpy **views** of buffers the session owns (no
-  copy). They stay valid until the next ``eval`` on this session or its
-  ``close()``; after that they may show other rows or freed memory. Keep a
-  result with ``np.array(x)`` (a copy).
+  ``eval`` and ``verify`` return read-only numpy **views** of buffers the
+  session owns (no copy). They stay valid until the next ``eval``,
+  ``verify`` or ``restore`` on this session or its ``close()`` (``accept``
+  keeps them: a verify's rows stay readable after it); after that they may
+  show other rows or freed memory. Keep a result with ``np.array(x)`` (a
+  copy).
+
+Snapshots (csrc/session.c)
+  ``snapshot()`` captures the whole state: position, KV pages (shared with
+  the session, reference counted, copy-on-write: only the page the session
+  writes next is ever copied), the GDN conv and recurrent states (copied),
+  the nextn head's KV when the model has a head, and the last result row.
+  ``restore(snap)`` puts a session (this one or another session of the same
+  Model) back exactly there: what follows is bit-identical to a fresh
+  evaluation of the same tokens, and ``last_logits()``/``last_hidden()``
+  show the snapshot's last row. A snapshot stays valid and unchanged while
+  sessions move on, can be restored any number of times, and frees its
+  memory when garbage-collected or ``close()``d.
+
+Verify / accept (speculative decoding)
+  ``verify(tokens)`` evaluates 1..16 tokens (``VERIFY_MAX``) as one batch
+  and returns the logits of every row, bit-identical to evaluating them one
+  at a time. ``accept(k)`` (1 <= k <= n) then leaves the session exactly as
+  if only the first k tokens had been evaluated (``n_past`` = before + k,
+  ``last_logits()`` is row k-1). Accept applies to the last verify, until
+  the next eval, verify, restore or accept; an ``eval`` right after a
+  verify keeps all its rows. Rollback keeps, per verified row, the inputs of
+  the GDN state updates and replays k of them on accept (not a state per
+  row); ``rollback_bytes`` gives the figures.
 
 Errors
   :class:`ds4py.ModelError` (carrying the core's message and ``.code``): no
   tokens, a token id outside ``[0, vocab_size)``, a prompt that does not fit
   (``"prompt of N tokens does not fit: n_past P + N > n_ctx C"``), a
   ``hidden_layers`` entry that is not a trunk layer, a closed session or
-  model. A failed eval leaves the session unchanged.
+  model; verify of 0 or more than 16 tokens; accept without a verify to
+  accept or with k outside 1..n; restore of a snapshot from another model's
+  session, or of something that is not a live Snapshot. A failed call
+  leaves the session unchanged.
 
 The session holds the C model alive (see ds4py.model, Lifetime), so closing
 the Model first is safe.
@@ -39,7 +76,9 @@ import numpy as np
 from ._core import ffi, lib, new_error
 from .errors import ModelError
 
-__all__ = ["Session"]
+__all__ = ["Session", "Snapshot", "VERIFY_MAX", "rollback_bytes", "kv_live_pages"]
+
+VERIFY_MAX = int(lib.DS4_VERIFY_MAX)
 
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 
@@ -79,6 +118,59 @@ def _as_layers(layers) -> np.ndarray:
     return np.ascontiguousarray(arr, dtype=np.int64)
 
 
+def rollback_bytes(*, n_gdn_layers: int, conv_kernel: int, ssm_state_size: int,
+                   ssm_n_key_heads: int, ssm_n_value_heads: int) -> dict:
+    """What verify keeps for rollback on a model of this GDN shape (computed
+    by the core, nothing allocated): ``per_row``, bytes per verified row;
+    ``per_state``, bytes of one full recurrent state (kept once per session
+    as the replay's base; keeping a state per row instead would cost this
+    much per row). Arguments are ModelConfig's names."""
+    c = ffi.new("ds4_model_config *")
+    c.ssm_conv_kernel = conv_kernel
+    c.ssm_d_state = ssm_state_size
+    c.ssm_n_k = ssm_n_key_heads
+    c.ssm_n_v = ssm_n_value_heads
+    c.ssm_d_inner = ssm_n_value_heads * ssm_state_size
+    row, state = ffi.new("uint64_t *"), ffi.new("uint64_t *")
+    lib.ds4_rollback_bytes(c, n_gdn_layers, row, state)
+    return {"per_row": int(row[0]), "per_state": int(state[0])}
+
+
+def kv_live_pages() -> int:
+    """KV pages (K and V counted apart) alive in this process, in all
+    sessions and snapshots together (each page is freed by its last holder)."""
+    return int(lib.ds4_kv_live_pages())
+
+
+class Snapshot:
+    """A session's state at one point (:meth:`Session.snapshot`); restore it
+    with :meth:`Session.restore`. ``n_past``: its position; ``nbytes``: the
+    memory it holds itself (recurrent states, last row, page table), not the
+    KV pages it shares."""
+
+    def __init__(self, ptr, model_ptr):
+        # The destructor closes over the model pointer: the model (whose
+        # identity restore checks) outlives every snapshot of it.
+        self._ptr = ffi.gc(ptr, lambda p, _m=model_ptr: lib.ds4_snapshot_free(p))
+        self._model_ptr = model_ptr
+        self.n_past = int(lib.ds4_snapshot_n_past(ptr))
+        self.nbytes = int(lib.ds4_snapshot_bytes(ptr))
+
+    def close(self) -> None:
+        """Free the snapshot now (its references to KV pages too). Idempotent."""
+        if self._ptr is not None:
+            ptr, self._ptr = self._ptr, None
+            ffi.release(ptr)
+
+    @property
+    def closed(self) -> bool:
+        return self._ptr is None
+
+    def __repr__(self) -> str:
+        state = "closed" if self._ptr is None else f"n_past={self.n_past}"
+        return f"<ds4py.Snapshot {state}>"
+
+
 class Session:
     """One sequence being evaluated. Create with ``Model.new_session()``."""
 
@@ -90,6 +182,7 @@ class Session:
         # The destructor closes over the model pointer, so the C model cannot
         # be freed before this session is (ffi.gc order is otherwise unspecified).
         self._ptr = ffi.gc(pp[0], lambda p, _m=model_ptr: lib.ds4_session_free(p))
+        self._model_ptr = model_ptr
         self.vocab_size = model.config.vocab_size
         self.hidden_size = model.config.hidden_size
 
@@ -140,6 +233,76 @@ class Session:
             out.append(lh if all_logits else lh[0])
         return out[0] if len(out) == 1 else tuple(out)
 
+    # -- speculative verification -----------------------------------------
+    def verify(self, tokens, return_hidden: bool = False, hidden_layers=None):
+        """Evaluate 1..VERIFY_MAX ``tokens`` after the current position as one
+        batch; returns float32 ``[n, vocab]`` logits of every row (views, as
+        eval), bit-identical to evaluating the tokens one at a time.
+        ``return_hidden`` / ``hidden_layers`` add ``[n, hidden]`` /
+        ``[n, len(hidden_layers), hidden]`` as in :meth:`eval`. Follow with
+        :meth:`accept`; without one (an eval next) all n rows stay."""
+        ptr = self._live()
+        arr = _as_tokens(tokens)
+        layers = None if hidden_layers is None else _as_layers(hidden_layers)
+        err = new_error()
+        tok_ptr = ffi.cast("int32_t *", ffi.from_buffer(arr)) if arr.size else ffi.NULL
+        n_layers = 0 if layers is None else layers.size
+        lay_ptr = ffi.cast("int64_t *", ffi.from_buffer(layers)) if n_layers else ffi.NULL
+        _check(lib.ds4_session_verify(ptr, tok_ptr, arr.size, lay_ptr, n_layers, err), err)
+        out = [self._view(lib.ds4_session_logits, self.vocab_size)]
+        if return_hidden:
+            out.append(self._view(lib.ds4_session_hidden, self.hidden_size))
+        if layers is not None:
+            out.append(self._layer_view(layers.size, out[0].shape[0]))
+        return out[0] if len(out) == 1 else tuple(out)
+
+    def accept(self, k: int) -> None:
+        """Keep the first ``k`` rows (1 <= k <= n) of the last verify: the
+        session is then exactly as if only those tokens had been evaluated
+        (``n_past`` = before + k; ``last_logits()`` / ``last_hidden()`` show
+        row k-1)."""
+        ptr = self._live()
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+            raise ModelError(f"accept(k): k must be an int, got {k!r}", lib.DS4_ERR_ARG)
+        k = int(k)
+        if not -(2**63) <= k < 2**63:
+            raise ModelError(f"accept({k}): k is out of range", lib.DS4_ERR_ARG)
+        err = new_error()
+        _check(lib.ds4_session_accept(ptr, k, err), err)
+
+    # -- snapshots --------------------------------------------------------
+    def snapshot(self) -> Snapshot:
+        """The session's whole state now (module doc, Snapshots)."""
+        ptr = self._live()
+        pp = ffi.new("ds4_snapshot **")
+        err = new_error()
+        _check(lib.ds4_session_snapshot(ptr, pp, err), err)
+        return Snapshot(pp[0], self._model_ptr)
+
+    def restore(self, snap: Snapshot) -> None:
+        """Put this session back at ``snap`` (taken from any session of the
+        same Model). The snapshot stays valid."""
+        ptr = self._live()
+        if not isinstance(snap, Snapshot):
+            raise ModelError(f"restore needs a Snapshot, got {type(snap).__name__}",
+                             lib.DS4_ERR_ARG)
+        if snap._ptr is None:
+            raise ModelError("snapshot is closed", lib.DS4_ERR_ARG)
+        err = new_error()
+        _check(lib.ds4_session_restore(ptr, snap._ptr, err), err)
+
+    def last_logits(self):
+        """float32 ``[vocab]`` logits of the last evaluated position
+        (``n_past - 1``), or None before any eval (view; lifetime as eval's)."""
+        rows = self._view(lib.ds4_session_logits, self.vocab_size, live=True)
+        return rows[-1] if rows.shape[0] else None
+
+    def last_hidden(self):
+        """float32 ``[hidden]`` post-final-norm hidden of the last evaluated
+        position, or None before any eval."""
+        rows = self._view(lib.ds4_session_hidden, self.hidden_size, live=True)
+        return rows[-1] if rows.shape[0] else None
+
     def _layer_view(self, n_layers: int, n_rows: int) -> np.ndarray:
         if n_layers == 0:
             out = np.zeros((n_rows, 0, self.hidden_size), dtype=np.float32)
@@ -166,11 +329,15 @@ class Session:
         return {"allocs": int(c.allocs), "alloc_bytes": int(c.alloc_bytes),
                 "weight_bytes": int(c.weight_bytes)}
 
-    def _view(self, getter, width: int) -> np.ndarray:
+    def _view(self, getter, width: int, live: bool = False) -> np.ndarray:
         n = ffi.new("int64_t *")
-        p = getter(self._ptr, n)
+        p = getter(self._live() if live else self._ptr, n)
         rows = int(n[0])
-        out = np.frombuffer(ffi.buffer(p, rows * width * 4), dtype=np.float32).reshape(rows, width)
+        if rows == 0:
+            out = np.zeros((0, width), dtype=np.float32)
+        else:
+            out = np.frombuffer(ffi.buffer(p, rows * width * 4),
+                                dtype=np.float32).reshape(rows, width)
         out.flags.writeable = False
         return out
 

@@ -29,6 +29,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 MODELS = os.path.join(HERE, "golden", "models")
 TOKS = np.load(os.path.join(HERE, "golden", "logits", "sequences.npz"))["s700"]
 PAGE = 256  # DS4_KV_PAGE (csrc/forward/forward.h)
+# Each page allocation carries a reference-count header in front of the data
+# (DS4_KV_PAGE_HEADER, csrc/forward/forward.h; pages are shared with snapshots).
+PAGE_HEADER = 64
 
 
 def file_bytes(name: str, n_main: int, k: int):
@@ -72,7 +75,7 @@ def test_decode_allocates_only_new_pages(name, precision):
         n_attn = sum(1 for kind in cfg.layer_kinds[:cfg.n_layers] if kind == "attn")
         assert n_attn >= 1
         elem = 2 if precision == "fast" else 4  # F16 / F32 KV pages
-        page_bytes = cfg.n_kv_heads * PAGE * cfg.head_dim * elem
+        page_bytes = cfg.n_kv_heads * PAGE * cfg.head_dim * elem + PAGE_HEADER
 
         s.eval(TOKS[:200])  # prefill: allocations happen here (scratch, page 1)
         s.eval([int(TOKS[200])])  # first decode step sizes the 1-row result buffers

@@ -568,7 +568,6 @@ def test_default_n_ctx_capped(tmp_path):
     ({"n_threads": 0}, r"n_threads must be positive"),
     ({"n_threads": True}, r"n_threads must be a positive int"),
     ({"n_threads": 10**6}, r"n_threads = 1000000: at most"),
-    ({"draft_head": "x.gguf"}, r"draft_head is not supported yet"),
 ])
 def test_bad_params(kwargs, pattern):
     with pytest.raises(ModelError, match=pattern):

@@ -337,9 +337,11 @@ static void merge_items(void *vctx, int64_t h0, int64_t h1, int ith) {
 /* ------------------------------------------------------------- layer -- */
 
 void ds4_attn_layer(ds4_fwd *f, int64_t il, int64_t n, int64_t pos0) {
+    ds4_attn_block(f, &f->m->layers[il], &f->kv[il], n, pos0);
+}
+
+void ds4_attn_block(ds4_fwd *f, const ds4_layer *L, ds4_kv_layer *kvl, int64_t n, int64_t pos0) {
     const ds4_model_config *c = &f->c;
-    const ds4_layer *L = &f->m->layers[il];
-    ds4_kv_layer *kvl = &f->kv[il];
     const int64_t E = c->n_embd, dh = c->head_dim, nh = c->n_head, nkv = c->n_head_kv;
     const int64_t qf_dim = 2 * nh * dh, kv_dim = nkv * dh, half = c->n_rot / 2;
     attn_work w = carve(f);

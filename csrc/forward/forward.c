@@ -321,14 +321,67 @@ int ds4_fwd_init(ds4_fwd *f, const ds4_model *m, int kv_type, ds4_error *err) {
                             (long long)il);
         }
     }
-    if ((rc = ds4_pool_new(f->n_threads, &f->pool, err))) {
+    if ((rc = ds4_pool_new(f->n_threads, &f->pool, err)) || (rc = ds4_nextn_init(f, err))) {
         ds4_fwd_free(f);
         return rc;
     }
     return ds4_ok(err);
 }
 
+/* --------------------------------------------------------- verify -- */
+
+int ds4_fwd_verify_reserve(ds4_fwd *f, int64_t n, ds4_error *err) {
+    const ds4_model_config *c = &f->c;
+    int64_t n_gdn = 0;
+    for (int64_t il = 0; il < c->n_main; il++) n_gdn += f->m->layers[il].kind == DS4_LAYER_GDN;
+    if (!f->gdn_alt) {
+        /* The second recurrent state a verify writes into; allocated whole
+         * or not at all, so a failure leaves gdn_alt NULL. */
+        ds4_gdn_state *alt = ds4_fwd_calloc(f, (size_t)c->n_main, sizeof *alt);
+        if (!alt) return ds4_fail(err, DS4_ERR_NOMEM, "out of memory for the verify state");
+        const int64_t cd = 2 * c->ssm_n_k * c->ssm_d_state + c->ssm_d_inner;
+        int ok = 1;
+        for (int64_t il = 0; il < c->n_main && ok; il++) {
+            if (f->m->layers[il].kind != DS4_LAYER_GDN) continue;
+            alt[il].conv =
+                ds4_fwd_calloc(f, (size_t)((c->ssm_conv_kernel - 1) * cd) + 1, sizeof(float));
+            alt[il].ssm = ds4_fwd_calloc(
+                f, (size_t)(c->ssm_n_v * c->ssm_d_state * c->ssm_d_state), sizeof(float));
+            ok = alt[il].conv && alt[il].ssm;
+        }
+        if (!ok) {
+            for (int64_t il = 0; il < c->n_main; il++) {
+                free(alt[il].conv);
+                free(alt[il].ssm);
+            }
+            free(alt);
+            return ds4_fail(err, DS4_ERR_NOMEM, "out of memory for the verify state (%lld GDN layers)",
+                            (long long)n_gdn);
+        }
+        f->gdn_alt = alt;
+    }
+    if (n > f->vcap_rows) {
+        /* Grow only: a speculative loop reaches its largest verify early and
+         * then never allocates again. */
+        const size_t nf = (size_t)(n_gdn * n * ds4_gdn_capture_floats(c));
+        float *p = ds4_fwd_malloc(f, (nf ? nf : 1) * sizeof(float));
+        if (!p)
+            return ds4_fail(err, DS4_ERR_NOMEM, "out of memory for %lld verify rows", (long long)n);
+        free(f->vcap);
+        f->vcap = p;
+        f->vcap_rows = n;
+    }
+    return ds4_ok(err);
+}
+
+void ds4_fwd_swap_gdn(ds4_fwd *f) {
+    ds4_gdn_state *t = f->gdn;
+    f->gdn = f->gdn_alt;
+    f->gdn_alt = t;
+}
+
 void ds4_fwd_free(ds4_fwd *f) {
+    ds4_nextn_free(f);
     ds4_pool_free(f->pool);
     ds4_kv_free(f);
     if (f->gdn)
@@ -337,6 +390,13 @@ void ds4_fwd_free(ds4_fwd *f) {
             free(f->gdn[il].ssm);
         }
     free(f->gdn);
+    if (f->gdn_alt)
+        for (int64_t il = 0; il < f->c.n_main; il++) {
+            free(f->gdn_alt[il].conv);
+            free(f->gdn_alt[il].ssm);
+        }
+    free(f->gdn_alt);
+    free(f->vcap);
     free(f->kv);
     free(f->h);
     free(f->x);
@@ -367,7 +427,7 @@ void ds4_fwd_free(ds4_fwd *f) {
  * (ggml-cpu ops.cpp ggml_mrope_cache_init / rope_yarn with freq_scale 1 and
  * no YaRN): theta_0 = float(pos), theta_{i+1} = theta_i * base^(-2/n_rot),
  * each product rounded to float. */
-static void rope_tables(ds4_fwd *f, int64_t n, int64_t pos0) {
+void ds4_rope_tables(ds4_fwd *f, int64_t n, int64_t pos0) {
     const int64_t half = f->c.n_rot / 2;
     const float base = f->c.rope_base;
     if (f->fast) {
@@ -408,7 +468,7 @@ void ds4_fwd_chunk(ds4_fwd *f, const int32_t *tokens, int64_t n, int64_t pos0,
     for (int64_t t = 0; t < n; t++)
         emb(m->token_embd.data + (size_t)tokens[t] * m->token_embd.row_bytes, f->h + t * E, E);
     f->cnt.weight_bytes += (uint64_t)n * m->token_embd.row_bytes;
-    if (c->n_rot > 0) rope_tables(f, n, pos0);
+    if (c->n_rot > 0) ds4_rope_tables(f, n, pos0);
 
     for (int64_t il = 0; il < c->n_main; il++) {
         const ds4_layer *L = &m->layers[il];

@@ -10,6 +10,7 @@
  *   attention.c  gated full attention (q/k norm, RoPE, KV pages, split-K)
  *   ffn.c        dense SwiGLU FFN
  *   moe.c        routed experts + shared expert
+ *   nextn.c      the nextn / MTP head (its own KV; the blocks above reused)
  *   kv.c         KV page allocation
  *   forward.c    state/scratch setup and the layer loop of one chunk
  *
@@ -111,7 +112,8 @@ float ds4_softplus_ggml(float x);
 /* ------------------------------------------------------------- state -- */
 
 typedef struct {
-    int64_t n_pages;   /* allocated pages (positions [0, n_pages*DS4_KV_PAGE)) */
+    int64_t n_pages;   /* pages held (positions [0, n_pages*DS4_KV_PAGE)); each is
+                          reference counted and may be shared with snapshots (kv.c) */
     uint8_t **k, **v;  /* n_pages_max slots. A page is [n_head_kv][DS4_KV_PAGE][head_dim]
                           elements of the session's kv_type: one kv head's rows are
                           contiguous, which is what a head's attention scans. */
@@ -141,6 +143,18 @@ typedef struct ds4_fwd {
     ds4_kv_layer *kv;         /* n_main entries (used for attention layers) */
     ds4_gdn_state *gdn;       /* n_main entries (used for GDN layers) */
 
+    /* Verify (session.c ds4_session_verify): with `verify` set, a GDN layer
+     * reads its state from gdn[il] and writes the state after the chunk to
+     * gdn_alt[il] (gdn[il] keeps the state before it), and records per row
+     * what replaying the row's update needs (gdn.c ds4_gdn_capture_floats):
+     * row t of the GDN layer with ordinal g at vcap + (g*vcap_rows + t) *
+     * ds4_gdn_capture_floats(). gdn_alt and vcap are allocated at the first
+     * verify (ds4_fwd_verify_reserve). */
+    int verify;
+    ds4_gdn_state *gdn_alt;   /* n_main entries, like gdn */
+    float *vcap;
+    int64_t vcap_rows;        /* rows vcap holds per GDN layer */
+
     /* scratch for DS4_CHUNK_ROWS rows */
     float *h;                 /* residual stream, rows x n_embd */
     float *x;                 /* normed input of a mixer/FFN */
@@ -168,14 +182,33 @@ typedef struct ds4_fwd {
     float *cap_out;
 
     ds4_counters cnt;         /* cumulative: allocations and weight bytes read */
+
+    /* The nextn / MTP head (nextn.c), when the model has one (bundled or a
+     * draft_head file). Its own KV cache has the trunk attention layers'
+     * page structure; entry i holds the row at position nextn_pos0 + i, and
+     * the head holds entries [0, nextn_n_pos - nextn_pos0) (empty when
+     * nextn_n_pos == nextn_pos0). Snapshot/rollback of the head is: these
+     * pages plus the two positions. */
+    ds4_kv_layer nextn_kv;
+    int64_t nextn_pos0, nextn_n_pos;
+    int nextn_ready;          /* 1 when the model has a runnable head */
+    float *nextn_cat;         /* DS4_CHUNK_ROWS x 2*n_embd: [enorm(emb) | hnorm(h)] rows */
+    float *nextn_logits;      /* results of the last nextn eval: n_rows x n_vocab */
+    float *nextn_hidden;      /* and n_rows x n_embd (the head's post-norm output): one of */
+    float *nextn_hbuf[2];     /* two buffers used in turn, so the last result can be */
+    int64_t nextn_hcap[2];    /* the next call's input (chained drafts) */
+    int64_t nextn_cap_rows, nextn_n_rows;
 } ds4_fwd;
 
 /* Set up state and scratch for model m (all state zero: position 0). */
 int ds4_fwd_init(ds4_fwd *f, const ds4_model *m, int kv_type, ds4_error *err);
 void ds4_fwd_free(ds4_fwd *f);
-/* Make sure KV pages exist for positions [0, n_pos). On failure the pages
- * that were allocated stay (harmless) and nothing else changes. */
-int ds4_fwd_reserve(ds4_fwd *f, int64_t n_pos, ds4_error *err);
+/* Before a chunk writing trunk positions [w0, n_pos): KV pages exist for
+ * [0, n_pos) in every trunk attention layer, those holding [w0, n_pos) are
+ * the session's own (ds4_kv_layer_reserve), the split-K partials are sized.
+ * On failure the pages that were allocated or copied stay (harmless) and
+ * nothing else changes. */
+int ds4_fwd_reserve(ds4_fwd *f, int64_t w0, int64_t n_pos, ds4_error *err);
 /* Run n <= DS4_CHUNK_ROWS tokens at positions pos0.. through the trunk,
  * updating the KV cache and recurrent states. Rows r >= out_row0 write the
  * post-final-norm hidden (hidden + (r-out_row0)*n_embd) and the logits
@@ -186,9 +219,26 @@ int ds4_fwd_reserve(ds4_fwd *f, int64_t n_pos, ds4_error *err);
 void ds4_fwd_chunk(ds4_fwd *f, const int32_t *tokens, int64_t n, int64_t pos0,
                    int64_t out_row0, float *logits, float *hidden);
 
+/* Verify support. ds4_fwd_verify_reserve allocates gdn_alt and room to
+ * capture n rows (grow only). ds4_fwd_swap_gdn exchanges gdn and gdn_alt.
+ * ds4_gdn_replay turns gdn_alt (the state before a verify) into the state
+ * after its first k captured rows, by the same float operations the
+ * verify's own rows ran (gdn.c). */
+int ds4_fwd_verify_reserve(ds4_fwd *f, int64_t n, ds4_error *err);
+void ds4_fwd_swap_gdn(ds4_fwd *f);
+int64_t ds4_gdn_capture_floats(const ds4_model_config *c);
+void ds4_gdn_replay(ds4_fwd *f, int64_t k);
+/* Bytes of one recurrent state (conv + ssm) of a GDN layer. */
+size_t ds4_gdn_state_bytes(const ds4_model_config *c);
+
 /* Mixers and FFNs: read f->x (n rows, normed), write f->y. */
 void ds4_gdn_layer(ds4_fwd *f, int64_t il, int64_t n);
 void ds4_attn_layer(ds4_fwd *f, int64_t il, int64_t n, int64_t pos0);
+/* The same over any gated-attention block L and KV layer kvl (the nextn
+ * head's): rows at KV entries pos0.. (RoPE from f->rope_cos/sin, filled by
+ * the caller for the rows' real positions). ds4_attn_layer is this with
+ * trunk layer il and its KV. */
+void ds4_attn_block(ds4_fwd *f, const ds4_layer *L, ds4_kv_layer *kvl, int64_t n, int64_t pos0);
 void ds4_ffn_dense(ds4_fwd *f, const ds4_layer *L, int64_t n);
 void ds4_ffn_moe(ds4_fwd *f, const ds4_layer *L, int64_t n);
 
@@ -200,9 +250,62 @@ int64_t ds4_moe_work_per_row(const ds4_model_config *c);
 int64_t ds4_gdn_thread_floats(const ds4_model_config *c);
 int64_t ds4_attn_thread_floats(const ds4_model_config *c);
 
-/* KV pages (kv.c). */
+/* cos/sin tables of rows at positions pos0.. (forward.c), shared by every
+ * attention block of a chunk. */
+void ds4_rope_tables(ds4_fwd *f, int64_t n, int64_t pos0);
+
+/* The nextn / MTP head (nextn.c). ds4_nextn_init sets up its KV page table
+ * and scratch (from ds4_fwd_init, after everything else; a model without a
+ * head leaves nextn_ready 0); ds4_nextn_free releases them (safe on a
+ * zeroed ds4_fwd). */
+int ds4_nextn_init(ds4_fwd *f, ds4_error *err);
+void ds4_nextn_free(ds4_fwd *f);
+/* Rows (tokens[r], hiddens[r]) at positions first_pos + r, r < n: check the
+ * arguments against the head's state, allocate everything, then run them
+ * (rows at or after the head's next position replace its KV from
+ * first_pos on). Results in f->nextn_logits / f->nextn_hidden (n rows).
+ * A failure changes nothing. */
+int ds4_nextn_eval(ds4_fwd *f, const int32_t *tokens, const float *hiddens,
+                   const int64_t *positions, int64_t n, ds4_error *err);
+
+/* KV pages (kv.c). A page is reference counted: a session and any number
+ * of snapshots (session.c) may hold it; whoever drops the last reference
+ * frees it. A page held by more than one is never written: before a write
+ * the writer makes the pages holding the written entries its own
+ * (ds4_kv_layer_reserve copies a shared page: copy-on-write). Positions only
+ * grow between snapshots, so only the page holding the next entry can ever
+ * need a copy. Every KV layer a session owns (trunk attention layers and the
+ * nextn head's f->nextn_kv) uses these functions for its pages. */
 int ds4_kv_init(ds4_fwd *f, ds4_error *err);
 void ds4_kv_free(ds4_fwd *f);
+/* Bytes of one K (or V) page of this session, and what allocating one costs
+ * (page plus its reference-count header: DS4_KV_PAGE_HEADER bytes). */
+#define DS4_KV_PAGE_HEADER 64
+size_t ds4_kv_page_bytes(const ds4_fwd *f);
+/* A new page (reference count 1), zeroed, through the counted allocator;
+ * NULL when out of memory. */
+uint8_t *ds4_kv_page_new(ds4_fwd *f);
+void ds4_kv_page_ref(uint8_t *page);
+/* Drop one reference; the last one frees the page. NULL is a no-op. */
+void ds4_kv_page_unref(uint8_t *page);
+int ds4_kv_page_shared(const uint8_t *page);
+/* A KV layer's page table: n_pages_max slots for K and V, no pages. */
+int ds4_kv_layer_init(ds4_fwd *f, ds4_kv_layer *kvl, ds4_error *err);
+/* Drop every page and free the table (safe on a zeroed layer). */
+void ds4_kv_layer_free(ds4_kv_layer *kvl);
+/* Before writing entries [w0, n_pos) of kvl: pages exist for entries
+ * [0, n_pos), and the ones holding [w0, n_pos) belong to kvl alone (a
+ * shared one is replaced by a private copy). On failure what was done stays
+ * (extra pages, private copies: both invisible) and nothing else changes. */
+int ds4_kv_layer_reserve(ds4_fwd *f, ds4_kv_layer *kvl, int64_t w0, int64_t n_pos,
+                         ds4_error *err);
+/* Drop the pages from index n_keep on. */
+void ds4_kv_layer_truncate(ds4_kv_layer *kvl, int64_t n_keep);
+/* Pages needed for n entries. */
+static inline int64_t ds4_kv_pages_for(int64_t n) { return (n + DS4_KV_PAGE - 1) / DS4_KV_PAGE; }
+/* The decode split-K partial buffer sized for rows that see n_pos entries
+ * (every attention block's decode row uses f->attn_part). */
+int ds4_kv_parts_reserve(ds4_fwd *f, int64_t n_pos, ds4_error *err);
 /* Element pointer of (layer kv, kv head, position) in the K or V pages. */
 static inline uint8_t *ds4_kv_row(const ds4_fwd *f, uint8_t *const *pages, int64_t kvh,
                                   int64_t pos) {

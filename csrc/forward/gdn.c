@@ -10,10 +10,16 @@
  *
  * The recurrence runs one token at a time in every case (no chunked
  * triangular solve), so a row's result is the same whatever chunk it is in.
+ *
+ * In a verify (f->verify) the layer writes its new state to gdn_alt,
+ * leaving gdn as the state before the chunk, and records each row's update
+ * inputs; ds4_gdn_replay rebuilds the state after any prefix of the rows
+ * from them (see "verify rollback" below).
  */
 #include "forward.h"
 
 #include <math.h>
+#include <string.h>
 
 /* Layout of f->work for a GDN layer, DS4_CHUNK_ROWS rows per region. */
 typedef struct {
@@ -48,10 +54,24 @@ static gdn_work carve(const ds4_fwd *f) {
     return w;
 }
 
+/* The conv state after n more rows: the last K-1 rows of [state ; rows],
+ * where row t is rows + t*stride. Reads `in`, writes `out`; they may be
+ * the same buffer: row n+s >= s is read before row s is written (ascending
+ * s), so the shift works in place. */
+static void conv_shift(const float *in, float *out, const float *rows, int64_t stride, int64_t n,
+                       int64_t K, int64_t cd) {
+    for (int64_t s = 0; s < K - 1; s++) {
+        int64_t i = n + s;
+        const float *src = i < K - 1 ? in + i * cd : rows + (i - (K - 1)) * stride;
+        if (src != out + s * cd) memcpy(out + s * cd, src, (size_t)cd * sizeof(float));
+    }
+}
+
 /* Causal depthwise conv, no bias, taps oldest -> newest (spec §3.4, pitfall
- * 5), then SiLU. The new conv state is the last K-1 raw rows. */
-static void conv_step(ds4_fwd *f, const ds4_layer *L, ds4_gdn_state *st, const gdn_work *w,
-                      int64_t n) {
+ * 5), then SiLU. The state is read from `in`; the new state (the last K-1
+ * raw rows) goes to `out` (== in, except in a verify). */
+static void conv_step(ds4_fwd *f, const ds4_layer *L, const float *in, float *out,
+                      const gdn_work *w, int64_t n) {
     const int64_t K = f->c.ssm_conv_kernel, cd = conv_dim(&f->c);
     const float *cw = (const float *)L->ssm_conv1d.data; /* channel ch: taps cw[ch*K .. +K) */
     for (int64_t t = 0; t < n; t++) {
@@ -59,29 +79,44 @@ static void conv_step(ds4_fwd *f, const ds4_layer *L, ds4_gdn_state *st, const g
         /* seq index t+kk: state row t+kk while < K-1, else new row t+kk-(K-1) */
         for (int64_t kk = 0; kk < K; kk++) {
             int64_t j = t + kk - (K - 1);
-            rows[kk] = j < 0 ? st->conv + (K - 1 + j) * cd : w->qkv + j * cd;
+            rows[kk] = j < 0 ? in + (K - 1 + j) * cd : w->qkv + j * cd;
         }
-        float *out = w->cv + t * cd;
+        float *o = w->cv + t * cd;
         for (int64_t ch = 0; ch < cd; ch++) {
             const float *tap = cw + ch * K;
             float acc = 0.0f;
             for (int64_t kk = 0; kk < K; kk++) acc += tap[kk] * rows[kk][ch];
-            out[ch] = ds4_silu(acc);
+            o[ch] = ds4_silu(acc);
         }
     }
-    /* New state row s = seq[n+s]. Row n+s >= s is read before row s is
-     * written (ascending s), so the shift works in place. */
-    for (int64_t s = 0; s < K - 1; s++) {
-        int64_t i = n + s;
-        const float *src = i < K - 1 ? st->conv + i * cd : w->qkv + (i - (K - 1)) * cd;
-        if (src != st->conv + s * cd) memcpy(st->conv + s * cd, src, (size_t)cd * sizeof(float));
+    conv_shift(in, out, w->qkv, cd, n, K, cd);
+}
+
+/* One token's update of one value head's state (spec §3.7):
+ * S <- exp(g)*S; delta = (v - S.k)*beta; S += k (x) delta. The forward pass
+ * and accept's replay (ds4_gdn_replay) both call this, so a replayed row
+ * runs the very float operations the row ran in its verify. */
+static inline void delta_update(float *S, const float *k, const float *v, float g, float beta,
+                                float *delta, ds4_vec_dot_fn dot, int64_t dk, int64_t dv) {
+    const float decay = expf(g);
+    for (int64_t e = 0; e < dk * dv; e++) S[e] *= decay;
+    for (int64_t m = 0; m < dv; m++) {
+        float u = 0.0f;
+        dot(dk, &u, S + m * dk, k);
+        delta[m] = (v[m] - u) * beta;
+    }
+    for (int64_t m = 0; m < dv; m++) {
+        float *Sm = S + m * dk;
+        const float dm = delta[m];
+        for (int64_t i = 0; i < dk; i++) Sm[i] += k[i] * dm;
     }
 }
 
 typedef struct {
     ds4_fwd *f;
     const ds4_layer *L;
-    ds4_gdn_state *st;
+    const ds4_gdn_state *in; /* state before the chunk */
+    ds4_gdn_state *out;      /* state after it (== in, except in a verify) */
     gdn_work w;
     int64_t n;
 } gdn_ctx;
@@ -102,24 +137,15 @@ static void delta_heads(void *vctx, int64_t j0, int64_t j1, int ith) {
     const float oscale = f->fast ? 1.0f / sqrtf((float)dk) : 1.0f;
     for (int64_t j = j0; j < j1; j++) {
         const int64_t kh = j % nk; /* tiled v-head -> k-head rule (spec §3.8, pitfall 3) */
-        float *S = c->st->ssm + j * dk * dv;
+        float *S = c->out->ssm + j * dk * dv;
+        if (c->in != c->out)
+            memcpy(S, c->in->ssm + j * dk * dv, (size_t)(dk * dv) * sizeof(float));
         for (int64_t t = 0; t < c->n; t++) {
             const float *row = c->w.cv + t * cd;
             const float *q = row + kh * dk, *k = row + key_dim + kh * dk;
             const float *v = row + 2 * key_dim + j * dv;
-            const float decay = expf(c->w.g[t * nv + j]), beta = c->w.beta[t * nv + j];
             float *o = c->w.o + t * vd + j * dv;
-            for (int64_t e = 0; e < dk * dv; e++) S[e] *= decay;
-            for (int64_t m = 0; m < dv; m++) {
-                float u = 0.0f;
-                dot(dk, &u, S + m * dk, k);
-                delta[m] = (v[m] - u) * beta;
-            }
-            for (int64_t m = 0; m < dv; m++) {
-                float *Sm = S + m * dk;
-                const float dm = delta[m];
-                for (int64_t i = 0; i < dk; i++) Sm[i] += k[i] * dm;
-            }
+            delta_update(S, k, v, c->w.g[t * nv + j], c->w.beta[t * nv + j], delta, dot, dk, dv);
             for (int64_t m = 0; m < dv; m++) {
                 float s = 0.0f;
                 dot(dk, &s, S + m * dk, q);
@@ -134,10 +160,100 @@ static void delta_heads(void *vctx, int64_t j0, int64_t j1, int ith) {
     }
 }
 
+/* ------------------------------------------------- verify rollback -- */
+/* A verify (session.c) keeps, per row of each GDN layer, what the row's
+ * state update consumes: the raw attn_qkv row (the conv state is the last
+ * K-1 of those), the normed k heads and the v heads, g and beta. Replaying
+ * the first k rows from the state before the verify gives the state after
+ * them, bit for bit (delta_update is the same code). Keeping these inputs
+ * instead of a full state per row costs (2*conv_dim - key_dim + 2*n_v)
+ * floats per row and layer instead of (K-1)*conv_dim + n_v*d_k*d_v: about
+ * 3.6 MB instead of 157 MB per row on Qwen3.5-27B (session.c has the
+ * figures), for one extra full state (gdn_alt) per session. */
+
+int64_t ds4_gdn_capture_floats(const ds4_model_config *c) {
+    const int64_t key_dim = c->ssm_n_k * c->ssm_d_state;
+    return conv_dim(c) + (conv_dim(c) - key_dim) + 2 * c->ssm_n_v;
+}
+
+size_t ds4_gdn_state_bytes(const ds4_model_config *c) {
+    return (size_t)((c->ssm_conv_kernel - 1) * conv_dim(c) +
+                    c->ssm_n_v * c->ssm_d_state * c->ssm_d_state) *
+           sizeof(float);
+}
+
+/* Ordinal of GDN layer il among the trunk's GDN layers. */
+static int64_t gdn_ordinal(const ds4_fwd *f, int64_t il) {
+    int64_t g = 0;
+    for (int64_t j = 0; j < il; j++) g += f->m->layers[j].kind == DS4_LAYER_GDN;
+    return g;
+}
+
+static float *capture_row(const ds4_fwd *f, int64_t g, int64_t t) {
+    return f->vcap + (g * f->vcap_rows + t) * ds4_gdn_capture_floats(&f->c);
+}
+
+/* Row t's capture: [qkv (cd) | k (key_dim) | v (vd) | g (n_v) | beta (n_v)]. */
+static void capture(ds4_fwd *f, int64_t il, const gdn_work *w, int64_t n) {
+    const ds4_model_config *c = &f->c;
+    const int64_t cd = conv_dim(c), key_dim = c->ssm_n_k * c->ssm_d_state, nv = c->ssm_n_v;
+    const int64_t g = gdn_ordinal(f, il);
+    for (int64_t t = 0; t < n; t++) {
+        float *r = capture_row(f, g, t);
+        memcpy(r, w->qkv + t * cd, (size_t)cd * sizeof(float));
+        memcpy(r + cd, w->cv + t * cd + key_dim, (size_t)(cd - key_dim) * sizeof(float));
+        memcpy(r + 2 * cd - key_dim, w->g + t * nv, (size_t)nv * sizeof(float));
+        memcpy(r + 2 * cd - key_dim + nv, w->beta + t * nv, (size_t)nv * sizeof(float));
+    }
+}
+
+typedef struct {
+    ds4_fwd *f;
+    int64_t k;
+} replay_ctx;
+
+/* Items (trunk layer il, value head j), nothing for a layer that is not
+ * GDN: rows 0..k-1 of the head's update, on gdn_alt. */
+static void replay_items(void *vctx, int64_t i0, int64_t i1, int ith) {
+    const replay_ctx *rc = vctx;
+    ds4_fwd *f = rc->f;
+    const ds4_model_config *c = &f->c;
+    const int64_t dk = c->ssm_d_state, dv = c->ssm_d_state, nk = c->ssm_n_k, nv = c->ssm_n_v;
+    const int64_t cd = conv_dim(c), key_dim = nk * dk;
+    ds4_vec_dot_fn dot = f->k->vec_dot_f32[DS4_TYPE_F32];
+    float *delta = f->thread_scratch + (int64_t)ith * f->per_thread_floats;
+    for (int64_t it = i0; it < i1; it++) {
+        const int64_t il = it / nv, j = it % nv;
+        if (f->m->layers[il].kind != DS4_LAYER_GDN) continue;
+        const int64_t g = gdn_ordinal(f, il);
+        float *S = f->gdn_alt[il].ssm + j * dk * dv;
+        for (int64_t t = 0; t < rc->k; t++) {
+            const float *r = capture_row(f, g, t);
+            const float *k = r + cd + (j % nk) * dk; /* tiled v-head -> k-head */
+            const float *v = r + cd + key_dim + j * dv;
+            const float *gb = r + 2 * cd - key_dim;
+            delta_update(S, k, v, gb[j], gb[nv + j], delta, dot, dk, dv);
+        }
+    }
+}
+
+void ds4_gdn_replay(ds4_fwd *f, int64_t k) {
+    const ds4_model_config *c = &f->c;
+    for (int64_t il = 0; il < c->n_main; il++) {
+        if (f->m->layers[il].kind != DS4_LAYER_GDN) continue;
+        ds4_gdn_state *st = &f->gdn_alt[il];
+        conv_shift(st->conv, st->conv, capture_row(f, gdn_ordinal(f, il), 0),
+                   ds4_gdn_capture_floats(c), k, c->ssm_conv_kernel, conv_dim(c));
+    }
+    replay_ctx rc = {f, k};
+    ds4_pool_for(f->pool, c->n_main * c->ssm_n_v, replay_items, &rc);
+}
+
 void ds4_gdn_layer(ds4_fwd *f, int64_t il, int64_t n) {
     const ds4_model_config *c = &f->c;
     const ds4_layer *L = &f->m->layers[il];
-    ds4_gdn_state *st = &f->gdn[il];
+    const ds4_gdn_state *st = &f->gdn[il];
+    ds4_gdn_state *st_out = f->verify ? &f->gdn_alt[il] : &f->gdn[il];
     const int64_t E = c->n_embd, cd = conv_dim(c), vd = c->ssm_d_inner, nv = c->ssm_n_v;
     const int64_t dk = c->ssm_d_state, nk = c->ssm_n_k, key_dim = nk * dk;
     gdn_work w = carve(f);
@@ -150,7 +266,7 @@ void ds4_gdn_layer(ds4_fwd *f, int64_t il, int64_t n) {
     };
     ds4_matmul(f, jobs, 4);
 
-    conv_step(f, L, st, &w, n);
+    conv_step(f, L, st->conv, st_out->conv, &w, n);
 
     /* q, k: L2 norm per k-head, and the 1/sqrt(d_k) scale. transformers
      * scales q before the recurrence; llama.cpp's fused op scales the output
@@ -186,7 +302,9 @@ void ds4_gdn_layer(ds4_fwd *f, int64_t il, int64_t n) {
         }
     }
 
-    gdn_ctx ctx = {f, L, st, w, n};
+    if (f->verify) capture(f, il, &w, n);
+
+    gdn_ctx ctx = {f, L, st, st_out, w, n};
     ds4_pool_for(f->pool, nv, delta_heads, &ctx);
 
     ds4_mm_job out = ds4_mm(&L->ssm_out, 0, 0, E, w.o, vd, f->y, E, n);

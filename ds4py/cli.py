@@ -1,0 +1,491 @@
+"""The command line: ``python -m ds4py generate | chat | inspect | info``.
+
+    python -m ds4py generate -m model.gguf -p "Why is the sky blue?" --max-tokens 64
+    python -m ds4py generate -m model.gguf -p "Once upon" --raw --temp 0 --json
+    python -m ds4py chat -m model.gguf
+    python -m ds4py inspect model.gguf
+    python -m ds4py info [model.gguf]
+
+Output: generated text goes to stdout as it is produced; the statistics line,
+the loading progress bar (on a terminal only) and errors go to stderr.
+``generate --json`` prints one JSON object on stdout and nothing else there.
+
+Errors (a missing file, not a GGUF, an architecture or tensor type the engine
+does not run, a prompt that does not fit): one line ``error: ...`` on stderr,
+exit status 2, no traceback unless ``--verbose``. Interrupted: status 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from collections import Counter
+from typing import TextIO
+
+from .errors import DS4Error
+
+__all__ = ["main", "build_parser", "default_model_path", "ChatRepl", "CliError"]
+
+NO_MODEL = "no model given: pass -m FILE (the embedded default model is not built yet)"
+
+
+class CliError(Exception):
+    """A usage problem the CLI reports as one line, exit status 2."""
+
+
+def default_model_path() -> str | None:
+    """The embedded default model, once a later issue ships it; None until then."""
+    return None
+
+
+# ------------------------------------------------------------------ parser --
+
+def _common() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="show a traceback on errors")
+    return p
+
+
+def _model_opts() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
+    g = p.add_argument_group("model")
+    g.add_argument("-m", "--model", metavar="FILE", help="a qwen35/qwen35moe GGUF")
+    g.add_argument("--threads", type=int, metavar="N", help="CPU threads (default: one per CPU)")
+    g.add_argument("--ctx", type=int, metavar="N",
+                   help="context size in tokens (default: min(training context, 8192))")
+    g.add_argument("--precision", choices=("fast", "exact"), default="fast",
+                   help="fast: llama.cpp's CPU numerics; exact: float32 (default: fast)")
+    return p
+
+
+def _sampling_opts() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
+    g = p.add_argument_group("sampling (defaults are llama.cpp's)")
+    g.add_argument("--max-tokens", type=int, default=256, metavar="N",
+                   help="most tokens to generate (default: 256)")
+    g.add_argument("--temp", type=float, default=0.8, metavar="T",
+                   help="temperature; 0 = greedy, deterministic (default: 0.8)")
+    g.add_argument("--top-k", type=int, default=40, metavar="K", help="0 = off (default: 40)")
+    g.add_argument("--top-p", type=float, default=0.95, metavar="P",
+                   help="1 = off (default: 0.95)")
+    g.add_argument("--min-p", type=float, default=0.05, metavar="M",
+                   help="0 = off (default: 0.05)")
+    g.add_argument("--seed", type=int, metavar="S", help="random seed (default: random)")
+    g.add_argument("--stop", action="append", default=[], metavar="S",
+                   help="stop before this text (repeatable)")
+    g.add_argument("--system", metavar="S", help="a system message (chat only)")
+    g.add_argument("--no-think", action="store_true",
+                   help="ask the chat template for no reasoning block")
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common, model, sampling = _common(), _model_opts(), _sampling_opts()
+    p = argparse.ArgumentParser(prog="python -m ds4py", parents=[common],
+                                description="ds4py: GGUF inference runtime for Qwen3.5 models")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    g = sub.add_parser(
+        "generate", parents=[common, model, sampling], help="generate text from a prompt",
+        description="Generate from a prompt: the text streams to stdout, a statistics line "
+                    "(prompt and generated tokens with their tok/s, peak memory) goes to "
+                    "stderr. Without --chat/--raw a model with a chat template gets the "
+                    "prompt as a user message, any other the raw text.")
+    g.add_argument("-p", "--prompt", required=True, metavar="TEXT",
+                   help="the prompt ('-' reads it from stdin)")
+    mode = g.add_mutually_exclusive_group()
+    mode.add_argument("--chat", action="store_true",
+                      help="apply the chat template (thinking on unless --no-think)")
+    mode.add_argument("--raw", action="store_true", help="feed the text without a template")
+    g.add_argument("--json", action="store_true",
+                   help="print one JSON object (text, tokens, statistics) instead")
+    g.add_argument("--dump-logits", metavar="FILE",
+                   help="write the prompt's logits to FILE (.npz: logits [tokens, vocab] "
+                        "float32, tokens)")
+
+    sub.add_parser(
+        "chat", parents=[common, model, sampling], help="interactive multi-turn chat",
+        description="Chat on stdin/stdout: one user message per line; /reset starts over, "
+                    "/exit (or end of input) quits. Each turn re-renders the conversation "
+                    "with the chat template and evaluates only the tokens after the part "
+                    "the session already holds (when the re-rendered conversation starts "
+                    "with exactly those tokens; otherwise it is evaluated again). No prefix "
+                    "cache across sessions yet.")
+
+    i = sub.add_parser(
+        "inspect", parents=[common], help="describe a model GGUF",
+        description="Architecture, layers by kind, attention heads, gated-delta-net "
+                    "dimensions, experts, nextn head, tensor types, tokenizer, chat "
+                    "template and context length of a model the engine can load.")
+    i.add_argument("path", metavar="FILE", help="a .gguf file")
+
+    info = sub.add_parser(
+        "info", parents=[common], help="summarize a GGUF file, or self-check without one",
+        description="With PATH: print a GGUF file's header, metadata and tensor table. "
+                    "Without: write a small GGUF of random weights in several quant types, "
+                    "read it back and check every tensor. Exit 0 ok, 1 self-check "
+                    "mismatch, 2 error.")
+    info.add_argument("path", nargs="?", metavar="PATH", help="a .gguf file")
+    return p
+
+
+# ----------------------------------------------------------------- helpers --
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return ""
+
+
+def _phys_mem() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def _warm(path: str, err: TextIO) -> None:
+    """Read the file once with a progress bar (a terminal only): the weights
+    are mmapped and would otherwise be paged in during the first tokens, so
+    this moves that wait to where it can be shown. Skipped for a file that
+    would not fit in half of RAM (it would only evict itself)."""
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        return  # the load reports it
+    mem = _phys_mem()
+    if size <= 0 or (mem and size > mem // 2):
+        return
+    name = os.path.basename(path)
+    buf = bytearray(16 << 20)
+    done, last = 0, -1.0
+    try:
+        with open(path, "rb", buffering=0) as f:
+            while True:
+                n = f.readinto(buf)
+                if not n:
+                    break
+                done += n
+                frac = min(done / size, 1.0)
+                if frac - last >= 0.01 or done == size:
+                    last = frac
+                    bar = "#" * int(frac * 30)
+                    err.write(f"\rloading {name} [{bar:<30}] {frac * 100:3.0f}% "
+                              f"{_size(done)}/{_size(size)}")
+                    err.flush()
+    except OSError:
+        pass  # the load reports it
+    err.write("\r\033[K")
+    err.flush()
+
+
+def _model_path(args) -> str:
+    path = args.model or default_model_path()
+    if path is None:
+        raise CliError(NO_MODEL)
+    return path
+
+
+def _load(args, err: TextIO):
+    from .model import Model
+
+    path = _model_path(args)
+    tty = err.isatty()
+    if tty:
+        _warm(path, err)
+    t0 = time.perf_counter()
+    model = Model.load(path, n_threads=args.threads, n_ctx=args.ctx, precision=args.precision)
+    if tty:
+        err.write(f"loaded {os.path.basename(path)} ({model.config.arch}, n_ctx {model.n_ctx}, "
+                  f"{model.n_threads} threads, {model.precision}) in "
+                  f"{time.perf_counter() - t0:.2f} s\n")
+        err.flush()
+    return model
+
+
+def _sampling_kwargs(args) -> dict:
+    return dict(max_tokens=args.max_tokens, temperature=args.temp, top_k=args.top_k,
+                top_p=args.top_p, min_p=args.min_p, seed=args.seed,
+                stop=list(args.stop) or None)
+
+
+def stats_line(g) -> str:
+    """The statistics line generate prints on stderr."""
+    return (f"prompt: {g.prompt_tokens} tokens, {g.prompt_tps:.1f} tok/s | "
+            f"generated: {g.generated_tokens} tokens, {g.generation_tps:.1f} tok/s | "
+            f"ttft {g.ttft_s:.3f} s | peak memory {_size(g.peak_memory_bytes)} | "
+            f"finish: {g.finish_reason}")
+
+
+# ---------------------------------------------------------------- commands --
+
+def cmd_generate(args, out: TextIO, err: TextIO) -> int:
+    import numpy as np
+
+    from .generate import stream_generate
+
+    if args.max_tokens < 0:
+        raise CliError(f"--max-tokens must be >= 0, got {args.max_tokens}")
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    model = _load(args, err)
+    if args.raw:
+        chat = False
+        if args.system is not None:
+            raise CliError("--system needs a chat prompt (not --raw)")
+    elif args.chat or args.system is not None:
+        chat = True
+    else:
+        chat = model.tokenizer.chat_template is not None
+    last = None
+    for last in stream_generate(model, prompt, chat=chat, system=args.system,
+                                enable_thinking=not args.no_think,
+                                return_prompt_logits=args.dump_logits is not None,
+                                **_sampling_kwargs(args)):
+        if not args.json and last.text:
+            out.write(last.text)
+            out.flush()
+    g = last.generation
+    if args.dump_logits is not None:
+        with open(args.dump_logits, "wb") as f:
+            np.savez(f, logits=g.prompt_logits, tokens=np.asarray(g.prompt_ids, dtype=np.int32),
+                     model=np.str_(os.path.abspath(model.path)),
+                     precision=np.str_(model.precision))
+    if args.json:
+        out.write(json.dumps(g.to_dict(), ensure_ascii=False) + "\n")
+    else:
+        if g.text and not g.text.endswith("\n"):
+            out.write("\n")
+        out.flush()
+        err.write(stats_line(g) + "\n")
+    return 0
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class ChatRepl:
+    """A conversation over one session: each turn re-renders the whole history
+    with the chat template and evaluates only what follows the tokens the
+    session already holds, when the new rendering starts with exactly those;
+    otherwise (the template re-rendered an earlier turn differently, e.g.
+    dropped its reasoning, or the reply does not re-tokenize to the sampled
+    ids) it starts a fresh session and evaluates everything again."""
+
+    def __init__(self, model, system: str | None = None, enable_thinking: bool = True,
+                 **gen_kwargs):
+        self.model = model
+        self.tokenizer = model.tokenizer
+        if self.tokenizer.chat_template is None:
+            raise CliError(f"{model.path}: the model has no chat template "
+                           "(tokenizer.chat_template); use generate --raw")
+        self.system = system
+        self.enable_thinking = enable_thinking
+        self.gen_kwargs = gen_kwargs
+        self.reset()
+
+    def reset(self) -> None:
+        self.messages: list[dict] = (
+            [{"role": "system", "content": self.system}] if self.system is not None else [])
+        self.session = self.model.new_session()
+        self.held: list[int] = []   # the tokens the session has evaluated
+
+    def turn(self, user: str, out: TextIO | None = None):
+        """Answer ``user``; stream the reply to ``out``. Returns
+        (Generation, tokens of the prompt reused from the session)."""
+        from .generate import stream_generate
+
+        tok = self.tokenizer
+        messages = [*self.messages, {"role": "user", "content": user}]
+        text = tok.apply_chat_template(messages, enable_thinking=self.enable_thinking,
+                                       add_generation_prompt=True)
+        ids = tok.encode(text, special=True)
+        if tok.add_bos and tok.bos_id is not None and (not ids or ids[0] != tok.bos_id):
+            ids = [tok.bos_id, *ids]
+        k = _common_prefix(self.held, ids)
+        if k < len(self.held) or k == len(ids):
+            # The session holds tokens the new prompt does not start with (no
+            # rollback without the prefix cache), or nothing new would be fed.
+            self.session.close()
+            self.session = self.model.new_session()
+            self.held, k = [], 0
+        last = None
+        for last in stream_generate(self.model, ids[k:], session=self.session,
+                                    parse_output=True, **self.gen_kwargs):
+            if out is not None and last.text:
+                out.write(last.text)
+                out.flush()
+        g = last.generation
+        self.held = ids + g.tokens[:g.evaluated_tokens]
+        reply = {"role": "assistant", "content": g.content if g.content is not None else g.text}
+        if g.reasoning:
+            reply["reasoning_content"] = g.reasoning
+        self.messages = [*messages, reply]
+        return g, k
+
+
+def cmd_chat(args, out: TextIO, err: TextIO) -> int:
+    if args.max_tokens < 0:
+        raise CliError(f"--max-tokens must be >= 0, got {args.max_tokens}")
+    model = _load(args, err)
+    repl = ChatRepl(model, system=args.system, enable_thinking=not args.no_think,
+                    **_sampling_kwargs(args))
+    interactive = sys.stdin.isatty()
+    if interactive:
+        err.write("chat: one message per line; /reset starts over, /exit quits\n")
+    while True:
+        if interactive:
+            err.write("> ")
+            err.flush()
+        line = sys.stdin.readline()
+        if not line:
+            break
+        line = line.rstrip("\r\n")
+        cmd = line.strip()
+        if not cmd:
+            continue
+        if cmd in ("/exit", "/quit"):
+            break
+        if cmd == "/reset":
+            repl.reset()
+            err.write("(conversation cleared)\n")
+            continue
+        try:
+            g, reused = repl.turn(line, out)
+        except DS4Error as e:  # e.g. the conversation outgrew n_ctx: say so, keep going
+            err.write(f"error: {e}\n")
+            continue
+        out.write("\n")
+        out.flush()
+        err.write(f"{stats_line(g)} | reused {reused} of {reused + g.prompt_tokens} prompt "
+                  "tokens\n")
+        err.flush()
+    return 0
+
+
+def _kinds(kinds) -> str:
+    c = Counter(kinds)
+    return ", ".join(f"{c[k]} {k}" for k in ("gdn", "attn", "nextn") if c[k])
+
+
+def cmd_inspect(args, out: TextIO, err: TextIO) -> int:
+    from . import gguf
+    from .model import Model
+    from .quants import type_info
+    from .tokenizer import Tokenizer
+
+    model = Model.load(args.path, n_threads=1)
+    c = model.config
+    w = out.write
+    with gguf.open(args.path) as f:
+        meta = f.metadata
+        w(f"{args.path}: GGUF v{f.version}, {_size(f.file_size)}\n")
+        name = meta.get("general.name")
+        kind = (f"MoE, {c.n_experts} experts" if c.is_moe else "dense")
+        w(f"architecture: {c.arch} ({kind})" + (f", name {name!r}" if name else "") + "\n")
+        w(f"context length: {c.context_length} (training); n_ctx {model.n_ctx} by default\n")
+        w(f"hidden size: {c.hidden_size}; vocabulary: {c.vocab_size}; "
+          f"tied embeddings: {'yes' if c.tied_embeddings else 'no'}\n")
+        trunk = c.layer_kinds[:c.n_layers]
+        w(f"layers: {c.n_blocks} blocks: {c.n_layers} trunk ({_kinds(trunk)})"
+          + (f" + {c.n_nextn_layers} nextn" if c.n_nextn_layers else "") + "\n")
+        w("  pattern: " + " ".join(trunk)
+          + (" | " + " ".join(c.layer_kinds[c.n_layers:]) if c.n_nextn_layers else "") + "\n")
+        w(f"attention: {c.n_heads} heads, {c.n_kv_heads} kv heads, head dim {c.head_dim}, "
+          f"rope dims {c.rope_dims}, rope theta {c.rope_theta:g}, scale "
+          f"{c.attention_scale:g}\n")
+        w(f"gated delta net: conv kernel {c.conv_kernel}, state size {c.ssm_state_size}, "
+          f"{c.ssm_n_key_heads} key heads, {c.ssm_n_value_heads} value heads, inner size "
+          f"{c.ssm_inner_size}\n")
+        if c.is_moe:
+            w(f"experts: {c.n_experts}, {c.n_experts_used} used per token, expert ffn "
+              f"{c.expert_ffn_size}, shared expert ffn {c.shared_expert_ffn_size}"
+              f"{', gate/up fused' if c.fused_gate_up_exps else ''}\n")
+        else:
+            w(f"ffn: dense, width {c.ffn_size}\n")
+        source = getattr(model, "nextn_source", None)
+        if c.n_nextn_layers and source is None:
+            source = "bundled"
+        w(f"nextn head: {'yes (' + source + ')' if source else 'no'}\n")
+        hist: dict[int, list[int]] = {}
+        for t in f.tensors.values():
+            h = hist.setdefault(t.type_id, [0, 0])
+            h[0] += 1
+            h[1] += t.nbytes
+        w(f"tensor types ({len(f.tensors)} tensors):\n")
+        for tid, (n, nb) in sorted(hist.items(), key=lambda kv: -kv[1][1]):
+            ti = type_info(tid)
+            label = f"{ti.name} (ds4-only)" if ti.ds4_only else ti.name
+            w(f"  {label:<18} {n:5d} tensor{'s' if n != 1 else ' '}  {_size(nb):>10}\n")
+        try:
+            tok = Tokenizer.from_gguf_metadata(
+                {k: v for k, v in meta.items() if k.startswith("tokenizer.")})
+        except DS4Error as e:
+            w(f"tokenizer: not usable ({e})\n")
+            tok = None
+        if tok is not None:
+            def name_of(i):
+                return "none" if i is None else f"{i} {tok.token_text(i)!r}"
+            w(f"tokenizer: {tok.model_name}/{tok.pre}, {tok.n_vocab} tokens, eos "
+              f"{name_of(tok.eos_id)}, bos {name_of(tok.bos_id)}, add_bos "
+              f"{'yes' if tok.add_bos else 'no'}\n")
+        tmpl = meta.get("tokenizer.chat_template")
+        if isinstance(tmpl, str):
+            think = "enable_thinking" in tmpl or "<think>" in tmpl
+            w(f"chat template: yes ({len(tmpl)} characters; thinking "
+              f"{'supported' if think else 'not mentioned'})\n")
+        else:
+            w("chat template: no\n")
+    return 0
+
+
+def cmd_info(args, out: TextIO, err: TextIO) -> int:
+    from .demo import info
+
+    return info(args.path, out, err)
+
+
+COMMANDS = {"generate": cmd_generate, "chat": cmd_chat, "inspect": cmd_inspect,
+            "info": cmd_info}
+
+
+def main(argv: list[str] | None = None, out: TextIO | None = None,
+         err: TextIO | None = None) -> int:
+    out = sys.stdout if out is None else out
+    err = sys.stderr if err is None else err
+    for stream in (out, err):
+        reconf = getattr(stream, "reconfigure", None)
+        if reconf is not None:
+            try:
+                reconf(errors="replace")  # a non-UTF-8 terminal must not crash the stream
+            except (ValueError, OSError):
+                pass
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args, out, err)
+    except KeyboardInterrupt:
+        err.write("\n")
+        return 130
+    except BrokenPipeError:  # `... | head`: the reader left; not an error
+        return 0
+    except (CliError, DS4Error, OSError, ValueError) as e:
+        if args.verbose:
+            traceback.print_exc(file=err)
+        err.write(f"error: {e}\n")
+        return 2
+    except Exception as e:  # a bug, but still one line unless --verbose
+        if args.verbose:
+            traceback.print_exc(file=err)
+        err.write(f"error: unexpected {type(e).__name__}: {e}\n")
+        return 2
