@@ -1,6 +1,7 @@
 """ds4py — a GGUF inference runtime for Qwen3.5-family hybrid models."""
 
 from . import gguf, quants
+from .cache import PrefixCache
 from .errors import DS4Error, GGUFError, ModelError, QuantError
 from .generate import Generation, GenerationChunk, generate, stream_generate
 from .gguf import GGUFFile, TensorInfo
@@ -18,4 +19,5 @@ __version__ = "0.1.0.dev0"
 __all__ = ["DS4Error", "GGUFError", "ModelError", "QuantError", "__version__", "quants",
            "gguf", "GGUFFile", "TensorInfo", "GGUFWriter", "write_gguf", "Model", "ModelConfig",
            "load", "Session", "Snapshot", "Sampler", "SamplingParams", "StopMatcher", "Tokenizer",
-           "TokenizerError", "generate", "stream_generate", "Generation", "GenerationChunk"]
+           "TokenizerError", "generate", "stream_generate", "Generation", "GenerationChunk",
+           "PrefixCache"]

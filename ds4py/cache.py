@@ -276,16 +276,22 @@ class PrefixCache:
     def _insert(self, track: _Track) -> None:
         """Snapshot the session under ``track.ids`` (unless that key is
         cached: then mark it used), then evict down to the budget."""
+        if self._budget == 0:
+            return  # it would be evicted at once
         key = tuple(track.ids)
-        node = self._node_for(key)
-        if node.entry is not None:
-            self._lru.move_to_end(node.entry)
-            return
         s = track.session
         if s.n_past != len(key):
             raise ModelError(f"prefix cache: the session is at {s.n_past}, expected "
                              f"{len(key)} (was it used during the request?)")
-        snap = s.snapshot()
+        node = self._node_for(key)
+        if node.entry is not None:
+            self._lru.move_to_end(node.entry)
+            return
+        try:
+            snap = s.snapshot()
+        except BaseException:
+            self._prune(node)
+            raise
         pages = tuple(track.pages)
         assert len(pages) == -(-len(key) // BLOCK)
         e = _Entry(node, snap, pages, snap.nbytes)
@@ -368,7 +374,7 @@ class PrefixCache:
         else:
             n0 = 0
             if session.n_past != 0:
-                _empty(session)
+                self._empty(session)
             track = _Track(session, [], False, [])
         self.stats.reused_tokens += n0
         self.stats.evaluated_tokens += len(q) - n0
@@ -390,6 +396,15 @@ class PrefixCache:
         if all_logits:
             rows = np.concatenate(rows) if rows else None
         return n0, logits, rows, track
+
+    def _empty(self, session: Session) -> None:
+        """Put a session back at position 0: restore the state of a fresh one."""
+        with self.model.new_session() as fresh:
+            snap = fresh.snapshot()
+        try:
+            session.restore(snap)
+        finally:
+            snap.close()
 
     def _extend(self, track: _Track, tokens: Sequence[int]) -> None:
         """After generation: the session evaluated ``tokens`` after the
@@ -413,12 +428,3 @@ def _as_key(ids) -> tuple:
         return tuple(int(t) for t in ids.ravel())
     return tuple(int(t) for t in ids)
 
-
-def _empty(session: Session) -> None:
-    """Put a session back at position 0 (the state of a fresh one)."""
-    model_ptr = session._model_ptr
-    # A fresh session of the same model gives the empty state to restore.
-    fresh = Session.__new__(Session)
-    from .model import Model  # noqa: F401  (documentation: sessions come from models)
-    del fresh
-    raise NotImplementedError(model_ptr)

@@ -108,14 +108,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write the prompt's logits to FILE (.npz: logits [tokens, vocab] "
                         "float32, tokens)")
 
-    sub.add_parser(
+    c = sub.add_parser(
         "chat", parents=[common, model, sampling], help="interactive multi-turn chat",
-        description="Chat on stdin/stdout: one user message per line; /reset starts over, "
-                    "/exit (or end of input) quits. Each turn re-renders the conversation "
-                    "with the chat template and evaluates only the tokens after the part "
-                    "the session already holds (when the re-rendered conversation starts "
-                    "with exactly those tokens; otherwise it is evaluated again). No prefix "
-                    "cache across sessions yet.")
+        description="Chat on stdin/stdout: one user message per line; /reset starts over "
+                    "(and empties the prefix cache), /exit (or end of input) quits. Each "
+                    "turn re-renders the conversation with the chat template and evaluates "
+                    "only the tokens after the longest prefix in the prefix cache (snapshots "
+                    "at every 256 tokens, at the end of each prompt and of each reply).")
+    c.add_argument("--cache-mb", type=int, default=2048, metavar="N",
+                   help="prefix cache budget in MiB (default: 2048; 0 keeps nothing)")
 
     i = sub.add_parser(
         "inspect", parents=[common], help="describe a model GGUF",
@@ -267,43 +268,40 @@ def cmd_generate(args, out: TextIO, err: TextIO) -> int:
     return 0
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
 class ChatRepl:
-    """A conversation over one session: each turn re-renders the whole history
-    with the chat template and evaluates only what follows the tokens the
-    session already holds, when the new rendering starts with exactly those;
-    otherwise (the template re-rendered an earlier turn differently, e.g.
-    dropped its reasoning, or the reply does not re-tokenize to the sampled
-    ids) it starts a fresh session and evaluates everything again."""
+    """A conversation: each turn re-renders the whole history with the chat
+    template and evaluates only what follows the longest prefix of it in a
+    :class:`ds4py.PrefixCache` (snapshots at every 256 tokens, at the end of
+    each prompt and at the end of each reply). Where the template re-renders
+    an earlier turn differently (Qwen3.5's drops earlier reasoning) or a reply
+    does not re-tokenize to the sampled ids, reuse stops at the last snapshot
+    before the first differing token. ``reset()`` starts over with an empty
+    cache."""
 
     def __init__(self, model, system: str | None = None, enable_thinking: bool = True,
-                 **gen_kwargs):
+                 cache_bytes: int = 2048 << 20, **gen_kwargs):
         self.model = model
         self.tokenizer = model.tokenizer
         if self.tokenizer.chat_template is None:
             raise CliError(f"{model.path}: the model has no chat template "
                            "(tokenizer.chat_template); use generate --raw")
+        from .cache import PrefixCache
+
         self.system = system
         self.enable_thinking = enable_thinking
         self.gen_kwargs = gen_kwargs
+        self.cache = PrefixCache(model, budget_bytes=cache_bytes)
+        self.session = model.new_session()
         self.reset()
 
     def reset(self) -> None:
         self.messages: list[dict] = (
             [{"role": "system", "content": self.system}] if self.system is not None else [])
-        self.session = self.model.new_session()
-        self.held: list[int] = []   # the tokens the session has evaluated
+        self.cache.clear()
 
     def turn(self, user: str, out: TextIO | None = None):
         """Answer ``user``; stream the reply to ``out``. Returns
-        (Generation, tokens of the prompt reused from the session)."""
+        (Generation, tokens of the prompt reused from the prefix cache)."""
         from .generate import stream_generate
 
         tok = self.tokenizer
@@ -313,21 +311,16 @@ class ChatRepl:
         ids = tok.encode(text, special=True)
         if tok.add_bos and tok.bos_id is not None and (not ids or ids[0] != tok.bos_id):
             ids = [tok.bos_id, *ids]
-        k = _common_prefix(self.held, ids)
-        if k < len(self.held) or k == len(ids):
-            # The session holds tokens the new prompt does not start with (no
-            # rollback without the prefix cache), or nothing new would be fed.
-            self.session.close()
-            self.session = self.model.new_session()
-            self.held, k = [], 0
         last = None
-        for last in stream_generate(self.model, ids[k:], session=self.session,
+        # The session is only the vessel: the cache restores it to the longest
+        # cached prefix of ids, whatever it held.
+        for last in stream_generate(self.model, ids, session=self.session, cache=self.cache,
                                     parse_output=True, **self.gen_kwargs):
             if out is not None and last.text:
                 out.write(last.text)
                 out.flush()
         g = last.generation
-        self.held = ids + g.tokens[:g.evaluated_tokens]
+        k = g.cached_tokens
         reply = {"role": "assistant", "content": g.content if g.content is not None else g.text}
         if g.reasoning:
             reply["reasoning_content"] = g.reasoning
@@ -339,8 +332,10 @@ def cmd_chat(args, out: TextIO, err: TextIO) -> int:
     if args.max_tokens < 0:
         raise CliError(f"--max-tokens must be >= 0, got {args.max_tokens}")
     model = _load(args, err)
+    if args.cache_mb < 0:
+        raise CliError(f"--cache-mb must be >= 0, got {args.cache_mb}")
     repl = ChatRepl(model, system=args.system, enable_thinking=not args.no_think,
-                    **_sampling_kwargs(args))
+                    cache_bytes=args.cache_mb << 20, **_sampling_kwargs(args))
     interactive = sys.stdin.isatty()
     if interactive:
         err.write("chat: one message per line; /reset starts over, /exit quits\n")

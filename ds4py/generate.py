@@ -62,6 +62,21 @@ Sessions
   last sampled token is not evaluated (that would cost a forward step whose
   logits nobody reads), so a continuation starts by feeding it.
 
+Prefix cache
+  ``cache=PrefixCache(model)`` (ds4py.cache): the prompt is then the whole
+  sequence from position 0 (a BOS is added as for a fresh session). The
+  longest cached prefix of its ids is restored (into ``session`` when given,
+  whatever it held, else into a fresh one) and only the rest is evaluated, in
+  pieces that end at each multiple of 256 tokens and at the end of the
+  prompt, each of which is snapshotted into the cache; so is the end of
+  generation (prompt + the evaluated generated tokens). A hit on the whole
+  prompt samples from the cached last logits without evaluating anything.
+  Results are bit-identical to an uncached run (snapshot/restore are exact).
+  ``Generation.cached_tokens`` is the number of prompt tokens reused;
+  ``prompt_tokens`` counts only those evaluated. With
+  ``return_prompt_logits`` every prompt row is needed, so nothing is reused
+  (the snapshots are still taken).
+
 Statistics (per result; each stream chunk carries the running values)
   ``ttft_s``: from the call to the first sampled token (template,
   tokenization, prefill and one sampling step). ``prompt_tps``: prompt tokens
@@ -91,6 +106,7 @@ from typing import Any
 import numpy as np
 
 from ._core import ffi, lib, new_error
+from .cache import PrefixCache
 from .errors import ModelError
 from .output_parser import OutputParser, ToolCall, prompt_ends_in_thinking
 from .sampling import Sampler, SamplingParams, TokenLogprobs
@@ -126,7 +142,7 @@ class Generation:
 
     text: str                       # the reply (stop string excluded)
     tokens: list[int]               # generated ids (an eos token excluded)
-    prompt_tokens: int              # tokens evaluated for the prompt (BOS included)
+    prompt_tokens: int              # prompt tokens evaluated (BOS included; not cached ones)
     generated_tokens: int           # len(tokens)
     prompt_tps: float
     generation_tps: float
@@ -148,6 +164,7 @@ class Generation:
     prompt: str | None = None       # the text fed (rendered template), None for ids
     prompt_ids: list[int] = field(default_factory=list, repr=False)
     prompt_logits: np.ndarray | None = field(default=None, repr=False)
+    cached_tokens: int = 0          # prompt tokens restored from the prefix cache
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (what ``python -m ds4py generate --json`` prints)."""
@@ -159,6 +176,7 @@ class Generation:
             "finish_reason": self.finish_reason,
             "prompt_s": self.prompt_s, "generation_s": self.generation_s,
             "total_s": self.total_s, "stop_string": self.stop_string, "seed": self.seed,
+            "cached_tokens": self.cached_tokens,
         }
         if self.reasoning is not None:
             d["reasoning"] = self.reasoning
@@ -326,7 +344,8 @@ def stream_generate(model, prompt, *, max_tokens: int = 256,
                     tools: Sequence[Mapping] | None = None, session=None,
                     logprobs: int | None = None, parse_special: bool = True,
                     parse_output: bool | None = None,
-                    return_prompt_logits: bool = False) -> Iterator[GenerationChunk]:
+                    return_prompt_logits: bool = False,
+                    cache=None) -> Iterator[GenerationChunk]:
     """Generate from ``prompt``, yielding a :class:`GenerationChunk` per sampled
     token (and one final chunk for an end-of-generation token). The last chunk
     carries ``finish_reason`` and the whole :class:`Generation`. Arguments as
@@ -334,7 +353,7 @@ def stream_generate(model, prompt, *, max_tokens: int = 256,
     call."""
     return _run(model, prompt, max_tokens, sampling, locals(), stop, chat, system,
                 enable_thinking, tools, session, logprobs, parse_special, parse_output,
-                return_prompt_logits, emit=True)
+                return_prompt_logits, cache, emit=True)
 
 
 def generate(model, prompt, *, max_tokens: int = 256, sampling: SamplingParams | None = None,
@@ -347,7 +366,7 @@ def generate(model, prompt, *, max_tokens: int = 256, sampling: SamplingParams |
              system: str | None = None, enable_thinking: bool = True,
              tools: Sequence[Mapping] | None = None, session=None, logprobs: int | None = None,
              parse_special: bool = True, parse_output: bool | None = None,
-             return_prompt_logits: bool = False) -> Generation:
+             return_prompt_logits: bool = False, cache=None) -> Generation:
     """Generate a reply to ``prompt`` (messages, text or token ids; see the module
     docstring) and return a :class:`Generation`.
 
@@ -364,10 +383,12 @@ def generate(model, prompt, *, max_tokens: int = 256, sampling: SamplingParams |
     reasoning / content / tool calls (default: for chat prompts).
     ``return_prompt_logits``: keep every prompt row's logits
     (``Generation.prompt_logits``, float32 [prompt_tokens, vocab]).
+    ``cache``: a :class:`ds4py.PrefixCache` of this model: reuse (and add
+    to) cached prefixes of the prompt (module doc, Prefix cache).
     """
     gen = _run(model, prompt, max_tokens, sampling, locals(), stop, chat, system,
                enable_thinking, tools, session, logprobs, parse_special, parse_output,
-               return_prompt_logits, emit=False)
+               return_prompt_logits, cache, emit=False)
     last = None
     for last in gen:  # noqa: B007  (emit=False yields the final chunk only)
         pass
@@ -376,7 +397,7 @@ def generate(model, prompt, *, max_tokens: int = 256, sampling: SamplingParams |
 
 
 def _run(model, prompt, max_tokens, sampling, kw, stop, chat, system, enable_thinking, tools,
-         session, n_logprobs, parse_special, parse_output, return_prompt_logits, emit):
+         session, n_logprobs, parse_special, parse_output, return_prompt_logits, cache, emit):
     # Validate everything before the generator starts, so that a bad argument
     # raises at the call, not at the first next().
     t_call = time.perf_counter()
@@ -396,10 +417,16 @@ def _run(model, prompt, max_tokens, sampling, kw, stop, chat, system, enable_thi
     # Sampler's greedy result (first maximum) without its extra passes.
     fast_greedy = params.greedy and not params.logit_bias and not params.penalties_on
     sampler = None if fast_greedy else Sampler(params, vocab)
+    if cache is not None:
+        if not isinstance(cache, PrefixCache):
+            raise TypeError(f"cache must be a PrefixCache, got {type(cache).__name__}")
+        if cache.model is not model:
+            raise ValueError("the prefix cache belongs to another model")
     own = session is None
     if not own:
         session._live()
-    n_past0 = 0 if own else session.n_past
+    # With a cache the prompt is the whole sequence: the session is restored.
+    n_past0 = 0 if own or cache is not None else session.n_past
     ids, text, is_chat = _prepare_prompt(model, prompt, chat, system, enable_thinking, tools,
                                          parse_special, at_start=n_past0 == 0)
     bad = [t for t in ids if not 0 <= t < vocab]
@@ -422,15 +449,19 @@ def _run(model, prompt, max_tokens, sampling, kw, stop, chat, system, enable_thi
     if sampler is not None and params.penalties_on:
         sampler.accept_many(ids[-params.repeat_last_n:])
     return _loop(model, ids, text, session, own, max_tokens, params, sampler, matcher, tok, eog,
-                 parser, n_logprobs, return_prompt_logits, emit, t_call, n_ctx, vocab)
+                 parser, n_logprobs, return_prompt_logits, cache, emit, t_call, n_ctx, vocab)
 
 
 def _loop(model, ids, text, session, own, max_tokens, params, sampler, matcher, tok, eog, parser,
-          n_logprobs, return_prompt_logits, emit, t_call, n_ctx, vocab):
+          n_logprobs, return_prompt_logits, cache, emit, t_call, n_ctx, vocab):
     s = model.new_session() if own else session
     try:
         t_p0 = time.perf_counter()
-        if return_prompt_logits:
+        n_cached, track = 0, None
+        if cache is not None:
+            n_cached, logits, prompt_logits, track = cache.prefill(
+                s, ids, reuse=not return_prompt_logits, all_logits=return_prompt_logits)
+        elif return_prompt_logits:
             rows = s.eval(ids, all_logits=True)
             prompt_logits = np.array(rows)
             logits = rows[-1]
@@ -439,7 +470,7 @@ def _loop(model, ids, text, session, own, max_tokens, params, sampler, matcher, 
             logits = s.eval(ids)
         t_p1 = time.perf_counter()
         prompt_s = t_p1 - t_p0
-        n_prompt = len(ids)
+        n_prompt = len(ids) - n_cached
         prompt_tps = _rate(n_prompt, prompt_s)
         budget = min(int(max_tokens), n_ctx - s.n_past)
         stepper = _Stepper(s, vocab)
@@ -514,6 +545,8 @@ def _loop(model, ids, text, session, own, max_tokens, params, sampler, matcher, 
                 continue
             # -- finished --
             now = time.perf_counter()
+            if cache is not None:  # the end of this turn: prompt + evaluated tokens
+                cache._extend(track, tokens[:decode_steps])
             if parser is not None:
                 events = [*events, *parser.finish()]
             gen = Generation(
@@ -528,7 +561,8 @@ def _loop(model, ids, text, session, own, max_tokens, params, sampler, matcher, 
                 reasoning=parser.reasoning if parser is not None else None,
                 content=parser.content if parser is not None else None,
                 tool_calls=parser.tool_calls if parser is not None else [],
-                logprobs=lps, prompt=text, prompt_ids=list(ids), prompt_logits=prompt_logits)
+                logprobs=lps, prompt=text, prompt_ids=list(ids), prompt_logits=prompt_logits,
+                cached_tokens=n_cached)
             gen.total_s = time.perf_counter() - t_call
             yield _chunk(piece, token, tokens, now - t_prev, ttft, n_prompt, prompt_tps,
                          gen.generation_tps, events, lp if token is not None else None,
@@ -544,7 +578,7 @@ def _loop(model, ids, text, session, own, max_tokens, params, sampler, matcher, 
             seed=None if sampler is None else sampler.seed,
             reasoning="" if parser is not None else None,
             content="" if parser is not None else None, logprobs=lps, prompt=text,
-            prompt_ids=list(ids), prompt_logits=prompt_logits)
+            prompt_ids=list(ids), prompt_logits=prompt_logits, cached_tokens=n_cached)
         yield _chunk("", None, [], t_end - t_p1, 0.0, n_prompt, prompt_tps, 0.0, (), None,
                      FINISH_LENGTH, gen)
     finally:
