@@ -1,0 +1,26 @@
+"""Speculative decoding: drafters, the draft-depth policy, the greedy loop.
+
+All policy lives here, in Python; the core provides the batched verify
+(``Session.verify``), exact rollback (``Session.accept``), the nextn head's
+steps (``Model.nextn_eval`` / ``nextn_draft``) and the target's hidden rows.
+
+    from ds4py.spec import speculative_generate
+    tokens, stats = speculative_generate(model, prompt_ids, max_tokens=128,
+                                         eos_ids=model.tokenizer.eog_ids)
+
+- :mod:`ds4py.spec.loop`: ``speculative_generate`` (greedy, byte-identical
+  to serial greedy decoding).
+- :mod:`ds4py.spec.drafter`: the ``Drafter`` interface and ``NextnDrafter``
+  (the model's bundled or draft_head nextn/MTP head).
+- :mod:`ds4py.spec.policy`: ``AdaptivePolicy`` (per-depth acceptance EMA,
+  verify cost fitted online, probes against the depth-0 latch),
+  ``FixedPolicy`` (``--draft-depth K``; ``FixedPolicy(0)`` / ``NO_DRAFT``
+  is ``--no-draft``).
+"""
+
+from .drafter import Drafter, DraftError, DraftState, NextnDrafter
+from .loop import speculative_generate
+from .policy import NO_DRAFT, AdaptivePolicy, CostModel, FixedPolicy, Policy
+
+__all__ = ["speculative_generate", "Drafter", "DraftState", "DraftError", "NextnDrafter",
+           "Policy", "AdaptivePolicy", "FixedPolicy", "NO_DRAFT", "CostModel"]
