@@ -15,7 +15,7 @@ __all__ = ["main"]
 
 
 def _parser() -> argparse.ArgumentParser:
-    from .requantize import TARGET_TYPES
+    from .requantize import MIXES, TARGET_TYPES
 
     p = argparse.ArgumentParser(prog="python -m gguf_tools",
                                 description="Inspect and requantize GGUF files.")
@@ -27,7 +27,7 @@ def _parser() -> argparse.ArgumentParser:
     pr.add_argument("src")
     pr.add_argument("dst")
     pr.add_argument("--type", required=True, metavar="TYPE",
-                    help=f"target type: {', '.join(TARGET_TYPES)}")
+                    help=f"target type: {', '.join(TARGET_TYPES + tuple(MIXES))}")
     pr.add_argument("--tensor-type", action="append", default=[], metavar="REGEX=TYPE",
                     help="per-tensor target (first matching regex wins; re.search)")
     pr.add_argument("--keep", action="append", default=[], metavar="REGEX",

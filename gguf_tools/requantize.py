@@ -1,7 +1,37 @@
 """``python -m gguf_tools requantize SRC DST --type T``: rewrite a GGUF in another type.
 
-Uniform target types only (``--type`` one of TARGET_TYPES); llama.cpp's
-mixes (Q4_K_M, Q5_K_S, ...) are refused with "mixes are not implemented yet".
+``--type`` is a uniform type (TARGET_TYPES) or one of llama.cpp's mixes
+Q4_K_M, Q4_K_S, Q5_K_M, Q5_K_S (MIXES); the other mixes (Q3_K_M, IQ4_XS, ...)
+are refused with "mixes are not implemented yet".
+
+Mixes (``_MixRules``, ported from llama-quant.cpp for a non-Falcon model,
+no imatrix, no output/token-embedding type override): the base type is Q4_K
+(Q4_K_*) or Q5_K (Q5_K_*); llama_tensor_get_type_impl then picks per tensor,
+replacing rule 2's ``--type`` (a ``--tensor-type`` match skips it, as
+llama.cpp's manual override does, and then does not advance the counters):
+  - output.weight, and token_embd.weight when there is no output.weight
+    (tied): Q6_K, or Q8_0 if ne[0] is not whole base blocks;
+  - attn_v / attn_qkv / attn_kv_b (category_is_attn_v; attn_qkv never
+    reaches the later ATTENTION_QKV branch): _M -> Q6_K when
+    use_more_bits(i, n) (i: the running count, n: all such tensors in the
+    file); Q4_K_S -> Q5_K for the first 4; with exactly 8 experts -> Q8_0;
+  - attn_k: 8 experts -> Q8_0;  attn_output: 8 experts and Q4_K_S/Q4_K_M
+    -> Q5_K;
+  - ffn_down* (substring, so _exps/_shexp too): layer i of n = block_count
+    (hparams.n_layer_all, the nextn block included), i parsed from
+    "blk.N." when there is more than one expert, else the running count;
+    _M -> Q6_K when use_more_bits(i, n); Q4_K_S -> Q5_K when i < n/8;
+  - anything else: the base type.
+use_more_bits(i, n) = i < n/8 or i >= 7n/8 or (i - n/8) % 3 == 2. Tensors
+are visited, and written, in llama.cpp's order (layer, then name); shapes
+are written with trailing 1s dropped (gguf_add_tensor stores ggml_n_dims);
+the metadata keys are copied in order with general.quantization_version = 2
+and general.file_type moved to the end (gguf_set_val_* removes and appends).
+From the golden F32 files this reproduces llama_model_quantize's output
+byte for byte for all four mixes (tests/test_gguf_tools_mixes.py for
+Q4_K_M against the committed files; tests/reference/test_live_mixes.py
+live). Not ported: LLM_TYPE_70B's attn_v bump, Falcon's branches, imatrix
+rules, --output-tensor-type/--token-embedding-type, --pure.
 
 Per-tensor rules, in order (``plan()``; ``--dry-run`` prints the result):
   1. Tensors llama.cpp never quantizes are copied unchanged (so an F32
@@ -14,10 +44,11 @@ Per-tensor rules, in order (``plan()``; ``--dry-run`` prints the result):
   2. The target is the first ``--tensor-type REGEX=TYPE`` whose regex
      matches (re.search on the name), else ``--type``.
   3. Fallback when the row length ne[0] is not a multiple of the target's
-     block size, after llama-quant.cpp tensor_type_fallback: Q6_K -> Q8_0
-     (llama.cpp's rule); for ds4's 64-weight types, mirroring llama.cpp's
-     Q4_K -> Q5_0 and Q2_K -> Q4_0, Q4_64A -> Q5_0 and Q2_64A -> Q4_0 (our
-     choice; llama.cpp has no such types); and, as llama.cpp does, a
+     block size, after llama-quant.cpp tensor_type_fallback: Q6_K -> Q8_0,
+     Q4_K -> Q5_0, Q5_K -> Q5_1 (llama.cpp's rules); for ds4's 64-weight
+     types, mirroring llama.cpp's Q4_K -> Q5_0 and Q2_K -> Q4_0,
+     Q4_64A -> Q5_0 and Q2_64A -> Q4_0 (our choice; llama.cpp has no such
+     types); and, as llama.cpp does, a
      32-block type (or a fallback) that still does not fit -> F16.
   4. Target type == source type: the bytes are copied verbatim.
   5. A quantized source (anything but F32/F16/BF16) converted to another
@@ -35,7 +66,9 @@ kept.
 
 Metadata is copied key by key with its stored type. general.file_type is
 set to llama.cpp's llama_ftype for the --type (llama.h: MOSTLY_F16 = 1,
-MOSTLY_Q8_0 = 7, MOSTLY_Q6_K = 18, MOSTLY_BF16 = 32). For Q4_64A/Q2_64A
+MOSTLY_Q8_0 = 7, MOSTLY_Q4_K_S = 14, MOSTLY_Q4_K_M = 15, MOSTLY_Q5_K_S = 16,
+MOSTLY_Q5_K_M = 17, MOSTLY_Q6_K = 18, MOSTLY_BF16 = 32; for a mix the key
+order is llama.cpp's, see above). For Q4_64A/Q2_64A
 there is no llama_ftype, so general.file_type is left OUT (llama.cpp reads a
 missing key as LLAMA_FTYPE_GUESSED; any number we wrote would name another
 format). general.quantization_version = 2 (ggml.h GGML_QNT_VERSION) is added
@@ -67,15 +100,20 @@ from ds4py.quants import WEIGHT_QUANT_TYPES, dequantize, quantize, quantize_weig
 
 from .inspect_cmd import n_dims
 
-__all__ = ["TARGET_TYPES", "LLAMA_FTYPE", "FALLBACK", "RequantizeError", "Step", "plan",
+__all__ = ["TARGET_TYPES", "MIXES", "LLAMA_FTYPE", "FALLBACK", "RequantizeError", "Step", "plan",
            "requantize", "cmd_requantize"]
 
 TARGET_TYPES = ("Q8_0", "Q6_K", "Q4_64A", "Q2_64A", "BF16", "F16")
+# llama.cpp's mixes we port: name -> base type (llama-quant.cpp
+# llama_ftype_get_default_type: Q4_K_S/Q4_K_M -> Q4_K, Q5_K_S/Q5_K_M -> Q5_K)
+MIXES = {"Q4_K_S": "Q4_K", "Q4_K_M": "Q4_K", "Q5_K_S": "Q5_K", "Q5_K_M": "Q5_K"}
 # llama.h enum llama_ftype
-LLAMA_FTYPE = {"F16": 1, "Q8_0": 7, "Q6_K": 18, "BF16": 32}
+LLAMA_FTYPE = {"F16": 1, "Q8_0": 7, "Q6_K": 18, "BF16": 32,
+               "Q4_K_S": 14, "Q4_K_M": 15, "Q5_K_S": 16, "Q5_K_M": 17}
 GGML_QNT_VERSION = 2  # ggml.h
-# see the module docstring, rule 3
-FALLBACK = {"Q6_K": "Q8_0", "Q4_64A": "Q5_0", "Q2_64A": "Q4_0"}
+# see the module docstring, rule 3 (Q4_K/Q5_K: llama-quant.cpp tensor_type_fallback)
+FALLBACK = {"Q6_K": "Q8_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1",
+            "Q4_64A": "Q5_0", "Q2_64A": "Q4_0"}
 FLOAT_TYPES = ("F32", "F16", "BF16")
 DS4_QUANTIZERS = ("Q4_64A", "Q2_64A")   # through quants.quantize
 ENCODABLE = tuple(WEIGHT_QUANT_TYPES) + DS4_QUANTIZERS
@@ -129,33 +167,185 @@ def _keep_reason(name: str, shape, keeps) -> str | None:
     return None
 
 
+# ------------------------------------------------------------------ mixes
+#
+# Ported from llama-quant.cpp (the vendored llama.cpp of llama-cpp-python
+# 0.3.36): tensor_get_category, init_quantize_state_counters,
+# llama_tensor_get_type_impl, for the four ftypes in MIXES on a non-Falcon
+# model without an imatrix and without output/token-embedding type overrides.
+
+_ATTN_V_LIKE = ("attn_qkv", "attn_kv_b", "attn_v")   # category_is_attn_v
+
+
+def _category(name: str) -> str:
+    """tensor_get_category: the first of these tests that matches wins."""
+    if name == "output.weight":
+        return "output"
+    if name in ("token_embd.weight", "per_layer_token_embd.weight"):
+        return "token_embd"
+    for cat in ("attn_qkv", "attn_kv_b", "attn_v", "attn_k", "attn_q", "attn_output"):
+        if cat + ".weight" in name:
+            return cat
+    for cat in ("ffn_up", "ffn_gate", "ffn_down"):   # substring: _exps/_shexp too
+        if cat in name:
+            return cat
+    return "other"
+
+
+_BLK = re.compile(r"blk\.\s*([+-]?\d+)")
+
+
+def _blk(name: str) -> int | None:
+    """The layer sscanf(name, "blk.%d.", ...) reads, or None."""
+    m = _BLK.match(name)
+    return int(m.group(1)) if m else None
+
+
+def _llama_order(name: str):
+    """llama-model-loader.h weight_name_comparer: by layer (-1 for non-blk
+    tensors, so they come first), then by name as bytes. llama_model_quantize
+    visits (and writes) the tensors in this order, so the position counters
+    below depend on it."""
+    b = _blk(name)
+    return (-1 if b is None else b, name.encode())
+
+
+def _use_more_bits(i: int, n: int) -> bool:
+    # llama_tensor_get_type_impl use_more_bits: the first and last eighth of the
+    # layers and every third one in between (C integer division; i >= n/8 when
+    # the modulo is reached, so it is never negative)
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+class _MixRules:
+    """The per-tensor type choice of one llama.cpp mix. choose() must be
+    called in _llama_order, only for tensors that are quantized and not given a
+    type by --tensor-type (llama.cpp calls llama_tensor_get_type_impl, which
+    advances the counters, only for those)."""
+
+    def __init__(self, f: gguf.GGUFFile, mix: str):
+        self.mix = mix
+        arch = f.metadata.get("general.architecture", "")
+        # hparams.n_expert (0 when the key is absent)
+        self.n_expert = int(f.metadata.get(f"{arch}.expert_count", 0) or 0)
+        # n_ffn_down = hparams.n_layer_all = block_count, nextn block included
+        # (init_quantize_state_counters); the committed dense Q4_K_M file
+        # confirms it: blk.4.ffn_down is not promoted, as it would be with n=5.
+        if f"{arch}.block_count" not in f.metadata:
+            raise RequantizeError(f"--type {mix}: the file has no {arch}.block_count")
+        self.n_layer = int(f.metadata[f"{arch}.block_count"])
+        # init_quantize_state_counters: every tensor in the file whose category
+        # is attn_v-like counts, whether it is quantized or not
+        self.n_attention_wv = sum(_category(n) in _ATTN_V_LIKE for n in f.tensors)
+        # has_tied_embeddings: true until a tensor named output.weight is seen
+        self.tied = "output.weight" not in f.tensors
+        self.i_attention_wv = 0
+        self.i_ffn = {"ffn_down": 0, "ffn_gate": 0, "ffn_up": 0}
+
+    def _layer(self, cat: str, name: str) -> int:
+        """layer_info: with more than one expert the layer is parsed from the
+        name (expert tensors are not consecutive in some models), else it is
+        the running count of this category."""
+        i = self.i_ffn[cat]
+        self.i_ffn[cat] += 1
+        if max(1, self.n_expert) > 1:
+            b = _blk(name)
+            if b is None:
+                raise RequantizeError(f"--type {self.mix}: cannot tell the layer of {name}")
+            if not 0 <= b < self.n_layer:
+                raise RequantizeError(f"--type {self.mix}: bad layer {b} for {name}; "
+                                      f"must be in [0, {self.n_layer})")
+            return b
+        return i
+
+    def choose(self, name: str, ncols: int, base: str) -> tuple[str, str]:
+        """(type before the fallback, reason)."""
+        mix, cat = self.mix, _category(name)
+        m = mix.endswith("_M")
+        if cat == "output" or (self.tied and cat == "token_embd"):
+            # the output rule (a tied token_embd is the output): Q8_0 when the
+            # row is not whole blocks of the base type, else Q6_K
+            if ncols % type_info(base).block_size:
+                return "Q8_0", f"{mix}: output, ne[0] % {type_info(base).block_size} != 0"
+            return "Q6_K", f"{mix}: output" + (" (tied token_embd)" if cat == "token_embd" else "")
+        if cat == "token_embd":
+            return base, f"{mix}: token_embd (untied: base type)"
+        if cat in _ATTN_V_LIKE:
+            # attn_v branch (attn_qkv and attn_kv_b are caught here too, so the
+            # later ATTENTION_QKV branch never runs for them)
+            i, n = self.i_attention_wv, self.n_attention_wv
+            self.i_attention_wv += 1
+            t, why = base, f"{mix}: attn_v-like #{i} of {n}"
+            if m and _use_more_bits(i, n):
+                t, why = "Q6_K", why + ", use_more_bits"
+            elif mix == "Q4_K_S" and i < 4:
+                t, why = "Q5_K", why + ", i_attention_wv < 4"
+            # (the LLM_TYPE_70B bump applies to 80-layer models only; not ported)
+            if self.n_expert == 8:
+                t, why = "Q8_0", why + ", n_expert == 8 -> Q8_0"
+            return t, why
+        if cat == "attn_k":
+            if self.n_expert == 8:
+                return "Q8_0", f"{mix}: attn_k, n_expert == 8"
+            return base, f"{mix}: attn_k"
+        if cat == "ffn_down":
+            i, n = self._layer(cat, name), self.n_layer
+            why = f"{mix}: ffn_down layer {i} of {n}"
+            if m and _use_more_bits(i, n):
+                return "Q6_K", why + ", use_more_bits"
+            if mix == "Q4_K_S" and i < n // 8:
+                return "Q5_K", why + ", i_layer < n_layer/8"
+            return base, why
+        if cat == "attn_output":
+            if self.n_expert == 8 and mix in ("Q4_K_S", "Q4_K_M"):
+                return "Q5_K", f"{mix}: attn_output, n_expert == 8"
+            return base, f"{mix}: attn_output"
+        if cat in ("ffn_gate", "ffn_up"):
+            self._layer(cat, name)   # no rule for these mixes; counts and checks only
+        return base, f"{mix}: {cat} (base type)"
+
+
 def plan(f: gguf.GGUFFile, target: str, tensor_types=(), keeps=(),
          allow_requantize: bool = False) -> list[Step]:
     """The per-tensor plan (see the module docstring). tensor_types: list of
-    (compiled regex, type name); keeps: compiled regexes."""
-    target = _check_target(target, "--type", TARGET_TYPES)
+    (compiled regex, type name); keeps: compiled regexes. For a mix the steps
+    come in llama.cpp's tensor order (_llama_order), else in file order."""
+    target = _check_target(target, "--type", TARGET_TYPES + tuple(MIXES))
+    tensors = list(f.tensors.values())
+    mix = None
+    if target in MIXES:
+        mix = _MixRules(f, target)
+        tensors.sort(key=lambda t: _llama_order(t.name))
     steps = []
-    for t in f.tensors.values():
+    for t in tensors:
         src = t.type_name
+        # For a mix the shape is written as llama_model_quantize writes it:
+        # gguf_add_tensor records ggml_n_dims dimensions, so trailing 1s are
+        # dropped (ffn_gate_inp_shexp.weight [n, 1] becomes [n]).
+        shape = tuple(t.shape[:n_dims(t.shape)]) if mix is not None else t.shape
         reason = _keep_reason(t.name, t.shape, keeps)
         if reason is not None:
-            steps.append(Step(t.name, t.shape, src, src, "copy", reason, t.nbytes, t.nbytes))
+            steps.append(Step(t.name, shape, src, src, "copy", reason, t.nbytes, t.nbytes))
             continue
-        dst, why = target, "--type"
+        dst, why = MIXES.get(target, target), "--type"
+        manual = False
         for rx, ty in tensor_types:
             if rx.search(t.name):
-                dst, why = ty, f"--tensor-type {rx.pattern}"
+                dst, why, manual = ty, f"--tensor-type {rx.pattern}", True
                 break
         ncols = t.shape[0]
+        if mix is not None and not manual:
+            dst, why = mix.choose(t.name, ncols, dst)
         if ncols % type_info(dst).block_size:
             fb = FALLBACK.get(dst, dst)
             if ncols % type_info(fb).block_size:
                 fb = "F16"
             why = (f"fallback: ne[0]={ncols} is not a multiple of "
-                   f"{type_info(dst).block_size} ({dst})")
+                   f"{type_info(dst).block_size} ({dst})"
+                   + (f"; {why}" if mix is not None else ""))
             dst = fb
         if dst == src:
-            steps.append(Step(t.name, t.shape, src, dst, "copy", why + "; same type",
+            steps.append(Step(t.name, shape, src, dst, "copy", why + "; same type",
                               t.nbytes, t.nbytes))
             continue
         if src not in FLOAT_TYPES and not allow_requantize:
@@ -164,7 +354,7 @@ def plan(f: gguf.GGUFFile, target: str, tensor_types=(), keeps=(),
                 "needs --allow-requantize")
         if not type_info(src).can_dequantize:
             raise RequantizeError(f"tensor {t.name}: ds4py cannot dequantize {src}")
-        steps.append(Step(t.name, t.shape, src, dst, "convert", why, t.nbytes,
+        steps.append(Step(t.name, shape, src, dst, "convert", why, t.nbytes,
                           _dst_bytes(t.shape, dst)))
     return steps
 
@@ -251,6 +441,20 @@ def _metadata(f: gguf.GGUFFile, target: str, steps: list[Step]):
     """(key, value, type, element_type) in file order, file_type updated."""
     items = []
     ftype = LLAMA_FTYPE.get(target)
+    if target in MIXES:
+        # llama_model_quantize_impl: gguf_set_kv copies every key in order, then
+        # gguf_set_val_u32 sets general.quantization_version and then
+        # general.file_type; gguf_set_val_* removes a key and appends it, so
+        # those two end up last, in that order, whatever the source had.
+        for k, v in f.metadata.items():
+            if k in ("general.quantization_version", "general.file_type"):
+                continue
+            ty = f.metadata_types[k]
+            items.append((k, v, ty[0], ty[1] if len(ty) > 1 else None))
+        items.append(("general.quantization_version", GGML_QNT_VERSION, ValueType.UINT32,
+                      None))
+        items.append(("general.file_type", ftype, ValueType.UINT32, None))
+        return items
     for k, v in f.metadata.items():
         ty = f.metadata_types[k]
         if k == "general.file_type":
@@ -325,6 +529,9 @@ def requantize(src: str, dst: str, target: str, tensor_types=(), keeps=(),
     if os.path.exists(dst) and os.path.samefile(src, dst):
         raise RequantizeError(f"DST {dst} is the source file; write to another path")
 
+    # the name as plan() accepts it (case-insensitive), so that _metadata sees
+    # the same spelling as LLAMA_FTYPE / MIXES
+    target = _check_target(target, "--type", TARGET_TYPES + tuple(MIXES))
     with gguf.open(src) as f:
         steps = plan(f, target, tts, kps, allow_requantize)
         if dry_run:
