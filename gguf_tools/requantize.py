@@ -76,6 +76,18 @@ if absent and any output tensor is block-quantized. The alignment is kept.
 
 Output goes through ds4py.gguf_writer.GGUFWriter: streamed tensor by tensor
 into a temporary file next to DST, renamed into place only on success.
+The temporary file is ".<DST name>.XXXXXXXX.tmp" (tempfile.mkstemp, 8
+characters) in DST's directory. An error or an exception removes it; a
+process killed outright (SIGKILL, power loss) cannot, and leaves it behind
+while DST is untouched (absent, or the previous DST). The next run to the
+same DST removes such stale temps: exactly the files of that pattern for
+that DST name whose mtime is older than the run's start (a live writer of
+the same DST keeps touching its own temp; nothing else is removed).
+
+Test hook (tests/test_gguf_tools_compare.py, not an interface):
+DS4_GGUF_TOOLS_TEST_DELAY_AFTER_TENSOR=k makes the run sleep 60 s after
+writing the data of tensor k (0-based, write order), so that a test can kill
+it mid-write.
 """
 
 from __future__ import annotations
@@ -306,11 +318,27 @@ class _MixRules:
 
 
 def plan(f: gguf.GGUFFile, target: str, tensor_types=(), keeps=(),
-         allow_requantize: bool = False) -> list[Step]:
+         allow_requantize: bool = False, token_embedding_type: str | None = None,
+         output_tensor_type: str | None = None) -> list[Step]:
     """The per-tensor plan (see the module docstring). tensor_types: list of
     (compiled regex, type name); keeps: compiled regexes. For a mix the steps
-    come in llama.cpp's tensor order (_llama_order), else in file order."""
+    come in llama.cpp's tensor order (_llama_order), else in file order.
+
+    token_embedding_type / output_tensor_type follow llama-quant.cpp's outer
+    wrapper llama_tensor_get_type: after the keep rules, the token embedding
+    takes token_embedding_type and output.weight takes output_tensor_type,
+    ahead of --tensor-type and the mix rules; with a tied head (no
+    output.weight) the token embedding takes output_tensor_type when no
+    token_embedding_type is given (llama_tensor_get_type_impl's
+    "has_tied_embeddings && TOKEN_EMBD" branch)."""
     target = _check_target(target, "--type", TARGET_TYPES + tuple(MIXES))
+    if token_embedding_type is not None:
+        token_embedding_type = _check_target(token_embedding_type, "--token-embedding-type",
+                                             ENCODABLE)
+    if output_tensor_type is not None:
+        output_tensor_type = _check_target(output_tensor_type, "--output-tensor-type",
+                                           ENCODABLE)
+    tied = "output.weight" not in f.tensors
     tensors = list(f.tensors.values())
     mix = None
     if target in MIXES:
@@ -329,10 +357,16 @@ def plan(f: gguf.GGUFFile, target: str, tensor_types=(), keeps=(),
             continue
         dst, why = MIXES.get(target, target), "--type"
         manual = False
-        for rx, ty in tensor_types:
-            if rx.search(t.name):
-                dst, why, manual = ty, f"--tensor-type {rx.pattern}", True
-                break
+        if token_embedding_type is not None and t.name == "token_embd.weight":
+            dst, why, manual = token_embedding_type, "--token-embedding-type", True
+        elif output_tensor_type is not None and (
+                t.name == "output.weight" or (tied and t.name == "token_embd.weight")):
+            dst, why, manual = output_tensor_type, "--output-tensor-type", True
+        else:
+            for rx, ty in tensor_types:
+                if rx.search(t.name):
+                    dst, why, manual = ty, f"--tensor-type {rx.pattern}", True
+                    break
         ncols = t.shape[0]
         if mix is not None and not manual:
             dst, why = mix.choose(t.name, ncols, dst)
@@ -498,10 +532,34 @@ def _write_summary(steps, out: TextIO, src_size: int | None = None,
             out.write(f"  {t + tag:<18} {n:5d} tensors {nb:>14} bytes\n")
 
 
+def _remove_stale_temps(dst: str, before: float) -> list[str]:
+    """Remove temps that a killed run to DST left (module docstring): names
+    ".<DST name>.XXXXXXXX.tmp" in DST's directory with mtime < before."""
+    directory = os.path.dirname(os.path.abspath(dst))
+    pat = re.compile(re.escape("." + os.path.basename(dst) + ".") + r"[a-z0-9_]{8}\.tmp")
+    removed = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    for name in names:
+        if not pat.fullmatch(name):
+            continue
+        p = os.path.join(directory, name)
+        try:
+            if os.lstat(p).st_mtime < before and os.path.isfile(p) and not os.path.islink(p):
+                os.unlink(p)
+                removed.append(p)
+        except OSError:
+            pass   # gone already, or not ours to remove: leave it
+    return removed
+
+
 def requantize(src: str, dst: str, target: str, tensor_types=(), keeps=(),
                allow_requantize: bool = False, threads: int | None = None,
                dry_run: bool = False, out: TextIO | None = None,
-               err: TextIO | None = None) -> list[Step]:
+               err: TextIO | None = None, token_embedding_type: str | None = None,
+               output_tensor_type: str | None = None) -> list[Step]:
     """Library entry point; returns the plan. tensor_types: "REGEX=TYPE"
     strings or (regex, type) pairs; keeps: regex strings."""
     out = out or sys.stdout
@@ -533,7 +591,8 @@ def requantize(src: str, dst: str, target: str, tensor_types=(), keeps=(),
     # the same spelling as LLAMA_FTYPE / MIXES
     target = _check_target(target, "--type", TARGET_TYPES + tuple(MIXES))
     with gguf.open(src) as f:
-        steps = plan(f, target, tts, kps, allow_requantize)
+        steps = plan(f, target, tts, kps, allow_requantize, token_embedding_type,
+                     output_tensor_type)
         if dry_run:
             width = max((len(s.name) for s in steps), default=4)
             for s in steps:
@@ -543,6 +602,9 @@ def requantize(src: str, dst: str, target: str, tensor_types=(), keeps=(),
                           f"{s.dst_bytes:<12} {s.reason}\n")
             _write_summary(steps, out)
             return steps
+        _remove_stale_temps(dst, time.time())
+        delay_after = os.environ.get("DS4_GGUF_TOOLS_TEST_DELAY_AFTER_TENSOR")
+        delay_after = int(delay_after) if delay_after else None
         total = sum(s.src_bytes for s in steps if s.action == "convert")
         progress = _Progress(total, err)
         pool = ThreadPoolExecutor(threads) if threads > 1 else None
@@ -552,12 +614,14 @@ def requantize(src: str, dst: str, target: str, tensor_types=(), keeps=(),
                     w.add_metadata(k, v, ty, et)
                 for s in steps:
                     w.add_tensor_info(s.name, s.shape, s.dst_type)
-                for s in steps:
+                for i, s in enumerate(steps):
                     if s.action == "copy":
                         w.write_tensor_data(s.name, f.raw(s.name))
                     else:
                         w.write_tensor_data(s.name, _convert_tensor(f, s, pool, threads,
                                                                     progress))
+                    if delay_after is not None and i == delay_after:
+                        time.sleep(60)   # test hook (module docstring)
         finally:
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)
@@ -569,5 +633,6 @@ def requantize(src: str, dst: str, target: str, tensor_types=(), keeps=(),
 
 def cmd_requantize(args, out: TextIO, err: TextIO) -> int:
     requantize(args.src, args.dst, args.type, args.tensor_type, args.keep,
-               args.allow_requantize, args.threads, args.dry_run, out, err)
+               args.allow_requantize, args.threads, args.dry_run, out, err,
+               args.token_embedding_type, args.output_tensor_type)
     return 0

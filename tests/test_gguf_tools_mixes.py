@@ -14,10 +14,13 @@ from __future__ import annotations
 import filecmp
 import io
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
+import ds4py
 from ds4py import gguf
 from gguf_tools import main
 from gguf_tools import requantize as rq
@@ -182,3 +185,46 @@ def test_mix_override_and_dry_run():
 def test_other_mixes_still_refused(tmp_path):
     rc, _, err = run(["requantize", model("dense-f32"), str(tmp_path / "x"), "--type", "Q3_K_M"])
     assert rc == 2 and "mixes are not implemented yet" in err
+
+
+# --token-embedding-type / --output-tensor-type, as llama-quant.cpp's outer
+# wrapper llama_tensor_get_type orders them: the token embedding takes
+# token_embedding_type, output.weight takes output_tensor_type, both ahead of
+# the mix rules; a tied head's token embedding takes output_tensor_type only
+# when no token_embedding_type is given (the "has_tied_embeddings" branch).
+def _types(path, target, **kw):
+    with gguf.open(path) as f:
+        return {s.name: s.dst_type for s in rq.plan(f, target, **kw)}
+
+
+def test_output_tensor_type_untied_moe():
+    base = _types(os.path.join(MODELS, "moe-f32.gguf"), "Q4_K_M")
+    got = _types(os.path.join(MODELS, "moe-f32.gguf"), "Q4_K_M", output_tensor_type="Q4_0")
+    assert got["output.weight"] == "Q4_0" and base["output.weight"] != "Q4_0"
+    # nothing else moves (the override does not advance the mix's counters)
+    assert {k: v for k, v in got.items() if k != "output.weight"} == \
+        {k: v for k, v in base.items() if k != "output.weight"}
+
+
+def test_output_tensor_type_applies_to_tied_embedding():
+    got = _types(os.path.join(MODELS, "dense-f32.gguf"), "Q4_K_M", output_tensor_type="Q8_0")
+    assert got["token_embd.weight"] == "Q8_0"
+
+
+def test_token_embedding_type_wins_over_output_type_when_tied():
+    got = _types(os.path.join(MODELS, "dense-f32.gguf"), "Q4_K_M", token_embedding_type="Q4_0",
+                 output_tensor_type="Q8_0")
+    assert got["token_embd.weight"] == "Q4_0"
+
+
+def test_embedding_overrides_on_cli(tmp_path):
+    dst = tmp_path / "o.gguf"
+    rc = subprocess.run([sys.executable, "-m", "gguf_tools", "requantize",
+                         str(os.path.join(MODELS, "moe-f32.gguf")), str(dst), "--type", "Q8_0",
+                         "--token-embedding-type", "Q4_0", "--output-tensor-type", "Q5_0"],
+                        capture_output=True, text=True, check=False)
+    assert rc.returncode == 0, rc.stderr
+    with ds4py.gguf.open(dst) as f:
+        assert f.tensors["token_embd.weight"].type_name == "Q4_0"
+        assert f.tensors["output.weight"].type_name == "Q5_0"
+    ds4py.load(dst)  # and the file runs
