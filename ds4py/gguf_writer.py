@@ -33,13 +33,18 @@ llama.cpp checks the exact type of many keys (e.g. UINT32 for
 The file is written to a temporary file in the destination's directory and
 moved into place (after fsync) only when ``close()`` succeeds with every
 declared tensor written. On any error the temporary file is removed and the
-destination is left untouched.
+destination is left untouched. Where the OS offers it (Linux ``O_TMPFILE``
+with /proc), the temporary file has no name at all until ``close()`` links
+it in, so even a process killed with SIGKILL leaves nothing behind
+(``GGUFWriter.anonymous`` says which mode a writer uses); elsewhere it is a
+hidden ``.<name>.XXXXXXXX.tmp`` beside the destination.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import secrets
 import struct
 import tempfile
 import weakref
@@ -399,7 +404,57 @@ def _default_mode(path: str) -> int:
     return 0o666 & ~umask
 
 
-def _remove(path: str) -> None:
+def _open_anonymous(directory: str) -> int | None:
+    """A writable file in `directory` with no name (Linux O_TMPFILE), or None
+    where the OS or the filesystem cannot make one or /proc is missing (close()
+    names it through /proc/self/fd)."""
+    flag = getattr(os, "O_TMPFILE", None)
+    if flag is None or not os.path.isdir("/proc/self/fd"):
+        return None
+    try:
+        return os.open(directory, flag | os.O_RDWR, 0o600)
+    except OSError:
+        return None
+
+
+def _name_anonymous(fd: int, directory: str, prefix: str) -> str:
+    """Link the O_TMPFILE file `fd` into `directory` under a fresh hidden
+    name and return it. linkat(AT_SYMLINK_FOLLOW) on /proc/self/fd/N is the
+    documented way (open(2), O_TMPFILE); where that fails, copy the data
+    into a named temp file instead (the fd is readable: opened O_RDWR)."""
+    import ctypes
+
+    at_fdcwd, at_symlink_follow = -100, 0x400
+    libc = ctypes.CDLL(None, use_errno=True)
+    src = f"/proc/self/fd/{fd}".encode()
+    for _ in range(100):
+        name = os.path.join(directory, prefix + secrets.token_hex(4) + ".tmp")
+        if libc.linkat(at_fdcwd, src, at_fdcwd, os.fsencode(name), at_symlink_follow) == 0:
+            return name
+        if ctypes.get_errno() != 17:  # EEXIST: try another name
+            break
+    out_fd, name = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=directory)
+    try:
+        os.fchmod(out_fd, os.fstat(fd).st_mode & 0o777)
+        offset, size = 0, os.fstat(fd).st_size
+        while offset < size:
+            chunk = os.pread(fd, min(1 << 24, size - offset), offset)
+            if not chunk:
+                break
+            os.write(out_fd, chunk)
+            offset += len(chunk)
+        os.fsync(out_fd)
+    except BaseException:
+        os.close(out_fd)
+        _remove(name)
+        raise
+    os.close(out_fd)
+    return name
+
+
+def _remove(path: str | None) -> None:
+    if path is None:
+        return
     try:
         os.unlink(path)
     except FileNotFoundError:
@@ -424,11 +479,21 @@ class GGUFWriter:
         self._data_start: int | None = None       # set once the header is written
         self._state = "open"                      # open | closed | aborted
         directory = os.path.dirname(os.path.abspath(self.path))
-        fd, self._tmp = tempfile.mkstemp(prefix="." + os.path.basename(self.path) + ".",
-                                         suffix=".tmp", dir=directory)
-        self._file = os.fdopen(fd, "wb")
-        # Remove the temp file if the writer is dropped without close().
+        self._dir = directory
+        fd = _open_anonymous(directory)
+        self.anonymous = fd is not None
+        if fd is None:
+            fd, self._tmp = tempfile.mkstemp(prefix=self._temp_prefix(), suffix=".tmp",
+                                             dir=directory)
+        else:
+            self._tmp = None
+        self._file = os.fdopen(fd, "wb", closefd=True) if self._tmp else os.fdopen(fd, "r+b")
+        # Remove a named temp file if the writer is dropped without close()
+        # (an anonymous one vanishes with its descriptor).
         self._finalizer = weakref.finalize(self, _remove, self._tmp)
+
+    def _temp_prefix(self) -> str:
+        return "." + os.path.basename(self.path) + "."
 
     # -- declaring -----------------------------------------------------------
 
@@ -552,8 +617,17 @@ class GGUFWriter:
             self._file.flush()
             os.fchmod(self._file.fileno(), _default_mode(self.path))
             os.fsync(self._file.fileno())
+            if self._tmp is None:
+                # Give the anonymous file a name only now, then rename it
+                # over the destination (link cannot replace a file).
+                self._tmp = _name_anonymous(self._file.fileno(), self._dir,
+                                            self._temp_prefix())
             self._file.close()
-            os.replace(self._tmp, self.path)
+            try:
+                os.replace(self._tmp, self.path)
+            except BaseException:
+                _remove(self._tmp)
+                raise
         self._guarded(finish)
         self._state = "closed"
         self._finalizer.detach()
@@ -567,7 +641,8 @@ class GGUFWriter:
         try:
             self._file.close()
         finally:
-            _remove(self._tmp)
+            if self._tmp is not None:
+                _remove(self._tmp)
             self._finalizer.detach()
 
     def __enter__(self) -> GGUFWriter:

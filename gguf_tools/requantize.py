@@ -76,18 +76,21 @@ if absent and any output tensor is block-quantized. The alignment is kept.
 
 Output goes through ds4py.gguf_writer.GGUFWriter: streamed tensor by tensor
 into a temporary file next to DST, renamed into place only on success.
-The temporary file is ".<DST name>.XXXXXXXX.tmp" (tempfile.mkstemp, 8
-characters) in DST's directory. An error or an exception removes it; a
-process killed outright (SIGKILL, power loss) cannot, and leaves it behind
-while DST is untouched (absent, or the previous DST). The next run to the
+On Linux the temporary file is unnamed (O_TMPFILE) until that moment, so
+even a run killed outright (SIGKILL) leaves nothing behind and DST untouched.
+Elsewhere it is ".<DST name>.XXXXXXXX.tmp" in DST's directory. An error or an
+exception removes it; a process killed outright (SIGKILL, power loss)
+cannot, and leaves it behind while DST is untouched (absent, or the
+previous DST). The next run to the
 same DST removes such stale temps: exactly the files of that pattern for
 that DST name whose mtime is older than the run's start (a live writer of
 the same DST keeps touching its own temp; nothing else is removed).
 
 Test hook (tests/test_gguf_tools_compare.py, not an interface):
 DS4_GGUF_TOOLS_TEST_DELAY_AFTER_TENSOR=k makes the run sleep 60 s after
-writing the data of tensor k (0-based, write order), so that a test can kill
-it mid-write.
+writing the data of tensor k (0-based, write order), after printing
+"test hook: sleeping after tensor k" to stderr, so that a test can kill it
+mid-write.
 """
 
 from __future__ import annotations
@@ -621,7 +624,10 @@ def requantize(src: str, dst: str, target: str, tensor_types=(), keeps=(),
                         w.write_tensor_data(s.name, _convert_tensor(f, s, pool, threads,
                                                                     progress))
                     if delay_after is not None and i == delay_after:
-                        time.sleep(60)   # test hook (module docstring)
+                        # test hook (module docstring): say so, then stall
+                        err.write(f"test hook: sleeping after tensor {i}\n")
+                        err.flush()
+                        time.sleep(60)
         finally:
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)
