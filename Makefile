@@ -6,7 +6,7 @@ LOCK = flock /tmp/ds4py-build.lock
 # Kernel tests re-run with the SIMD paths disabled (DS4_FORCE_SCALAR=1).
 KERNEL_TESTS = tests/test_quants_scalar.py tests/test_quants_llamacpp.py tests/test_gguf_reader.py
 
-.PHONY: dev build build-fast test test-python test-scalar test-neon test-neon-run test-reference bench fuzz lint clean
+.PHONY: dev build build-fast test test-python test-scalar test-neon test-neon-run test-reference bench bench-spec fuzz lint clean
 
 dev:
 	$(PY) -m pip install -e '.[test]'
@@ -63,6 +63,21 @@ bench: build
 	$(PY) bench/bench_kernels.py
 	$(PY) bench/bench_sampling.py
 	$(PY) bench/bench_generate.py
+	$(PY) bench/bench_cpu.py
+
+# ds4py vs llama.cpp (llama-cpp-python, matplotlib: pip install -e '.[bench]')
+# on a small bench model; a few minutes. Results in bench/results/.
+.PHONY: bench-quick
+bench-quick: build
+	$(PY) bench/bench_cpu.py --quick
+
+bench-spec: build
+	$(PY) bench/bench_spec.py
+
+# Bounded load test of ds4py-server on loopback (stops by itself).
+.PHONY: bench-server
+bench-server: build
+	$(PY) bench/bench_server.py
 
 # Fuzz the GGUF reader with libFuzzer (clang): build fuzz/out/fuzz_gguf from
 # the reader's sources with ASan+UBSan, seed it from fuzz/make_corpus.py and

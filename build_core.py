@@ -38,7 +38,12 @@ GENERIC_SOURCES = [
     "csrc/forward/ffn.c",
     "csrc/forward/moe.c",
     "csrc/forward/nextn.c",
+    "csrc/forward/dflash.c",
+    "csrc/dflash_load.c",
     "csrc/bench_loop.c",
+    "csrc/membw.c",
+    "csrc/paths.c",
+    "csrc/spec_round.c",
 ]
 
 # Per-variant sources and their target flags (x86-64 and arm64). A variant

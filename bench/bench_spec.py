@@ -1,146 +1,197 @@
-"""Greedy speculative decoding (ds4py.spec) against serial greedy decoding.
+"""Speculative decoding (ds4py.spec) against serial decoding, through ds4py.generate.
 
-    python bench/bench_spec.py [-m MODEL.gguf ...] [--tokens 256] [--reps 3]
-                               [--threads 1] [--prompt 64]
+    python bench/bench_spec.py [-m MODEL.gguf] [--tokens 128] [--reps 3] [--threads 2]
+                               [--json OUT.json]
 
-For each model, the same greedy generation of N tokens after a prompt
-(the first P tokens of tests/golden/logits/sequences.npz s700), timed in
-rotating order each repetition:
+Default model: the demo model (ds4py/models/demo-q8_0.gguf, with its trained
+MTP head). ``make bench-spec`` runs this.
 
-  serial        a Python loop: Session.eval of one token + np.argmax
-  no-draft      speculative_generate with FixedPolicy(0): the loop's own
-                overhead at depth 0
-  nextn K       the model's nextn head, fixed depth K = 1..4
-  nextn adapt   the head with AdaptivePolicy (measured costs)
-  oracle K      a drafter replaying the serial output (every draft
-                accepted): what the verify/accept machinery gives when the
-                drafter is perfect, i.e. the ceiling on this machine
-  oracle adapt  the same with AdaptivePolicy
+1. Verification throughput (as mere.run measures it): oracle-fed verify at
+   widths 1, 2, 4, 8, 9, 16 -- the serial output fed back as drafts, so
+   every row is accepted; verified tokens per second of verify + accept
+   alone, draft cost excluded. It shows what the verify path can give before
+   any drafter is involved (width 1 is a plain one-token step plus the
+   rollback bookkeeping).
 
-Every run must produce the serial tokens (checked). Printed per mode:
-decode tok/s (tokens after the first / time after the prefill) min /
-median / max over repetitions, the ratio of the medians to serial,
-acceptance (accepted / drafted drafts), generated tokens per round, and
-for the adaptive modes the depth histogram of the last repetition.
+2. Greedy generation of N tokens on four workloads (code: three Python
+   prompts; prose: a docstring; math; chat: a chat-template prompt), each
+   mode run on every prompt of the workload, the modes timed in the listed
+   order and in reverse on alternate repetitions (repetition 0 warms up and
+   is discarded):
 
-On the tiny golden models the nextn heads are random, so their drafts are
-essentially never accepted, and a verify row costs about as much as a
-one-token eval on a CPU (no memory-bandwidth amortisation at this size):
-speculation cannot pay here, and the adaptive policy is expected to settle
-at depth 0 with periodic probes. Not a test: numbers depend on the machine
-and its load.
+     serial      generate(draft=False): the plain decode loop
+     adaptive    generate() defaults: the nextn head, AdaptivePolicy
+     depth K     generate(draft_depth=K), K = 1..4
+
+   Every mode must produce the serial tokens (checked; a difference aborts).
+   Printed per workload and mode: decode tok/s (evaluated tokens / decode
+   time, summed over the workload's prompts) min / median / max over the
+   repetitions, the ratio of the medians to serial, CPU ms per token
+   (process time: on a loaded machine the least noisy figure with one
+   thread), acceptance (accepted / drafted), mean accepted length (tokens
+   per drafting round) and, for adaptive, the depth histogram of the last
+   repetition.
+
+Not a test: numbers depend on the machine and its load.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
 import time
 
-import numpy as np
-
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import ds4py  # noqa: E402
-from ds4py.spec import (  # noqa: E402
-    AdaptivePolicy,
-    Drafter,
-    FixedPolicy,
-    speculative_generate,
-)
+from ds4py.demo_model import demo_model_path  # noqa: E402
 
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_MODELS = [os.path.join(HERE, "tests", "golden", "models", f)
-                  for f in ("dense-q8_0.gguf", "moe-q8_0.gguf")]
-SEQ = os.path.join(HERE, "tests", "golden", "logits", "sequences.npz")
-
-
-class Oracle(Drafter):
-    name = "oracle"
-
-    def __init__(self, tokens):
-        self.tokens = tokens
-
-    def propose(self, state, k):
-        g = len(state.generated)
-        return [self.tokens[i] if i < len(self.tokens) else 0 for i in range(g, g + k)]
+WORKLOADS = {
+    "code": [("def fibonacci(n):\n", False),
+             ("import os\nimport sys\n\n\ndef main():\n", False),
+             ("class Stack:\n    \"\"\"A last-in, first-out stack.\"\"\"\n\n"
+              "    def __init__(self):\n", False)],
+    "prose": [("def parse(text):\n    \"\"\"Parse the text of a configuration file. The "
+               "file is read line by line, and", False)],
+    "math": [("Solve for x: 3x + 7 = 22. First subtract 7 from both sides:", False)],
+    "chat": [("Write a Python function `is_prime` that returns True if n is prime.", True)],
+}
+WIDTHS = (1, 2, 4, 8, 9, 16)
 
 
-def serial(model, prompt, n):
-    with model.new_session() as s:
-        t0 = time.perf_counter()
-        lg = s.eval(prompt)
-        t1 = time.perf_counter()
-        out = [int(np.argmax(lg))]
-        for _ in range(n - 1):
-            out.append(int(np.argmax(s.eval([out[-1]]))))
-        t2 = time.perf_counter()
-    return out, {"decode_s": t2 - t1, "prompt_s": t1 - t0}
+def verify_throughput(model, prompt, ref, widths=WIDTHS, reps=3) -> dict:
+    """width -> [verified tokens/s per repetition]."""
+    out: dict = {w: [] for w in widths}
+    for rep in range(reps + 1):
+        order = list(widths) if rep % 2 == 0 else list(reversed(widths))
+        for w in order:
+            with model.new_session() as s:
+                s.eval(prompt)
+                last, i, t = ref[0], 1, 0.0
+                while i + w - 1 <= len(ref) - 1:
+                    feed = [last, *ref[i:i + w - 1]]
+                    t0 = time.perf_counter()
+                    s.verify(feed)
+                    s.accept(w)
+                    t += time.perf_counter() - t0
+                    last, i = ref[i + w - 1], i + w
+                if rep:
+                    out[w].append((i - 1) / t)
+    return out
+
+
+def modes() -> list[tuple[str, dict]]:
+    return ([("serial", dict(draft=False)), ("adaptive", {})]
+            + [(f"depth {k}", dict(draft_depth=k)) for k in (1, 2, 3, 4)])
+
+
+def run_workload(model, prompts, n, reps) -> dict:
+    ms = modes()
+    refs = {}
+    res: dict = {name: {"tps": [], "cpu_ms": [], "last": None} for name, _ in ms}
+    for rep in range(reps + 1):
+        order = ms if rep % 2 == 0 else ms[::-1]
+        for name, kw in order:
+            toks = secs = cpu = 0.0
+            drafted = accepted = rounds = round_tokens = 0
+            depth_counts: dict = {}
+            for text, chat in prompts:
+                c0 = time.process_time()
+                g = ds4py.generate(model, text, max_tokens=n, temperature=0, chat=chat, **kw)
+                cpu += time.process_time() - c0
+                key = (text, chat)
+                if name == "serial":
+                    refs.setdefault(key, g.tokens)
+                elif key in refs and g.tokens != refs[key]:
+                    raise SystemExit(f"{name}: output differs from serial on {text!r}")
+                toks += g.evaluated_tokens
+                secs += g.generation_s
+                d = g.draft or {}
+                drafted += d.get("drafted", 0)
+                accepted += d.get("accepted", 0)
+                dr = d.get("draft_rounds", 0)
+                rounds += dr
+                round_tokens += d.get("mean_accepted_length", 0.0) * dr
+                for k, v in (d.get("depth_counts") or {}).items():
+                    depth_counts[k] = depth_counts.get(k, 0) + v
+            if rep:
+                r = res[name]
+                r["tps"].append(toks / secs if secs else 0.0)
+                r["cpu_ms"].append(1e3 * cpu / toks if toks else 0.0)
+                r["last"] = {"acceptance": accepted / drafted if drafted else None,
+                             "mean_accepted_length": round_tokens / rounds if rounds else None,
+                             "depth_counts": dict(sorted(depth_counts.items())),
+                             "policy": d.get("policy")}
+    return res
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("-m", "--model", action="append", help="GGUF file(s)")
-    ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("-m", "--model", default=None, help="GGUF file (default: the demo model)")
+    ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--prompt", type=int, default=64)
-    ap.add_argument("--precision", default="fast")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--workload", action="append", choices=sorted(WORKLOADS),
+                    help="run only these workloads")
+    ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
-    prompt = [int(t) for t in np.load(SEQ)["s700"][:args.prompt]]
-    n = args.tokens
-    for path in args.model or DEFAULT_MODELS:
-        model = ds4py.load(path, n_threads=args.threads, precision=args.precision)
-        ref, _ = serial(model, prompt, n)
-        modes = [("serial", None)]
-        modes.append(("no-draft", lambda: dict(policy=FixedPolicy(0))))
-        for k in (1, 2, 3, 4):
-            modes.append((f"nextn {k}", lambda k=k: dict(policy=FixedPolicy(k))))
-        modes.append(("nextn adapt", lambda: dict(policy=AdaptivePolicy())))
-        for k in (1, 3, 7):
-            modes.append((f"oracle {k}", lambda k=k, ref=ref: dict(policy=FixedPolicy(k),
-                                                                   drafter=Oracle(ref))))
-        modes.append(("oracle adapt", lambda ref=ref: dict(policy=AdaptivePolicy(),
-                                                           drafter=Oracle(ref))))
-        results: dict = {name: [] for name, _ in modes}
-        last: dict = {}
-        for rep in range(args.reps + 1):  # rep 0 warms up and is discarded
-            order = modes[rep % len(modes):] + modes[:rep % len(modes)]
-            for name, kw in order:
-                if kw is None:
-                    out, st = serial(model, prompt, n)
-                else:
-                    out, st = speculative_generate(model, prompt, n, **kw())
-                if out != ref:
-                    raise SystemExit(f"{name}: output differs from serial greedy decoding")
-                if rep:
-                    results[name].append((n - 1) / st["decode_s"])
-                    last[name] = st
-        print(f"\n{os.path.basename(path)}  ({args.precision}, {args.threads} thread(s), "
-              f"prompt {len(prompt)}, {n} tokens, {args.reps} reps)")
-        print(f"{'mode':<13} {'tok/s min':>9} {'median':>9} {'max':>9} {'x serial':>8} "
-              f"{'accept':>7} {'tok/round':>9}  depths (last rep)")
-        base = statistics.median(results["serial"])
-        for name, _ in modes:
-            v = results[name]
+    path = args.model or demo_model_path()
+    model = ds4py.load(path, n_threads=args.threads)
+    name = os.path.basename(path)
+    print(f"{name}: {args.threads} thread(s), {args.tokens} tokens, greedy, "
+          f"{args.reps} reps (+1 warm-up), load average {os.getloadavg()[0]:.2f}")
+    report: dict = {"model": name, "threads": args.threads, "tokens": args.tokens,
+                    "reps": args.reps, "verify": {}, "workloads": {}}
+
+    code = model.tokenizer.encode(WORKLOADS["code"][0][0])
+    ref = ds4py.generate(model, code, max_tokens=max(args.tokens, 64), temperature=0,
+                         draft=False).tokens
+    vt = verify_throughput(model, code, ref, reps=args.reps)
+    print("\noracle-fed verify throughput (verified tok/s, draft cost excluded; "
+          "min / median / max)")
+    base_v = statistics.median(vt[1])
+    for w, v in vt.items():
+        med = statistics.median(v)
+        print(f"  width {w:2d}: {min(v):8.0f} {med:8.0f} {max(v):8.0f}   x{med / base_v:.2f} "
+              f"vs width 1")
+        report["verify"][w] = {"min": min(v), "median": med, "max": max(v)}
+
+    for wl in args.workload or list(WORKLOADS):
+        res = run_workload(model, WORKLOADS[wl], args.tokens, args.reps)
+        base = statistics.median(res["serial"]["tps"])
+        print(f"\n{wl}: {len(WORKLOADS[wl])} prompt(s)")
+        print(f"  {'mode':<9} {'tok/s min':>9} {'median':>8} {'max':>8} {'x serial':>8} "
+              f"{'cpu ms/t':>8} {'accept':>7} {'len':>5}  depths (last rep)")
+        report["workloads"][wl] = {}
+        for mode, r in res.items():
+            v = r["tps"]
             med = statistics.median(v)
-            st = last[name]
-            acc = f"{st['acceptance']:.3f}" if st.get("drafted") else "-"
-            tpr = f"{st['tokens_per_round']:.2f}" if "tokens_per_round" in st else "-"
-            dep = st.get("depth_counts", "") if "adapt" in name else ""
-            print(f"{name:<13} {min(v):9.0f} {med:9.0f} {max(v):9.0f} {med / base:8.2f} "
-                  f"{acc:>7} {tpr:>9}  {dep}")
-        st = last["nextn adapt"]
-        pol = st["policy"]
-        if "costs" in pol:
-            c = pol["costs"]
-            print(f"adaptive (nextn) measured: plain {c['plain_s'] * 1e3:.3f} ms, verify(w) = "
-                  f"{c['verify_a_s'] * 1e3:.3f} + {c['verify_b_s'] * 1e3:.3f} w ms, draft step "
-                  f"{c['draft_step_s'] * 1e3:.3f} ms; probes {st['probes']}, "
-                  f"p = {pol['p'][:3]}")
-        model.close()
+            last = r["last"] or {}
+            acc = last.get("acceptance")
+            mal = last.get("mean_accepted_length")
+            dep = last.get("depth_counts") if mode == "adaptive" else ""
+            print(f"  {mode:<9} {min(v):9.0f} {med:8.0f} {max(v):8.0f} {med / base:8.2f} "
+                  f"{statistics.median(r['cpu_ms']):8.3f} "
+                  f"{'-' if acc is None else f'{acc:.3f}':>7} "
+                  f"{'-' if mal is None else f'{mal:.2f}':>5}  {dep}")
+            report["workloads"][wl][mode] = {
+                "tps": {"min": min(v), "median": med, "max": max(v)},
+                "x_serial": med / base, "cpu_ms_per_token": statistics.median(r["cpu_ms"]),
+                **{k: last.get(k) for k in ("acceptance", "mean_accepted_length",
+                                            "depth_counts")}}
+            if mode == "adaptive" and last.get("policy") and "costs" in last["policy"]:
+                c = last["policy"]["costs"]
+                print(f"            adaptive's costs: plain {c['plain_s'] * 1e3:.3f} ms, "
+                      f"verify(w) = {c['verify_a_s'] * 1e3:.3f} + {c['verify_b_s'] * 1e3:.3f} w"
+                      f" ms, draft step {c['draft_step_s'] * 1e3:.3f} ms, round overhead "
+                      f"{c['overhead_s'] * 1e3:.3f} ms")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(report, f, indent=1)
+    model.close()
 
 
 if __name__ == "__main__":

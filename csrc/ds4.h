@@ -147,6 +147,35 @@ int ds4_quantize_weights(int type, const float *src, void *dst, int64_t n_rows,
 int ds4_vec_dot(int isa, int type, const void *w, int act_type,
                 const void *act, int64_t n, float *out, ds4_error *err);
 
+/* The matrix product the forward pass runs in fast precision, on the calling
+ * thread: out[r*n_out + o] = W_o . act_r for n_out weight rows of `type`
+ * (row o at w + o*w_row_bytes, n weights) and nr activation rows of the
+ * paired vec_dot_type (row r at act + r*act_stride). multi_row = 1 uses the
+ * ISA's multi-row kernel where it has one for `type` (each weight block
+ * read once for all rows; DS4_ERR_UNSUPPORTED where it has none, so a call
+ * with nr == 0 probes), 0 calls ds4_vec_dot's kernel row by row; the two
+ * must agree bit for bit (tests/test_matmul_rows.py). For tests and
+ * bench/bench_kernels.py; allocates a packing buffer per call. */
+int ds4_matmul_rows(int isa, int type, const void *w, size_t w_row_bytes, int64_t n_out,
+                    const void *act, size_t act_stride, int64_t n, int64_t nr,
+                    int multi_row, float *out, ds4_error *err);
+/* Name of the multi-row kernel `isa` runs for `type` (NULL: none). */
+const char *ds4_matmul_rows_kernel(int isa, int type);
+
+/* Memory bandwidth in GB/s (1e9 bytes/s), best of reps passes over
+ * `bytes`-sized arrays with n_threads threads (csrc/membw.c): READ sums one
+ * array, TRIAD is STREAM's a = b + s*c (3 arrays' bytes per pass). For the
+ * CPU benchmark's bandwidth bound (bench/bench_cpu.py). */
+enum { DS4_MEMBW_READ = 0, DS4_MEMBW_TRIAD = 1 };
+int ds4_membw(int n_threads, int kind, size_t bytes, int reps, double *gbps, ds4_error *err);
+
+/* DS4PY_PATHS=1 (read once, at the core's first check): the forward pass
+ * records which kernel variant each layer's matvec / GEMM, attention, GDN
+ * recurrence and MoE actually ran. This writes the record as text lines
+ * (NUL-terminated when it fits in cap) and returns its length without the
+ * NUL; 0 when the switch is off. */
+int64_t ds4_paths_report(char *buf, int64_t cap);
+
 /* ---------------------------------------------------------------- GGUF -- */
 
 typedef struct ds4_gguf ds4_gguf;
@@ -344,6 +373,37 @@ const float *ds4_session_layer_hidden(const ds4_session *s, int64_t *n_rows,
  * changes nothing. */
 int ds4_session_nextn_eval(ds4_session *s, const int32_t *tokens, const float *hiddens,
                            const int64_t *positions, int64_t n, ds4_error *err);
+/* ds4_session_nextn_eval with a choice of outputs: DS4_NEXTN_OUT_ALL is
+ * ds4_session_nextn_eval; DS4_NEXTN_OUT_KV writes only the head's KV
+ * entries of the rows (bit for bit those OUT_ALL writes) and computes no
+ * logits or hidden: a row's K/V do not depend on the head's attention, FFN
+ * or LM head, so catching the head up skips them. After an OUT_KV call
+ * ds4_session_nextn_logits/hidden show 0 rows. */
+enum { DS4_NEXTN_OUT_KV = 0, DS4_NEXTN_OUT_ALL = 1 };
+int ds4_session_nextn_eval_out(ds4_session *s, const int32_t *tokens, const float *hiddens,
+                               const int64_t *positions, int64_t n, int out, ds4_error *err);
+/* Head priming: the one admission decision for drafting with the nextn head
+ * (prefill and decode alike). With priming on, every trunk row the session
+ * commits reaches the head's KV in the same call, batched and KV-only
+ * (DS4_NEXTN_OUT_KV): an eval primes its rows chunk by chunk (row p =
+ * token p with the trunk's post-final-norm hidden of p-1; position 0 has
+ * no row), a verify's rows reach the head when they are committed -- at
+ * ds4_session_accept(k) (its k rows, one call), or all n at the next eval or
+ * snapshot -- and restore brings the snapshot's head KV and last hidden
+ * back. The head then always holds positions [1, n_past) (or from 0, if a
+ * caller primed position 0), which is what a draft at n_past needs, and
+ * whatever drafts wrote past n_past is overwritten by the rows that commit.
+ * Turning it on needs a head that already holds [1, n_past) (true at
+ * n_past <= 1), and no verify waiting for its accept: DS4_ERR_ARG names
+ * the missing positions otherwise, so a session can never prime from a
+ * history with a gap. Off (the default) the head is only what
+ * ds4_session_nextn_eval writes. DS4_ERR_UNSUPPORTED without a head. */
+int ds4_session_set_nextn_prime(ds4_session *s, int on, ds4_error *err);
+int ds4_session_nextn_prime(const ds4_session *s);
+/* 1 when the head holds every position a draft at n_past needs: [1, n_past)
+ * (n_past <= 1: nothing needed). */
+int ds4_session_nextn_covered(const ds4_session *s);
+
 /* One row (token, hidden) at the head's next position (or, when the head
  * is empty, at the trunk's n_past): one draft step. */
 int ds4_session_nextn_draft(ds4_session *s, int32_t token, const float *hidden,
@@ -377,6 +437,11 @@ int ds4_session_snapshot(ds4_session *s, ds4_snapshot **out, ds4_error *err);
 int ds4_session_restore(ds4_session *s, const ds4_snapshot *snap, ds4_error *err);
 void ds4_snapshot_free(ds4_snapshot *snap);
 int64_t ds4_snapshot_n_past(const ds4_snapshot *snap);
+/* 1 when the snapshot's nextn head holds [1, n_past) and it has its last
+ * hidden row: it can be restored into a session with head priming on (a
+ * snapshot without that history is refused there, DS4_ERR_ARG). */
+int ds4_snapshot_nextn_covered(const ds4_snapshot *snap);
+
 /* Bytes the snapshot allocated itself (recurrent states, last row, page
  * table), not the pages it shares. */
 uint64_t ds4_snapshot_bytes(const ds4_snapshot *snap);
@@ -393,8 +458,10 @@ int64_t ds4_kv_live_pages(void);
  * session exactly as if only the first k tokens had been evaluated:
  * n_past = before + k, results show row k-1 (the verify's other rows stay
  * readable in the buffer until the next eval), the nextn head's KV is cut
- * back to n_past if it went past it. Accept applies to the last verify
- * only and only until another eval, verify, restore or accept; anything
+ * back to n_past if it went past it (with head priming on, the k accepted
+ * rows are first given to it in one KV-only call:
+ * ds4_session_set_nextn_prime). Accept applies to the last verify only and
+ * only until another eval, verify, restore or accept; anything
  * else is DS4_ERR_ARG. An eval right after a verify keeps all n rows. */
 enum { DS4_VERIFY_MAX = 16 };
 int ds4_session_verify(ds4_session *s, const int32_t *tokens, int64_t n,
@@ -444,6 +511,77 @@ void ds4_session_counters(const ds4_session *s, ds4_counters *out);
  * (out then holds the ids chosen before it). */
 int ds4_greedy_loop(const ds4_model *m, ds4_session *s, int32_t first, int64_t n, int32_t *out,
                     ds4_error *err);
+
+/* Greedy speculative rounds with the nextn head (csrc/spec_round.c), so a
+ * round costs the front two calls. Both use only the public session API; s
+ * must be a session of m.
+ * ds4_spec_propose: k (1 <= k < DS4_VERIFY_MAX) chained greedy drafts after
+ * the committed, not yet evaluated token `last`: step 1 is (last, the
+ * session's last hidden row) at n_past, step j > 1 the previous draft with
+ * the head's own output hidden at n_past + j - 1 (ds4_session_nextn_eval
+ * rows); each draft is the argmax of the head's logits (ties: the lowest
+ * id; a NaN fails). DS4_ERR_ARG unless the head holds [1, n_past)
+ * (ds4_session_nextn_covered).
+ * ds4_spec_verify_greedy: ds4_session_verify(tokens, n) and the argmax of
+ * every row into argmax[0..n) (ties: the lowest id; a NaN fails after the
+ * verify). Follow with ds4_session_accept. */
+int ds4_spec_propose(const ds4_model *m, ds4_session *s, int32_t last, int64_t k, int32_t *out,
+                     ds4_error *err);
+int ds4_spec_verify_greedy(const ds4_model *m, ds4_session *s, const int32_t *tokens, int64_t n,
+                           int32_t *argmax, ds4_error *err);
+
+/* -------------------------------------------------------------- DFlash -- */
+
+/* A classic DFlash drafter bound to a target model (csrc/forward/dflash.h
+ * holds the contract: file layout, forward pass, rounds). ds4_dflash_load
+ * refuses, naming the key or tensor, what it cannot run: another
+ * architecture, DFlash2 (version 2, conv/selector keys or tensors), a
+ * version above 2, a tap outside the target's trunk, an embedding width or
+ * mask token the target does not have, a block size outside 2..16, a
+ * causal or windowed mask, a file with its own embedding / LM head, a
+ * missing, mis-shaped, unexpected or non-dequantizable tensor. The drafter
+ * reads the target's token_embd and LM head: the target must outlive it. */
+enum { DS4_DFLASH_MAX_TAPS = 16, DS4_DFLASH_MAX_BLOCK = 16 };
+typedef struct ds4_dflash ds4_dflash;
+typedef struct ds4_dflash_ctx ds4_dflash_ctx;
+typedef struct {
+    int64_t version;          /* dflash.version as stored (0 or 1) */
+    int64_t n_layer, n_embd, n_ff, n_head, n_head_kv, head_dim;
+    int64_t block_size;       /* B: the anchor row + B-1 draft rows */
+    int64_t n_taps;
+    int64_t target_layers[DS4_DFLASH_MAX_TAPS]; /* 0-based trunk layers (v0 shifted) */
+    int64_t mask_token_id;
+    float rms_eps, rope_base;
+} ds4_dflash_config;
+
+int ds4_dflash_load(const char *path, const ds4_model *target, ds4_dflash **out,
+                    ds4_error *err);
+void ds4_dflash_free(ds4_dflash *d);
+void ds4_dflash_get_config(const ds4_dflash *d, ds4_dflash_config *out);
+
+/* A drafting context: the drafter's persistent per-layer KV of context rows
+ * (positions [0, n)) and its scratch; one per target session. Threads: the
+ * target model's n_threads. Results are independent of the thread count. */
+int ds4_dflash_ctx_new(ds4_dflash *d, ds4_dflash_ctx **out, ds4_error *err);
+void ds4_dflash_ctx_free(ds4_dflash_ctx *c);
+int64_t ds4_dflash_ctx_n(const ds4_dflash_ctx *c);
+/* Context rows at positions pos0 .. pos0+n-1 from the target's taps: n x
+ * n_taps x n_embd floats (ds4_session_layer_hidden's layout, layers =
+ * target_layers). 0 <= pos0 <= ctx_n: rows from pos0 on are replaced (a
+ * rollback and an append in one call); past the target's n_ctx is
+ * DS4_ERR_ARG. A failed call changes nothing. */
+int ds4_dflash_ctx_add(ds4_dflash_ctx *c, const float *taps, int64_t pos0, int64_t n,
+                       ds4_error *err);
+/* Forget positions >= n (n <= ctx_n): exact rollback, nothing recomputed. */
+int ds4_dflash_ctx_truncate(ds4_dflash_ctx *c, int64_t n, ds4_error *err);
+/* One block at position pos == ctx_n: rows [anchor, MASK x (B-1)]; writes
+ * the B-1 drafts (argmax, lowest id on ties) to drafts. The context is not
+ * changed (the block rows' K/V are used in this pass only). */
+int ds4_dflash_propose(ds4_dflash_ctx *c, int32_t anchor, int64_t pos, int32_t *drafts,
+                       ds4_error *err);
+/* The last propose's logits: (B-1) x n_vocab, owned by the context, valid
+ * until its next propose or free. */
+const float *ds4_dflash_logits(const ds4_dflash_ctx *c, int64_t *n_rows);
 
 /* ---------------------------------------------------------------- Metal -- */
 

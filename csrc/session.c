@@ -44,7 +44,9 @@
 #include "model.h"
 #include "error.h"
 #include "forward/forward.h"
+#include "forward/nextn.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -62,6 +64,13 @@ struct ds4_session {
     int64_t n_lh;             /* layers the last eval captured */
     int64_t ver_n;            /* rows of the verify accept() may roll back; 0: none */
     int64_t ver_n_past;       /* n_past before that verify */
+    /* Head priming (ds4.h ds4_session_set_nextn_prime; "Head priming" below). */
+    int prime;                /* on */
+    float *prime_h;           /* (DS4_CHUNK_ROWS + 1) x n_embd: row 0 the trunk hidden of the
+                                 position before the rows being primed, then theirs */
+    float *prime_last;        /* n_embd: the trunk's hidden of the last committed position */
+    int32_t ver_tok[DS4_VERIFY_MAX]; /* the pending verify's tokens ... */
+    int64_t prime_pending;    /* ... and how many of its rows the head still lacks */
     uint64_t own_allocs, own_alloc_bytes; /* the session struct itself */
 };
 
@@ -106,6 +115,8 @@ void ds4_session_free(ds4_session *s) {
     free(s->logits);
     free(s->hidden);
     free(s->layer_hidden);
+    free(s->prime_h);
+    free(s->prime_last);
     free(s);
 }
 
@@ -167,6 +178,82 @@ static int check_tokens(const ds4_session *s, const int32_t *tokens, int64_t n,
     return DS4_OK;
 }
 
+/* ---------------------------------------------------------- priming -- */
+/* Head priming (ds4.h ds4_session_set_nextn_prime). The head's row p is
+ * token p with the trunk's post-final-norm hidden of position p-1, so the
+ * rows of trunk positions [a, b) need the hidden of a-1 (prime_last: the
+ * last committed position's) and of a..b-2 (the rows themselves). An eval
+ * gets its rows' hidden from the chunk's residual stream, which
+ * ds4_fwd_chunk leaves in f->h for every row, normed here with output_norm
+ * by the same ds4_rmsnorm forward.c applies to its output rows (so a row's
+ * hidden is bit for bit the one ds4_session_hidden would show, without an
+ * LM head row per prompt token); a verify's rows wait in the results
+ * buffer (all rows) for their accept. Every head call is KV-only: nobody
+ * reads a primed row's logits, and the next draft's first row is a new one
+ * (the last token with the trunk's hidden). Position 0 has no row. */
+
+/* 1 when a head holding [pos0, n_pos) has every row a draft at `upto`
+ * needs: [1, upto) (a row at 0 as well is fine). */
+static int head_covers(int64_t pos0, int64_t n_pos, int64_t upto) {
+    return upto <= 1 || (n_pos > pos0 && pos0 <= 1 && n_pos >= upto);
+}
+
+/* Check and allocate head rows for trunk positions [a, b). */
+static int prime_prepare(ds4_session *s, int64_t a, int64_t b, ds4_error *err) {
+    if (a < 1) a = 1;
+    if (b <= a) return DS4_OK;
+    int rc = ds4_nextn_prepare(&s->f, a, b - a, DS4_NEXTN_OUT_KV, err);
+    if (rc) {
+        char msg[sizeof err->message];
+        snprintf(msg, sizeof msg, "%s", err ? err->message : "");
+        return ds4_fail(err, rc, "head priming: %s", msg);
+    }
+    return DS4_OK;
+}
+
+/* Head rows at trunk positions p0.. for tokens[0..n), hid[r] the hidden of
+ * position p0+r-1 (row 0 is skipped at position 0). Prepared. */
+static void prime_rows(ds4_session *s, const int32_t *tokens, const float *hid, int64_t n,
+                       int64_t p0) {
+    if (p0 == 0) {
+        tokens++;
+        hid += s->f.c.n_embd;
+        n--;
+        p0 = 1;
+    }
+    if (n > 0) ds4_nextn_run(&s->f, tokens, hid, p0, n, DS4_NEXTN_OUT_KV);
+}
+
+/* prime_h row 0 = prime_last, rows 1..pend = the pending verify's hidden
+ * rows (still in the results buffer). */
+static void stage_verify_rows(ds4_session *s, int64_t pend) {
+    const int64_t E = s->f.c.n_embd;
+    memcpy(s->prime_h, s->prime_last, (size_t)E * sizeof(float));
+    memcpy(s->prime_h + E, s->hidden, (size_t)(pend * E) * sizeof(float));
+}
+
+/* Give the head the staged rows of the pending verify (all of them: this
+ * call commits them) and move prime_last to its last row. */
+static void prime_staged(ds4_session *s, int64_t pend) {
+    const int64_t E = s->f.c.n_embd;
+    prime_rows(s, s->ver_tok, s->prime_h, pend, s->ver_n_past);
+    memcpy(s->prime_last, s->prime_h + pend * E, (size_t)E * sizeof(float));
+    s->prime_pending = 0;
+}
+
+/* After trunk chunk tokens[0..n) at positions pos0..: prime_h row 0 holds
+ * the hidden of pos0-1; the chunk's rows are normed into rows 1..n, the
+ * head gets rows pos0..pos0+n-1, and row n moves to row 0 for the next. */
+static void prime_chunk(ds4_session *s, const int32_t *tokens, int64_t n, int64_t pos0) {
+    ds4_fwd *f = &s->f;
+    const int64_t E = f->c.n_embd;
+    const float *on = (const float *)f->m->output_norm.data;
+    for (int64_t t = 0; t < n; t++)
+        ds4_rmsnorm(f->h + t * E, on, s->prime_h + (t + 1) * E, E, f->c.rms_eps);
+    prime_rows(s, tokens, s->prime_h, n, pos0);
+    memmove(s->prime_h, s->prime_h + n * E, (size_t)E * sizeof(float));
+}
+
 /* Run checked tokens; verify != 0: one chunk (n <= DS4_VERIFY_MAX) with the
  * rollback capture. Everything that can fail happens before the first state
  * change. */
@@ -174,13 +261,24 @@ static int run(ds4_session *s, const int32_t *tokens, int64_t n, int all_rows,
                const int64_t *layers, int64_t n_layers, int verify, ds4_error *err) {
     const ds4_model_config *c = &s->f.c;
     const int64_t n_out = all_rows ? n : 1;
+    const int64_t pend = s->prime ? s->prime_pending : 0;
+    /* A verify's rows the head still lacks are committed by this call:
+     * stage their hidden rows now, before grow_outputs may free them. */
+    if (pend) stage_verify_rows(s, pend);
     int rc;
     if ((rc = ds4_fwd_reserve(&s->f, s->n_past, s->n_past + n, err)) ||
         (rc = grow_outputs(s, n_out, n_layers, err)) ||
         (verify && (rc = ds4_fwd_verify_reserve(&s->f, n, err))))
         return rc;
+    /* The head rows this call writes: the pending verify's, then (an eval's
+     * own rows; a verify's wait for their accept) this call's. */
+    if (s->prime &&
+        (rc = prime_prepare(s, pend ? s->ver_n_past : s->n_past, s->n_past + (verify ? 0 : n), err)))
+        return rc;
 
     /* Nothing below can fail. */
+    if (pend) prime_staged(s, pend);
+    if (s->prime) memcpy(s->prime_h, s->prime_last, (size_t)c->n_embd * sizeof(float));
     s->f.cap_layers = layers;
     s->f.n_cap = n_layers;
     s->f.verify = verify;
@@ -198,11 +296,20 @@ static int run(ds4_session *s, const int32_t *tokens, int64_t n, int all_rows,
             out_row0 = c0 + cn == n ? cn - 1 : cn; /* only the eval's last row */
         }
         ds4_fwd_chunk(&s->f, tokens + c0, cn, s->n_past + c0, out_row0, lg, hd);
+        if (s->prime && !verify) prime_chunk(s, tokens + c0, cn, s->n_past + c0);
     }
     s->f.verify = 0;
     s->f.cap_layers = NULL;
     s->f.n_cap = 0;
     s->f.cap_out = NULL;
+    if (s->prime) {
+        if (verify) {
+            memcpy(s->ver_tok, tokens, (size_t)n * sizeof *tokens);
+            s->prime_pending = n;
+        } else {
+            memcpy(s->prime_last, s->prime_h, (size_t)c->n_embd * sizeof(float));
+        }
+    }
     if (verify) {
         /* gdn now holds the state after the verify, gdn_alt the one before */
         ds4_fwd_swap_gdn(&s->f);
@@ -258,6 +365,22 @@ int ds4_session_accept(ds4_session *s, int64_t k, ds4_error *err) {
     if (k < 1 || k > s->ver_n)
         return ds4_fail(err, DS4_ERR_ARG, "accept(%lld): k must be in 1..%lld, the rows of the last verify",
                         (long long)k, (long long)s->ver_n);
+    /* Priming: the k accepted rows go to the head in one call (KV only). */
+    const int64_t pend = s->prime ? s->prime_pending : 0;
+    int rc;
+    if (pend && (rc = prime_prepare(s, s->ver_n_past, s->ver_n_past + k, err))) return rc;
+
+    /* Nothing below can fail. */
+    if (pend) {
+        const int64_t E = s->f.c.n_embd;
+        memcpy(s->prime_h, s->prime_last, (size_t)E * sizeof(float));
+        memcpy(s->prime_h + E, s->hidden, (size_t)((k - 1) * E) * sizeof(float));
+        prime_rows(s, s->ver_tok, s->prime_h, k, s->ver_n_past);
+        s->prime_pending = 0;
+    }
+    if (s->prime)
+        memcpy(s->prime_last, s->hidden + (k - 1) * s->f.c.n_embd,
+               (size_t)s->f.c.n_embd * sizeof(float));
     if (k < s->ver_n) {
         /* gdn_alt holds the state before the verify: replay k rows on it
          * and make it current. */
@@ -300,6 +423,16 @@ int ds4_session_snapshot(ds4_session *s, ds4_snapshot **out, ds4_error *err) {
     if (!s) return ds4_fail(err, DS4_ERR_ARG, "ds4_session_snapshot: session is NULL");
     ds4_fwd *f = &s->f;
     const ds4_model_config *c = &f->c;
+    if (s->prime && s->prime_pending) {
+        /* A snapshot holds every verified row (the trunk's), so the head
+         * gets them now, as an eval would give them; an accept that follows
+         * cuts the head back with the trunk. */
+        const int64_t pend = s->prime_pending;
+        stage_verify_rows(s, pend);
+        int rc = prime_prepare(s, s->ver_n_past, s->ver_n_past + pend, err);
+        if (rc) return rc;
+        prime_staged(s, pend);
+    }
     int64_t n_gdn = 0;
     for (int64_t il = 0; il < c->n_main; il++) n_gdn += f->m->layers[il].kind == DS4_LAYER_GDN;
     const int64_t np = ds4_kv_pages_for(s->n_past), n_attn = n_attn_layers(f);
@@ -379,6 +512,13 @@ int ds4_session_restore(ds4_session *s, const ds4_snapshot *sn, ds4_error *err) 
                         "restores only into sessions of the model it came from");
     if (sn->has_nextn != has_nextn_kv(f))
         return ds4_fail(err, DS4_ERR_ARG, "snapshot and session disagree on the nextn head's KV");
+    if (s->prime && !ds4_snapshot_nextn_covered(sn))
+        return ds4_fail(err, DS4_ERR_ARG,
+                        "the snapshot's nextn head holds positions [%lld, %lld), not all of [1, "
+                        "%lld): it comes from a session without head priming, so this session "
+                        "(priming on) could not draft from it; restore it with priming off",
+                        (long long)sn->nextn_pos0, (long long)sn->nextn_n_pos,
+                        (long long)sn->n_past);
     int rc;
     if (sn->n_rows && (rc = grow_outputs(s, 1, 0, err))) return rc;
 
@@ -422,6 +562,9 @@ int ds4_session_restore(ds4_session *s, const ds4_snapshot *sn, ds4_error *err) 
     s->row0 = 0;
     s->n_lh = 0;
     s->ver_n = 0;
+    s->prime_pending = 0;
+    /* the snapshot's last hidden row is the trunk's hidden of n_past - 1 */
+    if (s->prime && sn->n_rows) memcpy(s->prime_last, s->hidden, (size_t)c->n_embd * sizeof(float));
     return ds4_ok(err);
 }
 
@@ -435,6 +578,11 @@ void ds4_snapshot_free(ds4_snapshot *sn) {
 }
 
 int64_t ds4_snapshot_n_past(const ds4_snapshot *sn) { return sn ? sn->n_past : 0; }
+
+int ds4_snapshot_nextn_covered(const ds4_snapshot *sn) {
+    return sn && sn->has_nextn && head_covers(sn->nextn_pos0, sn->nextn_n_pos, sn->n_past) &&
+           (sn->n_past == 0 || sn->n_rows == 1);
+}
 
 uint64_t ds4_snapshot_bytes(const ds4_snapshot *sn) { return sn ? sn->bytes : 0; }
 
@@ -478,6 +626,66 @@ int ds4_session_nextn_eval(ds4_session *s, const int32_t *tokens, const float *h
                            const int64_t *positions, int64_t n, ds4_error *err) {
     if (!s) return ds4_fail(err, DS4_ERR_ARG, "ds4_session_nextn_eval: session is NULL");
     return ds4_nextn_eval(&s->f, tokens, hiddens, positions, n, err);
+}
+
+int ds4_session_nextn_eval_out(ds4_session *s, const int32_t *tokens, const float *hiddens,
+                               const int64_t *positions, int64_t n, int out, ds4_error *err) {
+    if (!s) return ds4_fail(err, DS4_ERR_ARG, "ds4_session_nextn_eval_out: session is NULL");
+    return ds4_nextn_eval_out(&s->f, tokens, hiddens, positions, n, out, err);
+}
+
+int ds4_session_set_nextn_prime(ds4_session *s, int on, ds4_error *err) {
+    if (!s) return ds4_fail(err, DS4_ERR_ARG, "ds4_session_set_nextn_prime: session is NULL");
+    ds4_fwd *f = &s->f;
+    if (!on) {
+        s->prime = 0;
+        s->prime_pending = 0;
+        return ds4_ok(err);
+    }
+    if (s->prime) return ds4_ok(err);
+    if (!f->nextn_ready)
+        return ds4_fail(err, DS4_ERR_UNSUPPORTED,
+                        "head priming: the model has no nextn (MTP) head: its file bundles none "
+                        "and no draft_head was given");
+    if (s->ver_n)
+        return ds4_fail(err, DS4_ERR_ARG,
+                        "head priming: a verify is waiting for its accept; turn priming on "
+                        "before the verify or after its accept");
+    if (!head_covers(f->nextn_pos0, f->nextn_n_pos, s->n_past))
+        return ds4_fail(err, DS4_ERR_ARG,
+                        "head priming: the session holds %lld tokens but the nextn head holds "
+                        "positions [%lld, %lld), not all of [1, %lld): turn priming on before "
+                        "the prompt (or catch the head up first) so drafting never starts from "
+                        "a history with a gap",
+                        (long long)s->n_past, (long long)f->nextn_pos0, (long long)f->nextn_n_pos,
+                        (long long)s->n_past);
+    if (s->n_past > 0 && s->n_rows == 0)
+        return ds4_fail(err, DS4_ERR_ARG,
+                        "head priming: the session has no last hidden row to continue from");
+    const int64_t E = f->c.n_embd;
+    if (!s->prime_h) {
+        float *ph = ds4_fwd_calloc(f, (size_t)((DS4_CHUNK_ROWS + 1) * E), sizeof(float));
+        float *pl = ds4_fwd_calloc(f, (size_t)E, sizeof(float));
+        if (!ph || !pl) {
+            free(ph);
+            free(pl);
+            return ds4_fail(err, DS4_ERR_NOMEM, "out of memory for head priming");
+        }
+        s->prime_h = ph;
+        s->prime_last = pl;
+    }
+    if (s->n_past > 0)
+        memcpy(s->prime_last, s->hidden + (s->row0 + s->n_rows - 1) * E, (size_t)E * sizeof(float));
+    s->prime = 1;
+    s->prime_pending = 0;
+    return ds4_ok(err);
+}
+
+int ds4_session_nextn_prime(const ds4_session *s) { return s ? s->prime : 0; }
+
+int ds4_session_nextn_covered(const ds4_session *s) {
+    if (!s || !s->f.nextn_ready) return 0;
+    return head_covers(s->f.nextn_pos0, s->f.nextn_n_pos, s->n_past - s->prime_pending);
 }
 
 int ds4_session_nextn_draft(ds4_session *s, int32_t token, const float *hidden,

@@ -53,3 +53,32 @@ def available_isas() -> list[str]:
     """ISAs whose kernels this CPU (and OS) can run, best last."""
     mask = lib.ds4_isa_available()
     return [name for name, i in ISA_NAMES.items() if i and mask & (1 << i)]
+
+
+def paths_report() -> str:
+    """The DS4PY_PATHS=1 record: which kernel variant each layer's matvec /
+    GEMM, attention, GDN recurrence and MoE ran in this process ("" when
+    the switch is off)."""
+    n = lib.ds4_paths_report(ffi.NULL, 0)
+    if n <= 0:
+        return ""
+    buf = ffi.new("char[]", n + 1)
+    lib.ds4_paths_report(buf, n + 1)
+    return ffi.string(buf).decode("utf-8", "replace")
+
+
+def _print_paths_at_exit() -> None:
+    import sys
+
+    rep = paths_report()
+    if rep:
+        sys.stderr.write("DS4PY_PATHS: kernel variants that ran (layer, op, variant); "
+                         "AMX: unused (no AMX kernels)\n" + rep)
+
+
+import os as _os  # noqa: E402
+
+if _os.environ.get("DS4PY_PATHS") == "1":
+    import atexit as _atexit
+
+    _atexit.register(_print_paths_at_exit)

@@ -27,6 +27,11 @@ Lookup
   A radix tree over token ids: :meth:`PrefixCache.lookup` walks the query's
   ids and returns the deepest entry whose whole key is a prefix of them,
   compared id by id (no hashing, so no collision can give a wrong state).
+  A request that drafts with the nextn head (``prefill(head=True)``) takes
+  the deepest entry whose snapshot carries the head's history
+  (``Snapshot.nextn_covered``: taken from a session with head priming), so
+  a hit keeps its draft history and drafting continues at once; an entry
+  without it is replaced when a priming session reaches the same key.
   A restored session continues bit for bit as a fresh evaluation of the same
   tokens (ds4py.session, Snapshots), and a hit on the whole prompt samples
   from the snapshot's last logits row without evaluating anything.
@@ -51,8 +56,11 @@ Bytes charged (the budget)
   allocations of ``n_kv_heads * 256 * head_dim * (2 bytes in fast precision,
   4 in exact) + 64`` bytes (the reference-count header; forward.h
   DS4_KV_PAGE_HEADER). A page also held by a live session is still charged
-  (it stays alive while an entry holds it); pages of the nextn head's KV (only
-  when a caller ran the head on the session) are not charged. When the total
+  (it stays alive while an entry holds it). The nextn head's KV (a session
+  with head priming keeps it for positions [1, n)) is charged the same way:
+  its pages (one K and one V allocation of the head's one attention layer,
+  ``head_page_bytes``, counted from the head's first position) are tracked
+  by identity like the trunk's and charged once. When the total
   exceeds ``budget_bytes`` the least recently used entries (an entry is used
   when it is taken or restored from) are evicted, which closes their
   snapshots; a page is freed when no entry or session holds it any more.
@@ -104,12 +112,13 @@ class _Node:
 
 
 class _Entry:
-    __slots__ = ("node", "snap", "pages", "own")
+    __slots__ = ("node", "snap", "pages", "head_pages", "own")
 
-    def __init__(self, node: _Node, snap: Snapshot, pages: tuple, own: int):
+    def __init__(self, node: _Node, snap: Snapshot, pages: tuple, head_pages: tuple, own: int):
         self.node = node
         self.snap = snap
         self.pages = pages  # the ids of KV pages [0, ceil(n / BLOCK)) it holds
+        self.head_pages = head_pages  # the ids of the nextn head's KV pages
         self.own = own      # Snapshot.nbytes
 
 
@@ -118,13 +127,21 @@ class _Track:
     it holds and whether its last (partial) page is shared with a snapshot,
     so that the next write into it makes a copy (kv.c ds4_kv_layer_reserve)."""
 
-    __slots__ = ("session", "pages", "last_shared", "ids")
+    __slots__ = ("session", "pages", "last_shared", "ids", "head_first", "head_pages",
+                 "head_shared")
 
-    def __init__(self, session: Session, pages: list, last_shared: bool, ids: list):
+    def __init__(self, session: Session, pages: list, last_shared: bool, ids: list,
+                 head_first: int = 0, head_pages: list | None = None,
+                 head_shared: bool = False):
         self.session = session
         self.pages = pages
         self.last_shared = last_shared
         self.ids = ids  # the tokens the session holds, from position 0
+        # the nextn head's KV: its first position, its pages' ids, and whether
+        # its last (partial) page is shared with a snapshot
+        self.head_first = head_first
+        self.head_pages = head_pages if head_pages is not None else []
+        self.head_shared = head_shared
 
 
 class PrefixCache:
@@ -138,6 +155,7 @@ class PrefixCache:
         self._root = _Node((), None, 0)
         self._lru: OrderedDict[_Entry, None] = OrderedDict()  # least recent first
         self._page_refs: dict[int, int] = {}  # page id -> entries holding it
+        self._head_refs: dict[int, int] = {}  # nextn head page id -> entries holding it
         self._next_page = 0
         self._own_bytes = 0
         cfg = model.config
@@ -145,6 +163,9 @@ class PrefixCache:
         elem = 4 if model.precision == "exact" else 2  # KV type: session.c ds4_session_new
         self.page_bytes = 2 * n_attn * (cfg.n_kv_heads * BLOCK * cfg.head_dim * elem
                                         + _PAGE_HEADER)
+        # the head is one attention layer of the trunk's shape (forward/nextn.c)
+        self.head_page_bytes = (2 * (cfg.n_kv_heads * BLOCK * cfg.head_dim * elem + _PAGE_HEADER)
+                                if model.nextn_source is not None else 0)
         self.stats = CacheStats()
         self._budget = 0
         self.budget_bytes = budget_bytes
@@ -168,10 +189,16 @@ class PrefixCache:
         return len(self._page_refs)
 
     @property
+    def head_kv_pages(self) -> int:
+        """Distinct pages of the nextn head's KV held by the entries."""
+        return len(self._head_refs)
+
+    @property
     def nbytes(self) -> int:
         """Bytes charged against the budget: the entries' own bytes plus their
-        distinct KV pages (module doc)."""
-        return self._own_bytes + len(self._page_refs) * self.page_bytes
+        distinct KV pages, trunk and head (module doc)."""
+        return (self._own_bytes + len(self._page_refs) * self.page_bytes
+                + len(self._head_refs) * self.head_page_bytes)
 
     def __len__(self) -> int:
         return len(self._lru)
@@ -193,8 +220,9 @@ class PrefixCache:
         return tuple(t for edge in reversed(parts) for t in edge)
 
     # -- lookup -----------------------------------------------------------
-    def _find(self, q: tuple) -> _Entry | None:
-        """The entry with the longest key that is a prefix of q."""
+    def _find(self, q: tuple, head: bool = False) -> _Entry | None:
+        """The entry with the longest key that is a prefix of q (with
+        ``head``: among those whose snapshot carries the head's history)."""
         node, d, best, n = self._root, 0, None, len(q)
         while d < n:
             child = node.children.get(q[d])
@@ -205,7 +233,7 @@ class PrefixCache:
                 break
             d += len(e)
             node = child
-            if node.entry is not None:
+            if node.entry is not None and (not head or node.entry.snap.nextn_covered):
                 best = node.entry
         return best
 
@@ -285,8 +313,14 @@ class PrefixCache:
                              f"{len(key)} (was it used during the request?)")
         node = self._node_for(key)
         if node.entry is not None:
-            self._lru.move_to_end(node.entry)
-            return
+            old = node.entry
+            if old.snap.nextn_covered or not s.nextn_covered:
+                self._lru.move_to_end(old)
+                return
+            # this session carries the head's history and the entry does not:
+            # the new snapshot replaces it (a drafting request can use it)
+            self._remove(old)
+            node = self._node_for(key)
         try:
             snap = s.snapshot()
         except BaseException:
@@ -294,27 +328,32 @@ class PrefixCache:
             raise
         pages = tuple(track.pages)
         assert len(pages) == -(-len(key) // BLOCK)
-        e = _Entry(node, snap, pages, snap.nbytes)
+        head_pages = self._head_track(track)
+        e = _Entry(node, snap, pages, head_pages, snap.nbytes)
         node.entry = e
         self._lru[e] = None
         self._own_bytes += e.own
         for p in pages:
             self._page_refs[p] = self._page_refs.get(p, 0) + 1
+        for p in head_pages:
+            self._head_refs[p] = self._head_refs.get(p, 0) + 1
         if len(key) % BLOCK:
             track.last_shared = True  # the session's next write copies that page
+        if head_pages and (len(key) - track.head_first) % BLOCK:
+            track.head_shared = True
         self.stats.inserted += 1
         self._evict()
 
     def _remove(self, e: _Entry) -> None:
         del self._lru[e]
         self._own_bytes -= e.own
-        refs = self._page_refs
-        for p in e.pages:
-            c = refs[p] - 1
-            if c:
-                refs[p] = c
-            else:
-                del refs[p]
+        for refs, pages in ((self._page_refs, e.pages), (self._head_refs, e.head_pages)):
+            for p in pages:
+                c = refs[p] - 1
+                if c:
+                    refs[p] = c
+                else:
+                    del refs[p]
         e.snap.close()
         e.node.entry = None
         self._prune(e.node)
@@ -343,18 +382,47 @@ class PrefixCache:
         while len(pages) < end_pages:
             pages.append(self._new_page())
         track.last_shared = False
+        # the head's writes start at the same position (its row p is the
+        # trunk's position p); its pages are counted from head_first
+        hi = start - track.head_first
+        if track.head_shared and hi % BLOCK and hi // BLOCK < len(track.head_pages):
+            track.head_pages[hi // BLOCK] = self._new_page()
+        track.head_shared = False
+
+    def _head_track(self, track: _Track) -> tuple:
+        """The ids of the head pages the session holds now (after a
+        snapshot): pages already known keep their ids (the session has not
+        written into them since, or _write renamed them), new ones get new
+        ids. A head that moved its first position is all new."""
+        if not self.head_page_bytes:
+            return ()
+        first, nxt = self.model.nextn_range(track.session)
+        n = -(-(nxt - first) // BLOCK) if nxt > first else 0
+        if first != track.head_first:
+            track.head_first, track.head_pages = first, []
+        hp = track.head_pages
+        del hp[n:]
+        while len(hp) < n:
+            hp.append(self._new_page())
+        return tuple(hp)
 
     def _new_page(self) -> int:
         self._next_page += 1
         return self._next_page
 
     def prefill(self, session: Session, ids: Sequence[int], *, reuse: bool = True,
-                all_logits: bool = False):
+                all_logits: bool = False, head: bool = False, prepare=None):
         """Put ``session`` at ``ids`` (the whole sequence from position 0):
         restore the longest cached prefix (or empty the session), evaluate
         the rest in pieces that end at each multiple of ``BLOCK`` and at the
         end, snapshotting there. ``reuse=False`` evaluates every token (the
-        snapshots are still taken). Returns ``(n_reused, logits, rows, track)``:
+        snapshots are still taken). ``head``: the request drafts with the
+        nextn head: restore only a snapshot that carries the head's history
+        (module doc, Lookup); without it a session with head priming on has
+        it turned off, so that any entry can be restored. ``prepare()`` is
+        called once the session is at the restored prefix (or empty), before
+        the rest is evaluated (admission: ds4py.spec.runner). Returns
+        ``(n_reused, logits, rows, track)``:
         ``logits`` the last row (a view, as Session.eval's), ``rows`` every
         evaluated row (a copy; with ``all_logits``, else None), ``track`` for
         :meth:`_extend`."""
@@ -363,19 +431,27 @@ class PrefixCache:
         q = list(ids)
         if not q:
             raise ValueError("the prompt is empty")
-        e = self._find(tuple(q)) if reuse else None
+        if not head and session.nextn_prime:
+            session.nextn_prime = False
+        e = self._find(tuple(q), head) if reuse else None
         self.stats.lookups += 1
         if e is not None:
             self._lru.move_to_end(e)
             session.restore(e.snap)
             n0 = e.node.depth
             track = _Track(session, list(e.pages), n0 % BLOCK != 0, q[:n0])
+            if e.head_pages:
+                first = self.model.nextn_range(session)[0]
+                track.head_first, track.head_pages = first, list(e.head_pages)
+                track.head_shared = (n0 - first) % BLOCK != 0
             self.stats.hits += 1
         else:
             n0 = 0
             if session.n_past != 0:
                 self._empty(session)
             track = _Track(session, [], False, [])
+        if prepare is not None:
+            prepare()
         self.stats.reused_tokens += n0
         self.stats.evaluated_tokens += len(q) - n0
         logits = session.last_logits() if n0 else None

@@ -30,7 +30,7 @@ from .errors import DS4Error
 
 __all__ = ["main", "build_parser", "default_model_path", "ChatRepl", "CliError"]
 
-NO_MODEL = "no model given: pass -m FILE (the embedded default model is not built yet)"
+NO_MODEL = "no model given and the embedded demo model is missing from this install: pass -m FILE"
 
 
 class CliError(Exception):
@@ -38,8 +38,11 @@ class CliError(Exception):
 
 
 def default_model_path() -> str | None:
-    """The embedded default model, once a later issue ships it; None until then."""
-    return None
+    """The embedded demo model (ds4py/models/, see training/README.md), or
+    None when this install lacks it."""
+    from .demo_model import demo_model_path
+
+    return demo_model_path()
 
 
 # ------------------------------------------------------------------ parser --
@@ -79,6 +82,17 @@ def _sampling_opts() -> argparse.ArgumentParser:
     g.add_argument("--stop", action="append", default=[], metavar="S",
                    help="stop before this text (repeatable)")
     g.add_argument("--system", metavar="S", help="a system message (chat only)")
+    g.add_argument("--draw", choices=("stream", "position"), default="stream",
+                   help="seeded draws: stream = llama.cpp's mt19937 stream; position = keyed "
+                        "by seed and token position (default: stream)")
+    d = p.add_argument_group("speculative decoding (ds4py.spec; output never changes)")
+    d.add_argument("--no-draft", action="store_true", help="turn drafting off")
+    d.add_argument("--draft-depth", type=int, metavar="K",
+                   help="draft exactly K tokens per round (measurement; default: adaptive)")
+    d.add_argument("--draft-head", metavar="FILE",
+                   help="a standalone nextn (MTP) head GGUF to draft with")
+    d.add_argument("--force-draft", action="store_true",
+                   help="draft with a pairing the table does not know (REFUSE_UNKNOWN)")
     g.add_argument("--no-think", action="store_true",
                    help="ask the chat template for no reasoning block")
     return p
@@ -132,6 +146,26 @@ def build_parser() -> argparse.ArgumentParser:
                     "read it back and check every tensor. Exit 0 ok, 1 self-check "
                     "mismatch, 2 error.")
     info.add_argument("path", nargs="?", metavar="PATH", help="a .gguf file")
+
+    sc = sub.add_parser(
+        "spec-calibrate", parents=[common], help="measure a draft pairing, write a table entry",
+        description="Greedy generation on a fixed prompt set (code, prose, math, chat), "
+                    "serial vs drafting, min/median/max of --reps with the order reversed "
+                    "on alternate repetitions; prints a pairs-table entry (JSON) and adds it "
+                    "to --out.")
+    sc.add_argument("target", metavar="TARGET", help="the target model GGUF")
+    sc.add_argument("--draft-head", metavar="FILE",
+                    help="a standalone nextn head (default: the target's bundled head)")
+    sc.add_argument("--max-tokens", type=int, default=64, metavar="N")
+    sc.add_argument("--reps", type=int, default=3, metavar="N")
+    sc.add_argument("--threads", type=int, metavar="N")
+    sc.add_argument("--out", metavar="FILE", help="add the entry to this pairs file")
+
+    from .server.main import add_arguments as _serve_arguments  # ds4py-server's options
+    sv = sub.add_parser(
+        "serve", parents=[common], help="run the OpenAI-compatible HTTP server",
+        description="The same server as ds4py-server (see README, Server).")
+    _serve_arguments(sv)
     return p
 
 
@@ -201,8 +235,14 @@ def _load(args, err: TextIO):
     tty = err.isatty()
     if tty:
         _warm(path, err)
+    head = getattr(args, "draft_head", None)
+    if head is not None and not getattr(args, "no_draft", False):
+        head = _classify_head(path, head, args, err)
+    elif head is not None:
+        head = None  # --no-draft: the sidecar is not even loaded
     t0 = time.perf_counter()
-    model = Model.load(path, n_threads=args.threads, n_ctx=args.ctx, precision=args.precision)
+    model = Model.load(path, n_threads=args.threads, n_ctx=args.ctx, precision=args.precision,
+                       draft_head=head)
     if tty:
         err.write(f"loaded {os.path.basename(path)} ({model.config.arch}, n_ctx {model.n_ctx}, "
                   f"{model.n_threads} threads, {model.precision}) in "
@@ -211,10 +251,35 @@ def _load(args, err: TextIO):
     return model
 
 
+def _classify_head(path: str, head: str, args, err: TextIO) -> str | None:
+    """The pairing verdict of --draft-head (printed on stderr); the head to
+    load, or None when the verdict refuses it (then nothing drafts)."""
+    from .spec.classifier import PairingError, classify
+
+    try:
+        report = classify(path, head, force=args.force_draft)
+    except PairingError as e:
+        raise CliError(f"--draft-head: {e}") from None
+    for line in report.lines():
+        err.write(line + "\n")
+    err.flush()
+    if not report.allowed:
+        args.no_draft = True  # a refused sidecar means no drafting, not the bundled head
+        return None
+    return head
+
+
+def _draft_kwargs(args) -> dict:
+    if args.draft_depth is not None and args.draft_depth < 0:
+        raise CliError(f"--draft-depth must be >= 0, got {args.draft_depth}")
+    return dict(draft=False if args.no_draft else None, draft_depth=args.draft_depth,
+                force_draft=args.force_draft)
+
+
 def _sampling_kwargs(args) -> dict:
     return dict(max_tokens=args.max_tokens, temperature=args.temp, top_k=args.top_k,
                 top_p=args.top_p, min_p=args.min_p, seed=args.seed,
-                stop=list(args.stop) or None)
+                stop=list(args.stop) or None, draw=args.draw, **_draft_kwargs(args))
 
 
 def stats_line(g) -> str:
@@ -369,6 +434,25 @@ def cmd_chat(args, out: TextIO, err: TextIO) -> int:
     return 0
 
 
+def cmd_spec_calibrate(args, out: TextIO, err: TextIO) -> int:
+    from .spec.calibrate import add_entry, calibrate
+    from .spec.classifier import PairingError
+
+    if args.reps < 1 or args.max_tokens < 2:
+        raise CliError("--reps must be >= 1 and --max-tokens >= 2")
+    try:
+        entry = calibrate(args.target, args.draft_head, max_tokens=args.max_tokens,
+                          reps=args.reps, n_threads=args.threads,
+                          log=lambda m: (err.write(m + "\n"), err.flush()))
+    except PairingError as e:
+        raise CliError(str(e)) from None
+    out.write(json.dumps(entry, indent=2) + "\n")
+    if args.out:
+        add_entry(args.out, entry)
+        err.write(f"added to {args.out}\n")
+    return 0
+
+
 def _kinds(kinds) -> str:
     c = Counter(kinds)
     return ", ".join(f"{c[k]} {k}" for k in ("gdn", "attn", "nextn") if c[k])
@@ -451,8 +535,14 @@ def cmd_info(args, out: TextIO, err: TextIO) -> int:
     return info(args.path, out, err)
 
 
+def cmd_serve(args, out, err) -> int:
+    from .server.main import config_from_args, serve
+
+    return serve(config_from_args(args))
+
+
 COMMANDS = {"generate": cmd_generate, "chat": cmd_chat, "inspect": cmd_inspect,
-            "info": cmd_info}
+            "info": cmd_info, "spec-calibrate": cmd_spec_calibrate, "serve": cmd_serve}
 
 
 def main(argv: list[str] | None = None, out: TextIO | None = None,

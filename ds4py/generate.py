@@ -77,6 +77,22 @@ Prefix cache
   ``return_prompt_logits`` every prompt row is needed, so nothing is reused
   (the snapshots are still taken).
 
+Speculative decoding (ds4py.spec)
+  When the model has a nextn (MTP) head that the pairing classifier allows
+  (its bundled head always), generation drafts with it by default, greedy
+  and sampled: ``draft=False`` turns it off, ``draft_depth=K`` fixes the
+  depth, ``draft_policy`` / ``drafter`` replace the adaptive policy / the
+  head, ``force_draft`` overrides an unmeasured pairing. The tokens, text,
+  finish and the session's final state are exactly those of ``draft=False``
+  (ds4py.spec.runner says why). A drafting request turns on the session's
+  head priming before its prompt is evaluated, so the core keeps the head's
+  KV in step with every committed row (prefill included); with ``cache=``
+  it restores only snapshots that carry the head's history. Rounds that do
+  not draft are the plain loop's step. ``Generation.draft`` holds the
+  statistics (drafter, verdict, rounds, drafted, accepted, acceptance per
+  depth, mean accepted length, verify ms per width, decode tok/s, the
+  policy's measured costs).
+
 Statistics (per result; each stream chunk carries the running values)
   ``ttft_s``: from the call to the first sampled token (template,
   tokenization, prefill and one sampling step). ``prompt_tps``: prompt tokens
@@ -105,12 +121,16 @@ from typing import Any
 
 import numpy as np
 
-from ._core import ffi, lib, new_error
+from ._core import lib
 from .cache import PrefixCache
 from .errors import ModelError
 from .output_parser import OutputParser, ToolCall, prompt_ends_in_thinking
 from .sampling import Sampler, SamplingParams, TokenLogprobs
 from .sampling import logprobs as _token_logprobs
+from .spec.drafter import NextnDrafter
+from .spec.plan import draft_plan
+from .spec.runner import SpecRunner
+from .spec.stepper import Stepper as _Stepper
 from .stop import StopMatcher
 
 __all__ = ["Generation", "GenerationChunk", "generate", "stream_generate", "peak_memory_bytes",
@@ -121,7 +141,8 @@ FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
 
 _SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n",
-                  "presence_penalty", "frequency_penalty", "logit_bias", "seed", "min_keep")
+                  "presence_penalty", "frequency_penalty", "logit_bias", "seed", "min_keep",
+                  "draw")
 
 
 def peak_memory_bytes() -> int:
@@ -165,6 +186,7 @@ class Generation:
     prompt_ids: list[int] = field(default_factory=list, repr=False)
     prompt_logits: np.ndarray | None = field(default=None, repr=False)
     cached_tokens: int = 0          # prompt tokens restored from the prefix cache
+    draft: dict | None = None       # speculative decoding statistics (module doc)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (what ``python -m ds4py generate --json`` prints)."""
@@ -178,6 +200,8 @@ class Generation:
             "total_s": self.total_s, "stop_string": self.stop_string, "seed": self.seed,
             "cached_tokens": self.cached_tokens,
         }
+        if self.draft is not None:
+            d["draft"] = self.draft
         if self.reasoning is not None:
             d["reasoning"] = self.reasoning
             d["content"] = self.content
@@ -282,49 +306,6 @@ def _prepare_prompt(model, prompt, chat, system, enable_thinking, tools, parse_s
     return ids, text, is_chat
 
 
-class _Stepper:
-    """One-token evals straight through the C API with a reused token buffer and
-    a cached logits view: the per-token cost of ``Session.eval`` (argument
-    conversion and checks, a fresh numpy view each call: several µs) is what
-    would make Python the bottleneck on small models. It relies on Session
-    keeping no state of its own beyond ``_ptr`` (true of ds4py.session today);
-    the session's liveness is re-checked every step, since user code runs
-    between steps of a stream and may close it."""
-
-    __slots__ = ("_session", "_tok", "_err", "_n", "_p", "_view", "_vocab")
-
-    def __init__(self, session, vocab: int):
-        session._live()
-        self._session = session
-        self._tok = ffi.new("int32_t[1]")
-        self._err = new_error()
-        self._n = ffi.new("int64_t *")
-        self._p = ffi.NULL
-        self._view = None
-        self._vocab = vocab
-
-    def step(self, token: int) -> np.ndarray:
-        ptr = self._session._live()
-        tok = self._tok
-        tok[0] = token
-        status = _EVAL(ptr, tok, 1, 0, self._err)
-        if status:
-            raise ModelError(ffi.string(self._err.message).decode("utf-8", "replace"),
-                             int(status))
-        p = _LOGITS(ptr, self._n)
-        if p != self._p or self._view is None:
-            # The buffer moved (or is new): a fresh read-only view of its first row.
-            v = np.frombuffer(ffi.buffer(p, self._vocab * 4), dtype=np.float32)
-            v.flags.writeable = False
-            self._p, self._view = p, v
-        return self._view
-
-
-# bound once: a module attribute lookup on `lib` per call is measurable here
-_EVAL = lib.ds4_session_eval
-_LOGITS = lib.ds4_session_logits
-
-
 def _rate(n: int, seconds: float) -> float:
     return n / seconds if n > 0 and seconds > 0 else 0.0
 
@@ -345,13 +326,16 @@ def stream_generate(model, prompt, *, max_tokens: int = 256,
                     logprobs: int | None = None, parse_special: bool = True,
                     parse_output: bool | None = None,
                     return_prompt_logits: bool = False,
-                    cache=None) -> Iterator[GenerationChunk]:
+                    cache=None, draw: str | None = None, draft: bool | None = None,
+                    draft_depth: int | None = None, force_draft: bool = False,
+                    draft_policy=None, drafter=None) -> Iterator[GenerationChunk]:
     """Generate from ``prompt``, yielding a :class:`GenerationChunk` per sampled
     token (and one final chunk for an end-of-generation token). The last chunk
     carries ``finish_reason`` and the whole :class:`Generation`. Arguments as
     :func:`generate`. Leaving the loop early frees a session made for the
     call."""
-    return _run(model, prompt, max_tokens, sampling, locals(), stop, chat, system,
+    kw = locals()
+    return _run(model, prompt, max_tokens, sampling, kw, stop, chat, system,
                 enable_thinking, tools, session, logprobs, parse_special, parse_output,
                 return_prompt_logits, cache, emit=True)
 
@@ -366,7 +350,9 @@ def generate(model, prompt, *, max_tokens: int = 256, sampling: SamplingParams |
              system: str | None = None, enable_thinking: bool = True,
              tools: Sequence[Mapping] | None = None, session=None, logprobs: int | None = None,
              parse_special: bool = True, parse_output: bool | None = None,
-             return_prompt_logits: bool = False, cache=None) -> Generation:
+             return_prompt_logits: bool = False, cache=None, draw: str | None = None,
+             draft: bool | None = None, draft_depth: int | None = None,
+             force_draft: bool = False, draft_policy=None, drafter=None) -> Generation:
     """Generate a reply to ``prompt`` (messages, text or token ids; see the module
     docstring) and return a :class:`Generation`.
 
@@ -385,8 +371,14 @@ def generate(model, prompt, *, max_tokens: int = 256, sampling: SamplingParams |
     (``Generation.prompt_logits``, float32 [prompt_tokens, vocab]).
     ``cache``: a :class:`ds4py.PrefixCache` of this model: reuse (and add
     to) cached prefixes of the prompt (module doc, Prefix cache).
+    ``draw``: "stream" (llama.cpp's seeded draws) or "position" (keyed by
+    seed and position). Speculative decoding (module doc): ``draft``
+    None = auto, False = off; ``draft_depth`` fixes the depth;
+    ``force_draft`` overrides an unknown pairing; ``draft_policy`` /
+    ``drafter`` replace the adaptive policy / the nextn head.
     """
-    gen = _run(model, prompt, max_tokens, sampling, locals(), stop, chat, system,
+    kw = locals()
+    gen = _run(model, prompt, max_tokens, sampling, kw, stop, chat, system,
                enable_thinking, tools, session, logprobs, parse_special, parse_output,
                return_prompt_logits, cache, emit=False)
     last = None
@@ -448,12 +440,19 @@ def _run(model, prompt, max_tokens, sampling, kw, stop, chat, system, enable_thi
         parser = OutputParser(starts_in_thinking=prompt_ends_in_thinking(shown), tools=tools)
     if sampler is not None and params.penalties_on:
         sampler.accept_many(ids[-params.repeat_last_n:])
+    plan = draft_plan(model, kw.get("draft"), kw.get("draft_depth"),
+                      bool(kw.get("force_draft")), kw.get("draft_policy"), kw.get("drafter"))
+    if plan.active:
+        return _spec_loop(model, ids, text, session, own, max_tokens, params, sampler, matcher,
+                          tok, eog, parser, n_logprobs, return_prompt_logits, cache, emit,
+                          t_call, n_ctx, plan)
     return _loop(model, ids, text, session, own, max_tokens, params, sampler, matcher, tok, eog,
-                 parser, n_logprobs, return_prompt_logits, cache, emit, t_call, n_ctx, vocab)
+                 parser, n_logprobs, return_prompt_logits, cache, emit, t_call, n_ctx, vocab,
+                 plan)
 
 
 def _loop(model, ids, text, session, own, max_tokens, params, sampler, matcher, tok, eog, parser,
-          n_logprobs, return_prompt_logits, cache, emit, t_call, n_ctx, vocab):
+          n_logprobs, return_prompt_logits, cache, emit, t_call, n_ctx, vocab, plan=None):
     s = model.new_session() if own else session
     try:
         t_p0 = time.perf_counter()
@@ -489,6 +488,8 @@ def _loop(model, ids, text, session, own, max_tokens, params, sampler, matcher, 
         finish = None
         greedy = sampler is None
         accept = sampler is not None and params.penalties_on
+        positional = sampler is not None and params.draw == "position"
+        pos0 = s.n_past  # the first sampled token goes here
         piece, events, token, lp = "", (), None, None
         if budget <= 0:
             finish = FINISH_LENGTH
@@ -499,7 +500,10 @@ def _loop(model, ids, text, session, own, max_tokens, params, sampler, matcher, 
                 if logits[t] != logits[t]:  # argmax lands on the first NaN, if any
                     raise ModelError("the model produced NaN logits", lib.DS4_ERR_BAD_MODEL)
             else:
-                t = sampler.sample(logits)
+                if positional:
+                    t = sampler.sample_at(logits, pos0 + decode_steps)
+                else:
+                    t = sampler.sample(logits)
                 if accept:
                     sampler.accept(t)
             if lps is not None:
@@ -562,7 +566,7 @@ def _loop(model, ids, text, session, own, max_tokens, params, sampler, matcher, 
                 content=parser.content if parser is not None else None,
                 tool_calls=parser.tool_calls if parser is not None else [],
                 logprobs=lps, prompt=text, prompt_ids=list(ids), prompt_logits=prompt_logits,
-                cached_tokens=n_cached)
+                cached_tokens=n_cached, draft=_serial_draft_stats(plan))
             gen.total_s = time.perf_counter() - t_call
             yield _chunk(piece, token, tokens, now - t_prev, ttft, n_prompt, prompt_tps,
                          gen.generation_tps, events, lp if token is not None else None,
@@ -578,7 +582,8 @@ def _loop(model, ids, text, session, own, max_tokens, params, sampler, matcher, 
             seed=None if sampler is None else sampler.seed,
             reasoning="" if parser is not None else None,
             content="" if parser is not None else None, logprobs=lps, prompt=text,
-            prompt_ids=list(ids), prompt_logits=prompt_logits, cached_tokens=n_cached)
+            prompt_ids=list(ids), prompt_logits=prompt_logits, cached_tokens=n_cached,
+            draft=_serial_draft_stats(plan))
         yield _chunk("", None, [], t_end - t_p1, 0.0, n_prompt, prompt_tps, 0.0, (), None,
                      FINISH_LENGTH, gen)
     finally:
@@ -599,3 +604,146 @@ def _chunk(piece, token, tokens, step_s, ttft, n_prompt, prompt_tps, gen_tps, ev
                            generation_tps=gen_tps, reasoning=reasoning, content=content,
                            tool_calls=calls, logprobs=lp, finish_reason=finish,
                            generation=gen)
+
+
+def _serial_draft_stats(plan) -> dict | None:
+    """Generation.draft of a generation that did not draft: why not."""
+    if plan is None:
+        return None
+    rep = plan.report
+    return {"drafter": None, "drafting": False, "refused": plan.reason,
+            "verdict": None if rep is None else rep.verdict,
+            "pairing": None if rep is None else rep.to_dict()}
+
+
+def _spec_loop(model, ids, text, session, own, max_tokens, params, sampler, matcher, tok, eog,
+               parser, n_logprobs, return_prompt_logits, cache, emit, t_call, n_ctx, plan):
+    """The decode loop with speculative rounds (ds4py.spec.runner). Every
+    committed token is the one the serial loop (_loop) picks from the same
+    logits row, so tokens, text, stop handling and the session's final
+    state are the serial loop's; only the chunks' timing differs (a round's
+    tokens arrive together)."""
+    s = model.new_session() if own else session
+    try:
+        if sampler is None:
+            def pick(row, position):
+                return int(row.argmax())
+        else:
+            pick = sampler.pick
+        run = SpecRunner(model, s, plan.policy, plan.drafter, pick,
+                         greedy=sampler is None)
+        t_p0 = time.perf_counter()
+        n_cached, track = 0, None
+        if cache is not None:
+            # admission right after the restore, before the rest is evaluated:
+            # the head's history comes with the snapshot (only snapshots that
+            # carry it are restored for the nextn head) and the core primes
+            # the rest during the cache's evals
+            n_cached, logits, prompt_logits, track = cache.prefill(
+                s, ids, reuse=not return_prompt_logits, all_logits=return_prompt_logits,
+                head=isinstance(plan.drafter, NextnDrafter), prepare=run.admit)
+        else:
+            run.admit()
+            logits, prompt_logits = run.prefill(ids, all_logits=return_prompt_logits)
+        t_p1 = time.perf_counter()
+        prompt_s = t_p1 - t_p0
+        n_prompt = len(ids) - n_cached
+        prompt_tps = _rate(n_prompt, prompt_s)
+        budget = min(int(max_tokens), n_ctx - s.n_past)
+        p_start = s.n_past
+        # text made once at the end when nothing reads it meanwhile (as _loop)
+        lazy = not emit and matcher is None and parser is None
+        dec = None if lazy else tok.stream(special=True)
+        tokens: list[int] = []
+        pieces: list[str] = []
+        lps: list[TokenLogprobs] | None = [] if n_logprobs is not None else None
+        ttft = 0.0
+        t_first = t_prev = t_p1
+        finish = None
+        if budget <= 0:
+            finish = FINISH_LENGTH
+            block = []
+        else:
+            block = [(pick(logits, s.n_past), logits)]
+        piece, events, token, lp = "", (), None, None
+        while finish is None:
+            j = len(block) - 1
+            for i, (t, row) in enumerate(block):
+                if sampler is None and row[t] != row[t]:
+                    raise ModelError("the model produced NaN logits", lib.DS4_ERR_BAD_MODEL)
+                lp = _token_logprobs(row, t, n_logprobs) if lps is not None else None
+                if not tokens and ttft == 0.0:
+                    t_first = time.perf_counter()
+                    ttft = t_first - t_call
+                if t in eog:
+                    finish, token = FINISH_EOS, None
+                else:
+                    tokens.append(t)
+                    token = t
+                    if lps is not None:
+                        lps.append(lp)
+                    if len(tokens) >= budget:
+                        finish = FINISH_LENGTH
+                if not lazy:
+                    piece = dec.feed(t) if token is not None else ""
+                    if finish is not None:
+                        piece += dec.finish()
+                    if matcher is not None:
+                        piece, stopped = matcher.feed(piece)
+                        if stopped:
+                            finish = FINISH_STOP
+                        elif finish is not None:
+                            piece += matcher.flush()
+                    if piece:
+                        pieces.append(piece)
+                    events = parser.feed(piece) if parser is not None and piece else ()
+                if finish is not None:
+                    j = i
+                    break
+                if emit:
+                    now = time.perf_counter()
+                    yield _chunk(piece, token, tokens, now - t_prev, ttft, n_prompt,
+                                 prompt_tps, _rate(len(tokens) - 1, now - t_first), events,
+                                 lp, None, None)
+                    t_prev = time.perf_counter()
+            if block:
+                run.settle(j, finish is not None)
+            if finish is None:
+                block = run.round(block[j][0], budget - len(tokens))
+        run.finish()
+        now = time.perf_counter()
+        evaluated = s.n_past - p_start  # serial: every committed token but the last
+        if cache is not None:
+            cache._extend(track, tokens[:evaluated])
+        if parser is not None:
+            events = [*events, *parser.finish()]
+        steps = evaluated  # decode steps, counted as the serial loop counts them
+        gen_s = now - t_first
+        stats = run.stats()
+        rep = plan.report
+        stats.update({"drafting": run.admitted, "refused": run.refused,
+                      "verdict": None if rep is None else rep.verdict,
+                      "pairing": None if rep is None else rep.to_dict(),
+                      "decode_tps": _rate(steps, gen_s)})
+        gen = Generation(
+            text=tok.decode(tokens) if lazy else "".join(pieces), tokens=tokens,
+            prompt_tokens=n_prompt,
+            generated_tokens=len(tokens), prompt_tps=prompt_tps,
+            generation_tps=_rate(steps, gen_s) if tokens or finish == FINISH_EOS else 0.0,
+            ttft_s=ttft, peak_memory_bytes=peak_memory_bytes(), finish_reason=finish,
+            prompt_s=prompt_s, generation_s=gen_s if (tokens or finish == FINISH_EOS) else 0.0,
+            total_s=0.0, evaluated_tokens=evaluated, n_past=s.n_past,
+            stop_string=matcher.matched if finish == FINISH_STOP else None,
+            seed=None if sampler is None else sampler.seed,
+            reasoning=parser.reasoning if parser is not None else None,
+            content=parser.content if parser is not None else None,
+            tool_calls=parser.tool_calls if parser is not None else [],
+            logprobs=lps, prompt=text, prompt_ids=list(ids), prompt_logits=prompt_logits,
+            cached_tokens=n_cached, draft=stats)
+        gen.total_s = time.perf_counter() - t_call
+        yield _chunk(piece, token, tokens, now - t_prev, ttft, n_prompt, prompt_tps,
+                     gen.generation_tps, events, lp if token is not None else None,
+                     finish or FINISH_LENGTH, gen)
+    finally:
+        if own:
+            s.close()

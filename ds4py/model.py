@@ -283,10 +283,12 @@ class Model:
         return self._tokenizer
 
     # -- sessions (ds4py.session) ------------------------------------------
-    def new_session(self):
-        """A fresh :class:`ds4py.Session` (position 0) over this model."""
+    def new_session(self, nextn_prime: bool = False):
+        """A fresh :class:`ds4py.Session` (position 0) over this model;
+        ``nextn_prime``: keep the nextn head primed with every committed row
+        (ds4py.session, Head priming; ModelError without a head)."""
         from .session import Session
-        return Session(self)
+        return Session(self, nextn_prime=nextn_prime)
 
     # -- nextn / MTP head (csrc/forward/nextn.c) ----------------------------
     @property
@@ -308,7 +310,7 @@ class Model:
             raise ModelError("session does not belong to this model", lib.DS4_ERR_ARG)
         return session._live()
 
-    def nextn_eval(self, session, tokens, hiddens, positions):
+    def nextn_eval(self, session, tokens, hiddens, positions, *, kv_only: bool = False):
         """Run the nextn head over rows ``(tokens[r], hiddens[r])`` at
         ``positions[r]``, extending the head's own KV cache in ``session``.
 
@@ -321,6 +323,11 @@ class Model:
         row); after that rows continue the head's KV or rewind into it (rows
         at or after ``positions[0]`` are replaced). n rows in one call give
         bit for bit what n :meth:`nextn_draft`-style one-row calls give.
+
+        ``kv_only``: write the rows' KV entries only (bit for bit the ones a
+        full call writes) and compute no logits or hidden -- a row's K/V do
+        not depend on the head's attention, FFN or LM head, so a catch-up
+        whose results nobody reads skips them; returns None.
 
         Returns ``(logits [n, vocab], hidden [n, hidden_size])``: read-only
         views of session-owned buffers. ``logits`` is valid until the next
@@ -348,13 +355,14 @@ class Model:
             raise ModelError("position out of range", lib.DS4_ERR_ARG)
         pos = np.ascontiguousarray(pos, dtype=np.int64)
         err = new_error()
-        status = lib.ds4_session_nextn_eval(
+        status = lib.ds4_session_nextn_eval_out(
             ptr, ffi.cast("int32_t *", ffi.from_buffer(tok)) if n else ffi.NULL,
             ffi.cast("float *", ffi.from_buffer(hid, require_writable=False)) if n else ffi.NULL,
-            ffi.cast("int64_t *", ffi.from_buffer(pos)) if n else ffi.NULL, n, err)
+            ffi.cast("int64_t *", ffi.from_buffer(pos)) if n else ffi.NULL, n,
+            lib.DS4_NEXTN_OUT_KV if kv_only else lib.DS4_NEXTN_OUT_ALL, err)
         if status != lib.DS4_OK:
             _raise(status, err)
-        return self._nextn_views(ptr)
+        return None if kv_only else self._nextn_views(ptr)
 
     def nextn_draft(self, session, token: int, hidden):
         """One draft step: the row ``(token, hidden)`` at the head's next

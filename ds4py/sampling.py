@@ -71,6 +71,17 @@ whole 248k vocabulary they differ only where a running sum lands within an
 ulp-level difference of a threshold. Among equal logits the order (and so
 which of two tied tokens a draw picks) can differ, see "Ties".
 
+Positional draws (``SamplingParams(draw="position")``, for speculative
+decoding and anything else that must not depend on how tokens were batched):
+the chain above is unchanged; only the uniform of the final draw differs. It
+is not the next number of one ``mt19937`` stream but a counter-based value
+``keyed_uniform(seed, position)`` (splitmix64 finalizer over seed and the
+absolute position the drawn token will occupy), so a seeded token is a
+deterministic function of (seed, position, chain output) alone. The default
+``draw="stream"`` keeps llama.cpp's stream (its seeded draws, bit for bit);
+it is exact under speculative decoding too, because the loop draws exactly
+once per committed token, in order (ds4py.spec.runner).
+
 Input logits are never modified (they may be a view of a core-owned buffer):
 bias and penalties work on a scratch copy. NaN or +inf logits raise
 ValueError; so does a row in which every token is banned.
@@ -94,8 +105,12 @@ import numpy as np
 __all__ = [
     "EXACT_MAX", "Candidates", "SamplingParams", "Sampler", "TokenLogprobs", "Mt19937",
     "apply_logit_bias", "apply_penalties", "top_k", "top_p", "min_p", "temperature", "draw",
-    "top_positions", "logprobs",
+    "top_positions", "logprobs", "keyed_uniform", "DRAW_MODES",
 ]
+
+# How the final draw gets its uniform: "stream" (llama.cpp's mt19937 stream,
+# one number per draw) or "position" (keyed by seed and position).
+DRAW_MODES = ("stream", "position")
 
 # Candidate sets up to this size get llama.cpp's arithmetic bit for bit
 # (float64-exp-rounded expf, sequential sums); the cost there is a few
@@ -141,6 +156,7 @@ class SamplingParams:
     logit_bias: Mapping[int, float] = field(default_factory=dict)
     seed: int | None = None
     min_keep: int = 0
+    draw: str = "stream"
 
     def __post_init__(self) -> None:
         def real(name: str) -> float:
@@ -175,6 +191,8 @@ class SamplingParams:
             s = integer("seed")
             if not 0 <= s <= 0xFFFFFFFF:
                 raise ValueError(f"seed must be in [0, 2**32), got {s}")
+        if self.draw not in DRAW_MODES:
+            raise ValueError(f"draw must be one of {DRAW_MODES}, got {self.draw!r}")
         if not isinstance(self.logit_bias, Mapping):
             raise TypeError("logit_bias must be a mapping token id -> bias")
         for tok, b in self.logit_bias.items():
@@ -467,6 +485,30 @@ class Mt19937:
         self._bg.state = state
 
 
+_M64 = (1 << 64) - 1
+
+
+def _mix64(z: int) -> int:
+    """splitmix64's finalizer (Steele, Lea, Flood 2014, "Fast splittable
+    pseudorandom number generators"): a bijection on 64-bit words whose
+    output bits each depend on every input bit."""
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
+
+def keyed_uniform(seed: int, position: int) -> float:
+    """A uniform in [0, 1) that depends only on (seed, position): 53 bits of
+    two rounds of splitmix64 over the pair. Different positions of one seed
+    behave as independent uniforms (what the draw needs); the same pair
+    always gives the same value, on every machine (integer arithmetic)."""
+    if position < 0:
+        raise ValueError(f"position must be >= 0, got {position}")
+    z = _mix64((int(seed) * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019) & _M64)
+    z = _mix64((z + (int(position) + 1) * 0x9E3779B97F4A7C15) & _M64)
+    return (z >> 11) * (1.0 / 9007199254740992.0)
+
+
 def _draw_probs(c: Candidates) -> np.ndarray:
     """The dist sampler's unnormalised float32 weights expf(logit - max)."""
     m = c.logits[0] if c.sorted else c.logits.max()
@@ -629,6 +671,31 @@ class Sampler:
             return int(np.argmax(x))
         c = self._chain(x)
         return draw(c, self._rng.uniform())
+
+    def sample_at(self, logits: np.ndarray, position: int,
+                  history: Sequence[int] | None = None) -> int:
+        """The token for absolute ``position`` (where it will go in the
+        sequence): the same chain as :meth:`sample`, drawn with
+        ``keyed_uniform(seed, position)`` instead of the stream's next
+        number (the stream is not advanced). A function of (seed, position,
+        logits, penalty window) only."""
+        x = self._prepared(logits, history)
+        if self.params.greedy:
+            return int(np.argmax(x))
+        c = self._chain(x)
+        return draw(c, keyed_uniform(self.seed, position))
+
+    def pick(self, logits: np.ndarray, position: int) -> int:
+        """The draw the params ask for (``draw="stream"``: :meth:`sample`,
+        ``"position"``: :meth:`sample_at`), then :meth:`accept` of the token
+        when penalties are on: the per-token step of a generation loop."""
+        if self.params.draw == "position":
+            t = self.sample_at(logits, position)
+        else:
+            t = self.sample(logits)
+        if self.params.penalties_on:
+            self.accept(t)
+        return t
 
     def distribution(self, logits: np.ndarray,
                      history: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -55,6 +55,22 @@ Verify / accept (speculative decoding)
   the GDN state updates and replays k of them on accept (not a state per
   row); ``rollback_bytes`` gives the figures.
 
+Head priming (speculative decoding with the nextn head; csrc/session.c)
+  ``session.nextn_prime = True`` (or ``model.new_session(nextn_prime=True)``)
+  is the one admission decision for drafting with the model's nextn head,
+  prefill and decode alike: from then on every row the trunk commits reaches
+  the head's KV inside the same core call, batched and KV-only (no head
+  logits are computed for primed rows): an ``eval`` primes its rows chunk by
+  chunk, a ``verify``'s rows reach the head at ``accept(k)`` (the k accepted
+  rows, one call) or, when no accept follows, at the next ``eval`` or
+  ``snapshot``. The head then always holds positions ``[1, n_past)``, what a
+  draft at ``n_past`` needs (``nextn_covered``), bit for bit what priming the
+  same rows one at a time gives. Turning it on is refused (ModelError) once
+  the session holds tokens the head never saw, so drafting can never start
+  from a history with a gap; a snapshot carries the head's KV and the last
+  hidden row, and restoring one whose head lacks that history
+  (``Snapshot.nextn_covered`` False) into a priming session is refused.
+
 Errors
   :class:`ds4py.ModelError` (carrying the core's message and ``.code``): no
   tokens, a token id outside ``[0, vocab_size)``, a prompt that does not fit
@@ -155,6 +171,9 @@ class Snapshot:
         self._model_ptr = model_ptr
         self.n_past = int(lib.ds4_snapshot_n_past(ptr))
         self.nbytes = int(lib.ds4_snapshot_bytes(ptr))
+        # the head holds [1, n_past) and the last hidden row is kept: a
+        # session with head priming on may restore it (module doc)
+        self.nextn_covered = bool(lib.ds4_snapshot_nextn_covered(ptr))
 
     def close(self) -> None:
         """Free the snapshot now (its references to KV pages too). Idempotent."""
@@ -174,7 +193,7 @@ class Snapshot:
 class Session:
     """One sequence being evaluated. Create with ``Model.new_session()``."""
 
-    def __init__(self, model):
+    def __init__(self, model, nextn_prime: bool = False):
         model_ptr = model._live()
         pp = ffi.new("ds4_session **")
         err = new_error()
@@ -185,6 +204,27 @@ class Session:
         self._model_ptr = model_ptr
         self.vocab_size = model.config.vocab_size
         self.hidden_size = model.config.hidden_size
+        if nextn_prime:
+            self.nextn_prime = True
+
+    # -- nextn head priming (module doc) ------------------------------------
+    @property
+    def nextn_prime(self) -> bool:
+        """Head priming on (module doc, Head priming)."""
+        return bool(lib.ds4_session_nextn_prime(self._live()))
+
+    @nextn_prime.setter
+    def nextn_prime(self, on: bool) -> None:
+        if not isinstance(on, (bool, np.bool_)):
+            raise ModelError(f"nextn_prime must be a bool, got {on!r}", lib.DS4_ERR_ARG)
+        err = new_error()
+        _check(lib.ds4_session_set_nextn_prime(self._live(), 1 if on else 0, err), err)
+
+    @property
+    def nextn_covered(self) -> bool:
+        """The nextn head holds every row a draft at ``n_past`` needs
+        (positions ``[1, n_past)``); False for a model without a head."""
+        return bool(lib.ds4_session_nextn_covered(self._live()))
 
     # -- evaluation -------------------------------------------------------
     def eval(self, tokens, all_logits: bool = False, return_hidden: bool = False,

@@ -177,10 +177,6 @@ def test_errors_exit_2_with_one_line(tmp_path):
     llama = tmp_path / "llama.gguf"
     _llama_copy(llama)
     assert "llama" in _one_error_line(run_cli("inspect", str(llama)))
-    line = _one_error_line(run_cli("generate", "-p", "x"))
-    assert line == "error: " + cli.NO_MODEL and "-m FILE" in line
-    line = _one_error_line(run_cli("chat"))
-    assert "-m FILE" in line
     # a prompt that does not fit the context
     line = _one_error_line(run_cli("generate", "-m", DENSE, "-p", "one two three four five",
                                    "--raw", "--ctx", "2"))
@@ -339,3 +335,18 @@ def test_progress_bar_on_a_terminal():
     lines = err2.getvalue().split("\r\033[K")[-1].splitlines()
     assert lines[0].startswith("loaded dense-q8_0.gguf (qwen35, n_ctx 4096")
     assert STATS.match(lines[1])
+
+
+def test_without_a_model_uses_the_demo_model_or_says_how_to_pass_one(monkeypatch):
+    from ds4py.demo_model import demo_model_path
+
+    # the shipped demo model is part of this install (package data)
+    assert demo_model_path() is not None and os.path.getsize(demo_model_path()) > 1_000_000
+    rc, out, err = main("generate", "-p", "def f(x):", "--raw", "--max-tokens", "3", "--temp", "0")
+    assert rc == 0, err
+    assert "generated: 3 tokens" in err
+    # an install without it: one error line naming -m
+    monkeypatch.setattr(cli, "default_model_path", lambda: None)
+    for command in (["generate", "-p", "x"], ["chat"]):
+        rc, out, err = main(*command)
+        assert rc == 2 and err.strip() == "error: " + cli.NO_MODEL and "-m FILE" in err

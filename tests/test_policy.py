@@ -107,12 +107,15 @@ def test_stop_tokens_do_not_update_statistics():
 def test_choice_maximises_expected_tokens_per_cost(p, a, b, h, cap):
     def cost(d):
         return 1.0 if d == 0 else a + b * (d + 1) + h * d
-    pol = AdaptivePolicy(cost=cost, probe_interval=0)
+    margin = 0.05
+    pol = AdaptivePolicy(cost=cost, probe_interval=0, margin=margin)
     pol.p = list(p)
     rates = []
     for d in range(cap + 1):
         e = 1.0 + sum(math.prod(p[:j]) for j in range(1, d + 1))
         rates.append(e / cost(d))
+    # depth 0 competes with its rate raised by the margin
+    rates[0] *= 1 + margin
     got = pol.choose(cap)
     assert 0 <= got <= cap
     # the choice attains the best rate (up to float rounding), and nothing
@@ -357,3 +360,32 @@ def test_calibration_rounds_measure_plain_decode():
     assert pol.n_calibration == 4
     # an injected cost function needs no calibration
     assert AdaptivePolicy(cost=ds4_cost).choose(7) > 0
+
+
+def test_cost_model_ignores_stalls():
+    """A wall-clock sample many times the true cost (the process was
+    descheduled on a shared machine) must not move the prices: plain steps,
+    draft steps and round overheads are medians of recent samples, and a
+    verify sample is clipped to clip x the fitted line once it rests on
+    window/4 samples of two or more widths."""
+    cm = CostModel(window=32, recent=9, clip=3.0)
+    for _ in range(5):
+        cm.record_plain(1e-3)
+        cm.record_draft(2, 2e-4)
+        cm.record_overhead(5e-5)
+    cm.record_plain(50e-3)
+    cm.record_draft(2, 40e-3)
+    cm.record_overhead(9e-3)
+    assert cm.plain() == 1e-3 and cm.draft_step() == 1e-4 and cm.overhead() == 5e-5
+    # an EMA (alpha 0.1) would have moved plain to ~5.9e-3: the old latch
+    for w in [2, 3, 4, 5] * 2:
+        cm.record_verify(w, 1e-3 + 5e-4 * w)
+    a, b = cm.verify_line()
+    cm.record_verify(3, 1.0)  # a 1 s stall: enters as 3 x 2.5e-3
+    # one of 9 samples 5e-3 above the line moves the fit at w = 3 by well
+    # under 1e-3 s (measured 6.5e-4); unclipped it would move by > 0.1 s
+    assert abs(cm.verify(3) - (a + 3 * b)) < 1e-3
+    # the median follows a real change within `recent` samples
+    for _ in range(5):
+        cm.record_plain(2e-3)
+    assert cm.plain() == 2e-3

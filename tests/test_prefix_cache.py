@@ -77,6 +77,14 @@ def live_groups(m, live0: int) -> float:
     return (kv_live_pages() - live0) / (2 * n_attn(m))
 
 
+def head_page_bytes(m) -> int:
+    """One page of the nextn head's KV: a K and a V page of its one attention
+    layer (the trunk's attention shape, F16 in fast precision)."""
+    c = m.config
+    assert m.precision == "fast"
+    return 2 * (c.n_kv_heads * BLOCK * c.head_dim * 2 + PAGE_HEADER)
+
+
 def other(n: int, salt: int, vocab: int = 512) -> list[int]:
     """n ids unlike TOKS at every position (TOKS[i] + salt + 1 ... mod vocab)."""
     return [(TOKS[i] + salt + 1 + i % 7) % vocab for i in range(n)]
@@ -313,11 +321,16 @@ def test_shared_pages_are_charged_once_and_exactly(dense):
     gc.collect()
     live0 = kv_live_pages()
     cache = PrefixCache(m)
-    generate(m, TOKS[:600], max_tokens=0, cache=cache)
+    generate(m, TOKS[:600], max_tokens=0, cache=cache)  # drafting: the head is primed
     # entries at 256, 512, 600 hold pages {0}, {0, 1}, {0, 1, 2}: 3 pages, not 6
-    assert cache.kv_pages == 3 and live_groups(m, live0) == 3
+    assert cache.kv_pages == 3
+    # The head's KV holds positions [1, n): its pages start at position 1, so
+    # at each 256-aligned snapshot its last page is partial and the next
+    # write copies it: {h0}, {h0', h1}, {h0', h1', h2} = 5 distinct pages.
+    assert cache.head_kv_pages == 5
+    assert kv_live_pages() - live0 == 3 * 2 * n_attn(m) + 5 * 2
     own = sum(b for _, b in cache.entries())
-    assert cache.nbytes == own + 3 * page_group_bytes(m)
+    assert cache.nbytes == own + 3 * page_group_bytes(m) + 5 * head_page_bytes(m)
     # forks, generation (copies of partial pages), a kept session: the
     # charge follows the pages the entries really hold
     with m.new_session() as s:
@@ -326,12 +339,20 @@ def test_shared_pages_are_charged_once_and_exactly(dense):
         generate(m, TOKS[:600], max_tokens=5, temperature=0, cache=cache)
         generate(m, TOKS[:600], max_tokens=5, temperature=0, cache=cache)  # same again
     gc.collect()
-    assert live_groups(m, live0) == cache.kv_pages
+    # every live page (trunk and head) is one an entry holds, and is charged once
+    assert kv_live_pages() - live0 == cache.kv_pages * 2 * n_attn(m) + cache.head_kv_pages * 2
     assert cache.nbytes == (sum(b for _, b in cache.entries())
-                            + cache.kv_pages * page_group_bytes(m))
+                            + cache.kv_pages * page_group_bytes(m)
+                            + cache.head_kv_pages * head_page_bytes(m))
     cache.clear()
     gc.collect()
     assert len(cache) == 0 and cache.nbytes == 0 and kv_live_pages() == live0
+
+
+def serial_generate(m, prompt, **kw):
+    """generate without drafting: the LRU tests count one trunk page group
+    per short entry, which a primed nextn head would add to."""
+    return generate(m, prompt, draft=False, **kw)
 
 
 def test_lru_evicts_least_recently_used_and_frees(dense):
@@ -340,18 +361,18 @@ def test_lru_evicts_least_recently_used_and_frees(dense):
     live0 = kv_live_pages()
     X, Y, Z = TOKS[0:100], TOKS[100:200], TOKS[200:300]
     probe = PrefixCache(m)
-    generate(m, X, max_tokens=0, cache=probe)
+    serial_generate(m, X, max_tokens=0, cache=probe)
     per = probe.entries()[0][1] + page_group_bytes(m)  # one entry: own bytes + 1 page
     probe.clear()
     cache = PrefixCache(m, budget_bytes=2 * per + per // 2)  # room for two entries
-    generate(m, X, max_tokens=0, cache=cache)
-    generate(m, Y, max_tokens=0, cache=cache)
+    serial_generate(m, X, max_tokens=0, cache=cache)
+    serial_generate(m, Y, max_tokens=0, cache=cache)
     _, snap_y = cache.lookup(Y)
     assert cache.keys() == [tuple(X), tuple(Y)]  # Y used last
-    g = generate(m, X, max_tokens=1, temperature=0, cache=cache)  # a hit: X used last
+    g = serial_generate(m, X, max_tokens=1, temperature=0, cache=cache)  # a hit: X used last
     assert g.cached_tokens == 100
     assert cache.keys() == [tuple(Y), tuple(X)]
-    generate(m, Z, max_tokens=0, cache=cache)
+    serial_generate(m, Z, max_tokens=0, cache=cache)
     assert cache.keys() == [tuple(X), tuple(Z)]  # Y evicted, its snapshot closed
     assert snap_y.closed and cache.stats.evicted == 1
     gc.collect()
@@ -361,9 +382,9 @@ def test_lru_evicts_least_recently_used_and_frees(dense):
     assert cache.keys() == [tuple(Z)] and live_groups(m, live0) == 1
     # a budget below one entry keeps nothing; generation is unaffected
     cache.budget_bytes = per - 1
-    g = generate(m, TOKS[:300], max_tokens=5, temperature=0, cache=cache)
+    g = serial_generate(m, TOKS[:300], max_tokens=5, temperature=0, cache=cache)
     assert len(cache) == 0 and cache.nbytes == 0
-    assert g.tokens == generate(m, TOKS[:300], max_tokens=5, temperature=0).tokens
+    assert g.tokens == serial_generate(m, TOKS[:300], max_tokens=5, temperature=0).tokens
     gc.collect()
     assert kv_live_pages() == live0
     with pytest.raises(ValueError):
@@ -382,7 +403,7 @@ def test_lookup_and_lru_match_a_simulation(dense, prompts, capacity):
     the first generated token equals a fresh session's argmax."""
     m = dense
     probe = PrefixCache(m)
-    generate(m, [3], max_tokens=0, cache=probe)
+    serial_generate(m, [3], max_tokens=0, cache=probe)
     per = probe.entries()[0][1] + page_group_bytes(m)  # every entry here: one partial page
     probe.clear()
     cache = PrefixCache(m, budget_bytes=capacity * per)
@@ -400,7 +421,7 @@ def test_lookup_and_lru_match_a_simulation(dense, prompts, capacity):
         if q not in sim:
             sim.append(q)
             del sim[:-capacity]
-        g = generate(m, list(p), max_tokens=1, temperature=0, cache=cache)
+        g = serial_generate(m, list(p), max_tokens=1, temperature=0, cache=cache)
         assert g.cached_tokens == want
         with m.new_session() as s:
             assert g.tokens == [int(np.argmax(s.eval(list(p))))]

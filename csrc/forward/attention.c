@@ -61,6 +61,7 @@
  *    256-position blocks.
  */
 #include "forward.h"
+#include "../paths.h"
 
 #include <math.h>
 
@@ -385,6 +386,12 @@ void ds4_attn_block(ds4_fwd *f, const ds4_layer *L, ds4_kv_layer *kvl, int64_t n
     ac.group = nh / nkv; /* grouped GQA: q head h reads kv head h/group (pitfall 3) */
     ac.nb = (pos0 + 1 + DS4_KV_PAGE - 1) / DS4_KV_PAGE;
     ac.part = f->attn_part;
+    if (ds4_paths_on())
+        ds4_path_note(f->path_layer, "attention",
+                      n == 1 && ac.nb > 1 ? (f->attn_f16 ? "split-K decode, 256-blocks, F16 KV, Q/V in F16"
+                                                         : "split-K decode, 256-blocks, F32 Q/V")
+                                          : (f->attn_f16 ? "rows, 256-blocks, F16 KV, Q/V in F16"
+                                                         : "rows, 256-blocks, F32 Q/V"));
     if (n == 1 && ac.nb > 1) {
         ds4_pool_for(f->pool, nh * ac.nb, part_items, &ac);
         ds4_pool_for(f->pool, nh, merge_items, &ac);

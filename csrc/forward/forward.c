@@ -5,6 +5,7 @@
  */
 #include "forward.h"
 #include "../error.h"
+#include "../paths.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -243,6 +244,7 @@ int ds4_fwd_init(ds4_fwd *f, const ds4_model *m, int kv_type, ds4_error *err) {
     f->c = m->cfg;
     f->precision = m->params.precision;
     f->fast = f->precision == DS4_PRECISION_FAST;
+    f->path_layer = DS4_PATH_OTHER;
     f->n_ctx = m->params.n_ctx;
     f->n_threads = m->params.n_threads < 1 ? 1 : m->params.n_threads;
     f->kv_type = kv_type;
@@ -472,6 +474,7 @@ void ds4_fwd_chunk(ds4_fwd *f, const int32_t *tokens, int64_t n, int64_t pos0,
 
     for (int64_t il = 0; il < c->n_main; il++) {
         const ds4_layer *L = &m->layers[il];
+        f->path_layer = il;
         const float *an = (const float *)L->attn_norm.data;
         for (int64_t t = 0; t < n; t++) ds4_rmsnorm(f->h + t * E, an, f->x + t * E, E, eps);
         if (L->kind == DS4_LAYER_GDN)
@@ -497,6 +500,7 @@ void ds4_fwd_chunk(ds4_fwd *f, const int32_t *tokens, int64_t n, int64_t pos0,
         }
     }
 
+    f->path_layer = DS4_PATH_OTHER;
     if (out_row0 >= n) return;
     const int64_t n_out = n - out_row0;
     const float *on = (const float *)m->output_norm.data;
@@ -505,5 +509,7 @@ void ds4_fwd_chunk(ds4_fwd *f, const int32_t *tokens, int64_t n, int64_t pos0,
         ds4_rmsnorm(f->h + t * E, on, hidden + (t - out_row0) * E, E, eps);
     ds4_mm_job head = ds4_mm(ds4_model_head(m), 0, 0, c->n_vocab, hidden, E, logits, c->n_vocab,
                              n_out);
+    f->path_layer = DS4_PATH_HEAD;
     ds4_matmul(f, &head, 1);
+    f->path_layer = DS4_PATH_OTHER;
 }

@@ -182,6 +182,7 @@ typedef struct ds4_fwd {
     float *cap_out;
 
     ds4_counters cnt;         /* cumulative: allocations and weight bytes read */
+    int64_t path_layer;       /* DS4PY_PATHS label of the running layer (paths.h) */
 
     /* The nextn / MTP head (nextn.c), when the model has one (bundled or a
      * draft_head file). Its own KV cache has the trunk attention layers'
@@ -215,7 +216,9 @@ int ds4_fwd_reserve(ds4_fwd *f, int64_t w0, int64_t n_pos, ds4_error *err);
  * (logits + (r-out_row0)*n_vocab), and, when f->n_cap > 0, the residual
  * stream after the requested layers (f->cap_out, see above; the caller
  * points cap_out at the chunk's first output row). Cannot fail:
- * ds4_fwd_reserve ran first and the arguments were checked by the caller. */
+ * ds4_fwd_reserve ran first and the arguments were checked by the caller.
+ * On return f->h still holds the residual stream (before the final norm) of
+ * all n rows: session.c's head priming norms it into the rows' hidden. */
 void ds4_fwd_chunk(ds4_fwd *f, const int32_t *tokens, int64_t n, int64_t pos0,
                    int64_t out_row0, float *logits, float *hidden);
 

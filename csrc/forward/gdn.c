@@ -17,6 +17,7 @@
  * from them (see "verify rollback" below).
  */
 #include "forward.h"
+#include "../paths.h"
 
 #include <math.h>
 #include <string.h>
@@ -95,21 +96,31 @@ static void conv_step(ds4_fwd *f, const ds4_layer *L, const float *in, float *ou
 /* One token's update of one value head's state (spec §3.7):
  * S <- exp(g)*S; delta = (v - S.k)*beta; S += k (x) delta. The forward pass
  * and accept's replay (ds4_gdn_replay) both call this, so a replayed row
- * runs the very float operations the row ran in its verify. */
-static inline void delta_update(float *S, const float *k, const float *v, float g, float beta,
-                                float *delta, ds4_vec_dot_fn dot, int64_t dk, int64_t dv) {
+ * runs the very float operations the row ran in its verify.
+ *
+ * Row m of S needs only row m: its decay, its dot with k, its delta_m and
+ * its rank-1 update touch nothing else, so the update runs row by row in
+ * one pass over S (the row stays in L1) instead of three passes over the
+ * whole d_k x d_v state; every float operation is the one the three-pass
+ * form did, in the same order per element. */
+static inline void delta_row(float *Sm, const float *k, float decay, float vm, float beta,
+                             ds4_vec_dot_fn dot, int64_t dk) {
+    for (int64_t i = 0; i < dk; i++) Sm[i] *= decay;
+    float u = 0.0f;
+    dot(dk, &u, Sm, k);
+    const float dm = (vm - u) * beta;
+    for (int64_t i = 0; i < dk; i++) Sm[i] += k[i] * dm;
+}
+
+static inline void delta_update(const ds4_kernel_set *ks, float *S, const float *k,
+                                const float *v, float g, float beta, int64_t dk, int64_t dv) {
     const float decay = expf(g);
-    for (int64_t e = 0; e < dk * dv; e++) S[e] *= decay;
-    for (int64_t m = 0; m < dv; m++) {
-        float u = 0.0f;
-        dot(dk, &u, S + m * dk, k);
-        delta[m] = (v[m] - u) * beta;
+    if (ks->gdn_row) { /* the same operations, vectorised (quants.h) */
+        for (int64_t m = 0; m < dv; m++) ks->gdn_row(S + m * dk, k, NULL, dk, decay, v[m], beta, NULL);
+        return;
     }
-    for (int64_t m = 0; m < dv; m++) {
-        float *Sm = S + m * dk;
-        const float dm = delta[m];
-        for (int64_t i = 0; i < dk; i++) Sm[i] += k[i] * dm;
-    }
+    ds4_vec_dot_fn dot = ks->vec_dot_f32[DS4_TYPE_F32];
+    for (int64_t m = 0; m < dv; m++) delta_row(S + m * dk, k, decay, v[m], beta, dot, dk);
 }
 
 typedef struct {
@@ -130,7 +141,6 @@ static void delta_heads(void *vctx, int64_t j0, int64_t j1, int ith) {
     const int64_t dk = cf->ssm_d_state, dv = cf->ssm_d_state, nk = cf->ssm_n_k;
     const int64_t nv = cf->ssm_n_v, cd = conv_dim(cf), key_dim = nk * dk, vd = cf->ssm_d_inner;
     ds4_vec_dot_fn dot = f->k->vec_dot_f32[DS4_TYPE_F32];
-    float *delta = f->thread_scratch + (int64_t)ith * f->per_thread_floats;
     const float *norm_w = (const float *)c->L->ssm_norm.data;
     /* FAST scales the output by 1/sqrt(d_k) (ggml's fused gated_delta_net op,
      * ops.cpp: scale = 1.0f / sqrtf((float) S_v)); EXACT scaled q instead. */
@@ -145,10 +155,18 @@ static void delta_heads(void *vctx, int64_t j0, int64_t j1, int ith) {
             const float *q = row + kh * dk, *k = row + key_dim + kh * dk;
             const float *v = row + 2 * key_dim + j * dv;
             float *o = c->w.o + t * vd + j * dv;
-            delta_update(S, k, v, c->w.g[t * nv + j], c->w.beta[t * nv + j], delta, dot, dk, dv);
+            /* the update and the output row by row, in the same pass: o_m
+             * reads row m after its update, as it would after all of them */
+            const float decay = expf(c->w.g[t * nv + j]), beta = c->w.beta[t * nv + j];
             for (int64_t m = 0; m < dv; m++) {
+                float *Sm = S + m * dk;
                 float s = 0.0f;
-                dot(dk, &s, S + m * dk, q);
+                if (f->k->gdn_row) {
+                    f->k->gdn_row(Sm, k, q, dk, decay, v[m], beta, &s);
+                } else {
+                    delta_row(Sm, k, decay, v[m], beta, dot, dk);
+                    dot(dk, &s, Sm, q);
+                }
                 o[m] = s * oscale;
             }
             /* Gated RMSNorm over the head: norm(o) * ssm_norm * SiLU(z)
@@ -220,8 +238,6 @@ static void replay_items(void *vctx, int64_t i0, int64_t i1, int ith) {
     const ds4_model_config *c = &f->c;
     const int64_t dk = c->ssm_d_state, dv = c->ssm_d_state, nk = c->ssm_n_k, nv = c->ssm_n_v;
     const int64_t cd = conv_dim(c), key_dim = nk * dk;
-    ds4_vec_dot_fn dot = f->k->vec_dot_f32[DS4_TYPE_F32];
-    float *delta = f->thread_scratch + (int64_t)ith * f->per_thread_floats;
     for (int64_t it = i0; it < i1; it++) {
         const int64_t il = it / nv, j = it % nv;
         if (f->m->layers[il].kind != DS4_LAYER_GDN) continue;
@@ -232,7 +248,7 @@ static void replay_items(void *vctx, int64_t i0, int64_t i1, int ith) {
             const float *k = r + cd + (j % nk) * dk; /* tiled v-head -> k-head */
             const float *v = r + cd + key_dim + j * dv;
             const float *gb = r + 2 * cd - key_dim;
-            delta_update(S, k, v, gb[j], gb[nv + j], delta, dot, dk, dv);
+            delta_update(f->k, S, k, v, gb[j], gb[nv + j], dk, dv);
         }
     }
 }
@@ -305,6 +321,10 @@ void ds4_gdn_layer(ds4_fwd *f, int64_t il, int64_t n) {
     if (f->verify) capture(f, il, &w, n);
 
     gdn_ctx ctx = {f, L, st, st_out, w, n};
+    if (ds4_paths_on())
+        ds4_path_note(f->path_layer, "gdn recurrence",
+                      f->k->gdn_row ? "gdn_row (SIMD), one pass per state row"
+                                    : "portable loop + vec_dot_f32, one pass per state row");
     ds4_pool_for(f->pool, nv, delta_heads, &ctx);
 
     ds4_mm_job out = ds4_mm(&L->ssm_out, 0, 0, E, w.o, vd, f->y, E, n);

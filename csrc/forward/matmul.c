@@ -21,14 +21,31 @@
  * Jobs of one call that read the same activation rows at the same
  * vec_dot_type (q/k/v, gate/up, the experts of a MoE layer) share one
  * quantized copy.
+ *
+ * Multi-row kernels. Where the kernel set has dot_rows for a weight type
+ * (quants.h), a work item dots each weight row against all its token rows
+ * in one call, which reads and decodes every weight block once for all of
+ * them instead of once per row; such a job's activation source is stored
+ * in the kernel's rows layout (pack_rows, e.g. Q8X), packed right after the
+ * per-row quantization. dot_rows is bit-identical to vec_dot row by row,
+ * so this changes no value: a row's result still depends on that row only.
  */
 #include "forward.h"
+#include "../paths.h"
+
+#include <stdio.h>
 
 /* Output rows per work item: small enough to spread a decode step's
  * matrices over the threads, large enough to amortise the dispatch. */
 #define MM_TILE 8
 /* Jobs per dispatch; longer lists go in slices (one expert = two jobs). */
 #define MM_MAX_JOBS 64
+/* Token rows per dot_rows call: as many as the kernels keep in registers
+ * (8 accumulators), so the group's activation rows stay in L1 while the
+ * tile's weight rows pass over them. */
+#define MM_ROWS_CALL 8
+/* Values quantized per piece before packing (whole Q8_0 block pairs). */
+#define MM_PACK_PIECE 256
 
 ds4_mm_job ds4_mm(const ds4_tensor *t, int64_t expert, int64_t row0, int64_t n_out,
                   const float *x, int64_t x_stride, float *y, int64_t y_stride,
@@ -57,7 +74,12 @@ static size_t act_row_bytes(int type, int64_t n) {
 
 size_t ds4_mm_act_row_bytes(int weight_type, int64_t n_in) {
     const int vdt = ds4_type_traits_table[weight_type].vec_dot_type;
-    return vdt == DS4_TYPE_F32 || vdt < 0 ? 0 : act_row_bytes(vdt, n_in);
+    if (vdt == DS4_TYPE_F32 || vdt < 0) return 0;
+    const size_t plain = act_row_bytes(vdt, n_in);
+    /* the forward runs the AUTO set (forward.c), whose rows layout may be larger */
+    const ds4_kernel_set *k = ds4_kernels_for(DS4_ISA_AUTO);
+    const size_t rows = k ? ds4_rows_act_bytes(k, weight_type, n_in) : 0;
+    return rows > plain ? rows : plain;
 }
 
 /* One quantized activation source: rows [0, n_rows) of x (stride x_stride,
@@ -66,6 +88,7 @@ typedef struct {
     const float *x;
     int64_t x_stride, n_in, n_rows;
     int type;
+    ds4_pack_rows_fn pack; /* non-NULL: rows stored in this packer's layout */
     uint8_t *q;
     size_t q_stride;
 } mm_src;
@@ -77,6 +100,7 @@ typedef struct {
     const ds4_kernel_set *k;
     /* per job: the dot kernel and, in fast precision, its activation rows */
     ds4_vec_dot_fn dot[MM_MAX_JOBS];
+    ds4_dot_rows_fn rows[MM_MAX_JOBS]; /* non-NULL: the multi-row kernel instead */
     const uint8_t *act[MM_MAX_JOBS]; /* NULL: the job's float x rows */
     size_t act_stride[MM_MAX_JOBS];
     /* quantization items: row `it - src_start[s]` of source s */
@@ -93,8 +117,43 @@ static void quant_items(void *vctx, int64_t i0, int64_t i1, int ith) {
         while (it >= c->src_start[s + 1]) s++;
         const mm_src *sr = &c->src[s];
         const int64_t r = it - c->src_start[s];
-        c->k->from_float[sr->type](sr->x + r * sr->x_stride, sr->q + (size_t)r * sr->q_stride,
-                                   sr->n_in);
+        const float *x = sr->x + r * sr->x_stride;
+        uint8_t *q = sr->q + (size_t)r * sr->q_stride;
+        if (!sr->pack) {
+            c->k->from_float[sr->type](x, q, sr->n_in);
+            continue;
+        }
+        /* Quantize a piece, then pack it (packed sources are Q8_0 rows in
+         * the Q8X layout). Q8_0 quantization is per block, so a piece's
+         * blocks equal the whole row's. */
+        uint8_t tmp[MM_PACK_PIECE / 32 * sizeof(block_q8_0)];
+        for (int64_t i = 0; i < sr->n_in; i += MM_PACK_PIECE) {
+            const int64_t m = sr->n_in - i < MM_PACK_PIECE ? sr->n_in - i : MM_PACK_PIECE;
+            c->k->from_float[sr->type](x + i, tmp, m);
+            sr->pack(tmp, q + ds4_q8x_row_bytes(i), m);
+        }
+    }
+}
+
+/* Item rows of a multi-row job: row chunks outer, so the chunk's activation
+ * rows stay in cache while the tile's weight rows pass over them. */
+static void mm_rows_tile(const mm_ctx *c, int j, int64_t o0, int64_t o1) {
+    const ds4_mm_job *jb = &c->jobs[j];
+    const void *ptr[MM_ROWS_CALL];
+    float s[MM_ROWS_CALL];
+    for (int64_t r0 = 0; r0 < jb->n_rows; r0 += MM_ROWS_CALL) {
+        const int nr = (int)(jb->n_rows - r0 < MM_ROWS_CALL ? jb->n_rows - r0 : MM_ROWS_CALL);
+        for (int r = 0; r < nr; r++) {
+            const int64_t xr = jb->x_idx ? jb->x_idx[r0 + r] : r0 + r;
+            ptr[r] = c->act[j] + (size_t)xr * c->act_stride[j];
+        }
+        for (int64_t o = o0; o < o1; o++) {
+            c->rows[j](jb->n_in, nr, s, jb->w + (size_t)o * jb->row_bytes, ptr);
+            for (int r = 0; r < nr; r++) {
+                const int64_t yr = jb->y_idx ? jb->y_idx[r0 + r] : r0 + r;
+                jb->y[yr * jb->y_stride + o] = s[r];
+            }
+        }
     }
 }
 
@@ -109,6 +168,10 @@ static void mm_items(void *vctx, int64_t i0, int64_t i1, int ith) {
         const uint8_t *act = c->act[j];
         int64_t o0 = (it - c->tile_start[j]) * MM_TILE;
         int64_t o1 = o0 + MM_TILE < jb->n_out ? o0 + MM_TILE : jb->n_out;
+        if (c->rows[j]) {
+            mm_rows_tile(c, j, o0, o1);
+            continue;
+        }
         for (int64_t o = o0; o < o1; o++) {
             const uint8_t *w = jb->w + (size_t)o * jb->row_bytes;
             for (int64_t r = 0; r < jb->n_rows; r++) {
@@ -133,9 +196,16 @@ static int64_t job_rows(const ds4_mm_job *jb) {
     return mx + 1;
 }
 
+/* Bytes of one row of a source at `type`, packed by `pack` (Q8X, the one
+ * packed rows layout, quants.h) or plain. */
+static size_t src_row_bytes(int type, ds4_pack_rows_fn pack, int64_t n) {
+    return pack ? ds4_q8x_row_bytes(n) : act_row_bytes(type, n);
+}
+
 /* Bytes the sources of c would take if job jb joined them (0 if it needs
  * none); *match is the source it would share, or -1 for a new one. */
-static size_t src_bytes_with(const mm_ctx *c, const ds4_mm_job *jb, int vdt, int *match) {
+static size_t src_bytes_with(const mm_ctx *c, const ds4_mm_job *jb, int vdt,
+                             ds4_pack_rows_fn pack, int *match) {
     const int64_t rows = job_rows(jb);
     size_t total = 0;
     *match = -1;
@@ -143,13 +213,13 @@ static size_t src_bytes_with(const mm_ctx *c, const ds4_mm_job *jb, int vdt, int
         const mm_src *sr = &c->src[s];
         int64_t r = sr->n_rows;
         if (sr->x == jb->x && sr->x_stride == jb->x_stride && sr->n_in == jb->n_in &&
-            sr->type == vdt) {
+            sr->type == vdt && sr->pack == pack) {
             *match = s;
             if (rows > r) r = rows;
         }
-        total += (size_t)r * act_row_bytes(sr->type, sr->n_in);
+        total += (size_t)r * src_row_bytes(sr->type, sr->pack, sr->n_in);
     }
-    if (*match < 0) total += (size_t)rows * act_row_bytes(vdt, jb->n_in);
+    if (*match < 0) total += (size_t)rows * src_row_bytes(vdt, pack, jb->n_in);
     return total;
 }
 
@@ -161,7 +231,7 @@ static void dispatch(ds4_fwd *f, mm_ctx *c, const int *job_src) {
         for (int s = 0; s < c->n_src; s++) {
             mm_src *sr = &c->src[s];
             sr->q = q;
-            sr->q_stride = act_row_bytes(sr->type, sr->n_in);
+            sr->q_stride = src_row_bytes(sr->type, sr->pack, sr->n_in);
             q += (size_t)sr->n_rows * sr->q_stride;
             c->src_start[s + 1] = c->src_start[s] + sr->n_rows;
         }
@@ -181,6 +251,23 @@ static void dispatch(ds4_fwd *f, mm_ctx *c, const int *job_src) {
     ds4_pool_for(f->pool, c->tile_start[c->n_jobs], mm_items, c);
 }
 
+/* DS4PY_PATHS: the kernel each job of this dispatch runs. */
+static void note_paths(const ds4_fwd *f, const mm_ctx *c) {
+    for (int j = 0; j < c->n_jobs; j++) {
+        const ds4_mm_job *jb = &c->jobs[j];
+        if (jb->n_rows <= 0) continue;
+        char op[48], var[96];
+        snprintf(op, sizeof op, "%s %s%s", jb->n_rows > 1 ? "gemm" : "matvec",
+                 ds4_type_traits_table[jb->type].name, jb->x_idx ? " (experts)" : "");
+        if (c->rows[j])
+            snprintf(var, sizeof var, "%s", f->k->dot_rows_name[jb->type]);
+        else
+            snprintf(var, sizeof var, "%s %s, one row per call", f->k->isa_name,
+                     f->fast ? "vec_dot" : "vec_dot_f32");
+        ds4_path_note(f->path_layer, op, var);
+    }
+}
+
 void ds4_matmul(ds4_fwd *f, const ds4_mm_job *jobs, int n_jobs) {
     mm_ctx c;
     int job_src[MM_MAX_JOBS];
@@ -197,14 +284,18 @@ void ds4_matmul(ds4_fwd *f, const ds4_mm_job *jobs, int n_jobs) {
             const int vdt = ds4_type_traits_table[jb->type].vec_dot_type;
             if (!f->fast || vdt == DS4_TYPE_F32 || jb->n_rows <= 0) {
                 c.dot[j] = f->fast ? f->k->vec_dot[jb->type] : f->k->vec_dot_f32[jb->type];
+                c.rows[j] = NULL;
                 c.act[j] = NULL;
                 c.act_stride[j] = 0;
                 job_src[j] = -1;
                 c.n_jobs++;
                 continue;
             }
+            /* the multi-row kernel when the set has one for this type */
+            const ds4_dot_rows_fn rows_fn = f->k->dot_rows[jb->type];
+            const ds4_pack_rows_fn pack = rows_fn ? f->k->pack_rows[jb->type] : NULL;
             int match;
-            const size_t need = src_bytes_with(&c, jb, vdt, &match);
+            const size_t need = src_bytes_with(&c, jb, vdt, pack, &match);
             if (c.n_jobs > 0 &&
                 (need > f->mm_qcap || (match < 0 && c.n_src == DS4_MM_SOURCES)))
                 break; /* run what we have; this job starts the next dispatch */
@@ -214,15 +305,18 @@ void ds4_matmul(ds4_fwd *f, const ds4_mm_job *jobs, int n_jobs) {
                 c.src[match].x_stride = jb->x_stride;
                 c.src[match].n_in = jb->n_in;
                 c.src[match].type = vdt;
+                c.src[match].pack = pack;
                 c.src[match].n_rows = 0;
             }
             const int64_t rows = job_rows(jb);
             if (rows > c.src[match].n_rows) c.src[match].n_rows = rows;
             c.dot[j] = f->k->vec_dot[jb->type];
+            c.rows[j] = rows_fn;
             c.act[j] = NULL;
             job_src[j] = match;
             c.n_jobs++;
         }
+        if (ds4_paths_on()) note_paths(f, &c);
         dispatch(f, &c, job_src);
         jobs += c.n_jobs;
         n_jobs -= c.n_jobs;

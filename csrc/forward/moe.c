@@ -9,6 +9,7 @@
  * the same kernel, so grouping does not change any value.
  */
 #include "forward.h"
+#include "../paths.h"
 
 #include <math.h>
 
@@ -135,6 +136,10 @@ void ds4_ffn_moe(ds4_fwd *f, const ds4_layer *L, int64_t n) {
     for (int64_t e = ne; e > 0; e--) off[e] = off[e - 1]; /* undo the fill's advance */
     off[0] = 0;
 
+    if (ds4_paths_on())
+        ds4_path_note(f->path_layer, "moe", L->ffn_gate_up_exps.data
+                                                ? "routed experts only, fused gate_up"
+                                                : "routed experts only, gate/up separate");
     const ds4_tensor *gt = L->ffn_gate_up_exps.data ? &L->ffn_gate_up_exps : &L->ffn_gate_exps;
     const ds4_tensor *ut = L->ffn_gate_up_exps.data ? &L->ffn_gate_up_exps : &L->ffn_up_exps;
     const int64_t u_row0 = L->ffn_gate_up_exps.data ? Fe : 0; /* fused: gate rows first, then up */

@@ -32,7 +32,7 @@
  * real position; attention runs over the KV entries, which is the same
  * thing since the entries are consecutive positions.
  */
-#include "forward.h"
+#include "nextn.h"
 #include "../error.h"
 
 #include <stdio.h>
@@ -342,11 +342,76 @@ static void head_chunk(ds4_fwd *f, const int32_t *tokens, const float *hid, int6
     ds4_matmul(f, &head, 1);
 }
 
+/* KV-only rows (nextn.h, DS4_NEXTN_OUT_KV): head_chunk up to the head's
+ * K/V store, then nothing. Every step repeats head_chunk's and
+ * ds4_attn_block's float operations on the same rows in the same order
+ * (rope() is attention.c's rotation, verbatim), so the entries equal the
+ * ones a full call writes bit for bit (tests/test_nextn_prime.py). */
+static void rope(float *x, const float *cs, const float *sn, int64_t half) {
+    for (int64_t i = 0; i < half; i++) {
+        const float lo = x[i], hi = x[i + half];
+        x[i] = lo * cs[i] + (-hi) * sn[i];
+        x[i + half] = hi * cs[i] + lo * sn[i];
+    }
+}
+
+static void head_kv_chunk(ds4_fwd *f, const int32_t *tokens, const float *hid, int64_t n,
+                          int64_t pos, int64_t e0) {
+    const ds4_model_config *c = &f->c;
+    const ds4_layer *L = head_of(f);
+    const int64_t E = c->n_embd, dh = c->head_dim, nkv = c->n_head_kv;
+    const int64_t kv_dim = nkv * dh, half = c->n_rot / 2;
+    const float eps = c->rms_eps;
+    const ds4_tensor *et = head_embd(f);
+    ds4_to_float_fn emb = f->k->to_float[et->type];
+    const float *en = (const float *)L->nextn_enorm.data;
+    const float *hn = (const float *)L->nextn_hnorm.data;
+    for (int64_t t = 0; t < n; t++) {
+        float *cat = f->nextn_cat + t * 2 * E;
+        emb(et->data + (size_t)tokens[t] * et->row_bytes, f->x + t * E, E);
+        ds4_rmsnorm(f->x + t * E, en, cat, E, eps);
+        ds4_rmsnorm(hid + t * E, hn, cat + E, E, eps);
+    }
+    f->cnt.weight_bytes += (uint64_t)n * et->row_bytes + tbytes(&L->nextn_enorm) +
+                           tbytes(&L->nextn_hnorm) + tbytes(&L->attn_norm) +
+                           tbytes(&L->attn_k_norm);
+    ds4_mm_job eh = ds4_mm(&L->nextn_eh_proj, 0, 0, E, f->nextn_cat, 2 * E, f->h, E, n);
+    ds4_matmul(f, &eh, 1);
+    if (c->n_rot > 0) ds4_rope_tables(f, n, pos);
+    const float *an = (const float *)L->attn_norm.data;
+    for (int64_t t = 0; t < n; t++) ds4_rmsnorm(f->h + t * E, an, f->x + t * E, E, eps);
+    /* f->work holds at least ds4_attn_work_per_row floats per row (grow_scratch) */
+    float *wk = f->work, *wv = f->work + DS4_CHUNK_ROWS * kv_dim;
+    ds4_mm_job jobs[2] = {
+        ds4_mm(&L->attn_k, 0, 0, kv_dim, f->x, E, wk, kv_dim, n),
+        ds4_mm(&L->attn_v, 0, 0, kv_dim, f->x, E, wv, kv_dim, n),
+    };
+    ds4_matmul(f, jobs, 2);
+    const float *kn = (const float *)L->attn_k_norm.data;
+    ds4_from_float_fn store = f->k->from_float[f->kv_type];
+    for (int64_t t = 0; t < n; t++) {
+        const float *cs = f->rope_cos + t * half, *sn = f->rope_sin + t * half;
+        for (int64_t h = 0; h < nkv; h++) {
+            float *k = wk + t * kv_dim + h * dh;
+            ds4_rmsnorm(k, kn, k, dh, eps);
+            rope(k, cs, sn, half);
+            store(k, ds4_kv_row(f, f->nextn_kv.k, h, e0 + t), dh);
+            store(wv + t * kv_dim + h * dh, ds4_kv_row(f, f->nextn_kv.v, h, e0 + t), dh);
+        }
+    }
+}
+
 /* -------------------------------------------------------------- eval -- */
 
-int ds4_nextn_eval(ds4_fwd *f, const int32_t *tokens, const float *hiddens,
-                   const int64_t *positions, int64_t n, ds4_error *err) {
-    const ds4_model_config *c = &f->c;
+/* Where the head's KV starts after rows from p0: an empty head, or a row
+ * at or before its first position, starts it afresh at p0; otherwise rows
+ * continue (or rewind into) it. */
+static int64_t head_base(const ds4_fwd *f, int64_t p0) {
+    const int empty = f->nextn_n_pos <= f->nextn_pos0;
+    return (empty || p0 <= f->nextn_pos0) ? p0 : f->nextn_pos0;
+}
+
+int ds4_nextn_prepare(ds4_fwd *f, int64_t p0, int64_t n, int out, ds4_error *err) {
     if (!f->nextn_ready)
         return ds4_fail(err, DS4_ERR_UNSUPPORTED,
                         "the model has no nextn (MTP) head: its file bundles none and no "
@@ -354,21 +419,11 @@ int ds4_nextn_eval(ds4_fwd *f, const int32_t *tokens, const float *hiddens,
     if (n <= 0)
         return ds4_fail(err, DS4_ERR_ARG, "nextn eval needs at least one row (got %lld)",
                         (long long)n);
-    if (!tokens || !hiddens || !positions)
-        return ds4_fail(err, DS4_ERR_ARG, "nextn eval: tokens, hiddens and positions are needed");
-    for (int64_t i = 0; i < n; i++)
-        if (tokens[i] < 0 || tokens[i] >= c->n_vocab)
-            return ds4_fail(err, DS4_ERR_ARG, "token id %d at row %lld is out of range [0, %lld)",
-                            tokens[i], (long long)i, (long long)c->n_vocab);
-    const int64_t p0 = positions[0];
+    if (out != DS4_NEXTN_OUT_KV && out != DS4_NEXTN_OUT_ALL)
+        return ds4_fail(err, DS4_ERR_ARG, "nextn eval: output mode %d is not DS4_NEXTN_OUT_KV (0) "
+                        "or DS4_NEXTN_OUT_ALL (1)", out);
     if (p0 < 0)
         return ds4_fail(err, DS4_ERR_ARG, "nextn row 0 has position %lld < 0", (long long)p0);
-    for (int64_t i = 1; i < n; i++)
-        if (positions[i] != p0 + i)
-            return ds4_fail(err, DS4_ERR_ARG,
-                            "nextn rows must have consecutive positions: row %lld has %lld, "
-                            "expected %lld",
-                            (long long)i, (long long)positions[i], (long long)(p0 + i));
     if (p0 > f->n_ctx - n)
         return ds4_fail(err, DS4_ERR_ARG,
                         "nextn rows at positions %lld..%lld do not fit n_ctx %lld",
@@ -381,26 +436,67 @@ int ds4_nextn_eval(ds4_fwd *f, const int32_t *tokens, const float *hiddens,
                         "into it)",
                         (long long)p0, (long long)f->nextn_n_pos, (long long)f->nextn_pos0,
                         (long long)(f->nextn_n_pos - 1));
-    /* An empty head, or a row at or before its first position, starts the
-     * KV afresh at p0; otherwise rows continue (or rewind into) it. */
-    const int64_t base = (empty || p0 <= f->nextn_pos0) ? p0 : f->nextn_pos0;
-    const int64_t e0 = p0 - base;
+    const int64_t e0 = p0 - head_base(f, p0);
     const int hb = f->nextn_hidden == f->nextn_hbuf[0] ? 1 : 0;
     int rc;
-    if ((rc = head_reserve(f, e0, e0 + n, err)) || (rc = grow_results(f, n, hb, err))) return rc;
+    if ((rc = head_reserve(f, e0, e0 + n, err)) ||
+        (out == DS4_NEXTN_OUT_ALL && (rc = grow_results(f, n, hb, err))))
+        return rc;
+    return DS4_OK;
+}
 
-    /* Nothing below can fail. */
+void ds4_nextn_run(ds4_fwd *f, const int32_t *tokens, const float *hiddens, int64_t p0,
+                   int64_t n, int out) {
+    const ds4_model_config *c = &f->c;
     const int64_t E = c->n_embd;
+    const int64_t base = head_base(f, p0), e0 = p0 - base;
+    const int hb = f->nextn_hidden == f->nextn_hbuf[0] ? 1 : 0;
     float *hid_out = f->nextn_hbuf[hb];
     f->nextn_pos0 = base;
     f->nextn_n_pos = p0; /* rows past p0 are being replaced */
     for (int64_t c0 = 0; c0 < n; c0 += DS4_CHUNK_ROWS) {
         const int64_t cn = n - c0 < DS4_CHUNK_ROWS ? n - c0 : DS4_CHUNK_ROWS;
-        head_chunk(f, tokens + c0, hiddens + c0 * E, cn, p0 + c0, e0 + c0,
-                   f->nextn_logits + c0 * c->n_vocab, hid_out + c0 * E);
+        if (out == DS4_NEXTN_OUT_KV)
+            head_kv_chunk(f, tokens + c0, hiddens + c0 * E, cn, p0 + c0, e0 + c0);
+        else
+            head_chunk(f, tokens + c0, hiddens + c0 * E, cn, p0 + c0, e0 + c0,
+                       f->nextn_logits + c0 * c->n_vocab, hid_out + c0 * E);
     }
     f->nextn_n_pos = p0 + n;
+    if (out == DS4_NEXTN_OUT_KV) {
+        /* No results; the last call's hidden rows stay where they are. */
+        f->nextn_n_rows = 0;
+        return;
+    }
     f->nextn_hidden = hid_out;
     f->nextn_n_rows = n;
+}
+
+int ds4_nextn_eval(ds4_fwd *f, const int32_t *tokens, const float *hiddens,
+                   const int64_t *positions, int64_t n, ds4_error *err) {
+    return ds4_nextn_eval_out(f, tokens, hiddens, positions, n, DS4_NEXTN_OUT_ALL, err);
+}
+
+int ds4_nextn_eval_out(ds4_fwd *f, const int32_t *tokens, const float *hiddens,
+                       const int64_t *positions, int64_t n, int out, ds4_error *err) {
+    const ds4_model_config *c = &f->c;
+    if (!f->nextn_ready || n <= 0) return ds4_nextn_prepare(f, 0, n, out, err);
+    if (!tokens || !hiddens || !positions)
+        return ds4_fail(err, DS4_ERR_ARG, "nextn eval: tokens, hiddens and positions are needed");
+    for (int64_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= c->n_vocab)
+            return ds4_fail(err, DS4_ERR_ARG, "token id %d at row %lld is out of range [0, %lld)",
+                            tokens[i], (long long)i, (long long)c->n_vocab);
+    const int64_t p0 = positions[0];
+    for (int64_t i = 1; i < n; i++)
+        if (positions[i] != p0 + i)
+            return ds4_fail(err, DS4_ERR_ARG,
+                            "nextn rows must have consecutive positions: row %lld has %lld, "
+                            "expected %lld",
+                            (long long)i, (long long)positions[i], (long long)(p0 + i));
+    int rc = ds4_nextn_prepare(f, p0, n, out, err);
+    if (rc) return rc;
+    /* Nothing below can fail. */
+    ds4_nextn_run(f, tokens, hiddens, p0, n, out);
     return ds4_ok(err);
 }

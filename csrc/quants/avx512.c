@@ -174,6 +174,37 @@ static void dot_bf16_f32(int64_t n, float *s, const void *vx, const void *vy) {
     FLOAT_DOT512(LD_BF16X, LD_F32Y, ML_BF16X, ML_F32Y)
 }
 
+/* ------------------------------------------------------ GDN state row -- */
+/* quants.h gdn_row, with this set's own dot_f32_f32 for both dots (so the
+ * sums are the ones gdn.c's portable loop gets from vec_dot_f32[F32]) and
+ * the elementwise steps as separate IEEE multiplies and adds, the same
+ * roundings the portable C loop makes; masked loads/stores for a tail. */
+static void gdn_row(float *Sm, const float *k, const float *q, int64_t dk, float decay,
+                    float vm, float beta, float *out) {
+    const __m512 dc = _mm512_set1_ps(decay);
+    int64_t i = 0;
+    for (; i + 16 <= dk; i += 16) _mm512_storeu_ps(Sm + i, _mm512_mul_ps(_mm512_loadu_ps(Sm + i), dc));
+    if (i < dk) {
+        const __mmask16 m = (__mmask16)((1u << (dk - i)) - 1u);
+        _mm512_mask_storeu_ps(Sm + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, Sm + i), dc));
+    }
+    float u = 0.0f;
+    dot_f32_f32(dk, &u, Sm, k);
+    const __m512 dm = _mm512_set1_ps((vm - u) * beta);
+    for (i = 0; i + 16 <= dk; i += 16)
+        _mm512_storeu_ps(Sm + i, _mm512_add_ps(_mm512_loadu_ps(Sm + i),
+                                               _mm512_mul_ps(_mm512_loadu_ps(k + i), dm)));
+    if (i < dk) {
+        const __mmask16 m = (__mmask16)((1u << (dk - i)) - 1u);
+        _mm512_mask_storeu_ps(Sm + i, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, Sm + i),
+                                                       _mm512_mul_ps(_mm512_maskz_loadu_ps(m, k + i), dm)));
+    }
+    if (out) {
+        *out = 0.0f;
+        dot_f32_f32(dk, out, Sm, q);
+    }
+}
+
 /* ---------------------------------------------- 32-wide blocks x Q8_x -- */
 /* One block per ymm step: a single vpdpbusd replaces AVX2's vpmaddubsw +
  * vpmaddwd pair (unsigned codes <= 31 feed it directly; signed ones through
@@ -222,6 +253,106 @@ Y32_DOT(dot_q5_1, block_q5_1, block_q8_1, codes_q5_1, 0, Q8_1_EXTRA)
 Y32_DOT(dot_q8_0, block_q8_0, block_q8_0, codes_q8_0, 1, NO_EXTRA)
 Y32_DOT(dot_iq4_nl, block_iq4_nl, block_q8_0, codes_iq4_nl, 1, NO_EXTRA)
 
+/* ------------------------------------------- Q8_0 x Q8X, many rows -- */
+/* The multi-row twin of dot_q8_0 (matmul.c runs it for every Q8_0 matrix in
+ * fast precision). dot_q8_0 accumulates block i into acc[i & 1] (ymm); here
+ * one zmm holds both: lanes 0..7 are acc[0] (even blocks), lanes 8..15
+ * acc[1] (odd blocks), so a step of two blocks performs, lane for lane, the
+ * same FMA of the same int32 sums by the same d_x*d_y products (exact
+ * fp16 -> f32 widening, one rounding for the product) as two dot_q8_0
+ * steps; an odd last block goes into lanes 0..7 only (masked FMA, lanes
+ * 8..15 untouched), and the end is fold512 = acc[0] + acc[1], then the same
+ * hsum256. So every row's result is bit-identical to dot_q8_0 on that row,
+ * for any nr.
+ *
+ * The int32 sums are exact however computed. The packed activation codes
+ * are stored biased, u = a + 128 (unsigned, what vpdpbusd multiplies), and
+ * sum(w*a) = sum(w*u) - 128*sum(w): the correction depends on the weights
+ * only, so it is computed once per block pair and is the accumulator that
+ * each row's vpdpbusd starts from. A row then costs, per two blocks, one
+ * vpdpbusd, a convert, the d_x*d_y multiply (its scales come pre-widened)
+ * and the FMA; the weight pair is loaded and its scales widened once for
+ * up to ROWS_GROUP rows. */
+#define ROWS_GROUP 8
+
+static void pack_q8x(const void *src, void *dst, int64_t n) {
+    const block_q8_0 *b = src;
+    const int64_t nb = n / QK8_0;
+    uint8_t *o = dst;
+    for (int64_t i = 0; i < nb; i += 2, o += 128) {
+        const int two = i + 1 < nb;
+        float d[16];
+        for (int l = 0; l < 8; l++) d[l] = h2f(b[i].d);
+        for (int l = 8; l < 16; l++) d[l] = two ? h2f(b[i + 1].d) : 0.0f;
+        for (int l = 0; l < 32; l++) o[l] = (uint8_t)(b[i].qs[l] + 128);
+        for (int l = 0; l < 32; l++) o[32 + l] = two ? (uint8_t)(b[i + 1].qs[l] + 128) : 128;
+        memcpy(o + 64, d, 64);
+    }
+}
+
+static inline __attribute__((always_inline)) void q8x_rows_group(
+    int64_t n, int g, float *s, const block_q8_0 *x, const void *const *y) {
+    const int64_t nb = n / QK8_0;
+    __m512 acc[ROWS_GROUP];
+    const uint8_t *yb[ROWS_GROUP];
+    _Pragma("GCC unroll 8") for (int r = 0; r < g; r++) {
+        acc[r] = _mm512_setzero_ps();
+        yb[r] = y[r];
+    }
+    const __m512i zero = _mm512_setzero_si512(), u128 = _mm512_set1_epi8((char)0x80);
+    int64_t i = 0;
+    /* pair i/2 of a row: codes at 64*i, scales at 64*i + 64 */
+    for (; i + 2 <= nb; i += 2) {
+        const __m512i w = join(load32(x[i].qs), load32(x[i + 1].qs));
+        const __m512i corr = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, u128, w));
+        const __m512 dx = join_ps(h2f(x[i].d), h2f(x[i + 1].d));
+        _Pragma("GCC unroll 8") for (int r = 0; r < g; r++) {
+            const __m512i p = _mm512_dpbusd_epi32(corr, _mm512_loadu_si512(yb[r] + 64 * i), w);
+            const __m512 dd = _mm512_mul_ps(dx, _mm512_loadu_ps(yb[r] + 64 * i + 64));
+            acc[r] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(p), acc[r]);
+        }
+    }
+    if (i < nb) { /* odd last block: lanes 0..7 (acc[0] of dot_q8_0) only */
+        const __m512i w = _mm512_zextsi256_si512(load32(x[i].qs));
+        const __m512i corr = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, u128, w));
+        const __m512 dx = _mm512_set1_ps(h2f(x[i].d));
+        _Pragma("GCC unroll 8") for (int r = 0; r < g; r++) {
+            const __m512i p = _mm512_dpbusd_epi32(corr, _mm512_loadu_si512(yb[r] + 64 * i), w);
+            const __m512 dd = _mm512_mul_ps(dx, _mm512_loadu_ps(yb[r] + 64 * i + 64));
+            acc[r] = _mm512_mask3_fmadd_ps(dd, _mm512_cvtepi32_ps(p), acc[r], (__mmask16)0x00FF);
+        }
+    }
+    _Pragma("GCC unroll 8") for (int r = 0; r < g; r++) s[r] = hsum256(fold512(acc[r]));
+}
+
+/* nr rows in groups of ROWS_GROUP, the remainder with a constant group size
+ * each so the row loops unroll and the accumulators stay in registers. ONE,
+ * if not NULL, is the one-row kernel, run for a single row where it
+ * measured faster than a group of one (it is what the group mirrors). */
+#define ROWS_DISPATCH(name, wblock_t, GROUP, ONE)                                       \
+    static void name(int64_t n, int nr, float *s, const void *vx, const void *const *y) { \
+        const wblock_t *x = vx;                                                         \
+        if (nr == 1 && ONE) {                                                           \
+            ds4_vec_dot_fn one = ONE;                                                   \
+            one(n, s, vx, y[0]);                                                        \
+            return;                                                                     \
+        }                                                                               \
+        int r = 0;                                                                      \
+        for (; r + ROWS_GROUP <= nr; r += ROWS_GROUP) GROUP(n, ROWS_GROUP, s + r, x, y + r); \
+        switch (nr - r) {                                                               \
+        case 7: GROUP(n, 7, s + r, x, y + r); break;                                    \
+        case 6: GROUP(n, 6, s + r, x, y + r); break;                                    \
+        case 5: GROUP(n, 5, s + r, x, y + r); break;                                    \
+        case 4: GROUP(n, 4, s + r, x, y + r); break;                                    \
+        case 3: GROUP(n, 3, s + r, x, y + r); break;                                    \
+        case 2: GROUP(n, 2, s + r, x, y + r); break;                                    \
+        case 1: GROUP(n, 1, s + r, x, y + r); break;                                    \
+        default: break;                                                                 \
+        }                                                                               \
+    }
+
+ROWS_DISPATCH(dot_rows_q8_0, block_q8_0, q8x_rows_group, NULL)
+
 /* -------------------------------------------------- K-quants x Q8_K -- */
 /* Per block 16 lanes of exact int32 partial sums (unsigned codes <= 63 keep
  * vpmaddubsw's int16 pairs <= 16002; vpdpwssd applies the scales after
@@ -265,6 +396,57 @@ static void dot_q4_k(int64_t n, float *s, const void *vx, const void *vy) {
     }
     *s = hsum256(_mm256_add_ps(fold512(acc), accm));
 }
+
+/* The multi-row twin of dot_q4_k: per block the weight side (scales and
+ * mins unpacked, the 64-code zmm of each 64-chunk, each chunk's scale
+ * lanes, the min weights) is built once for up to ROWS_GROUP rows of Q8_K
+ * (plain rows: its scale is already a float); per row the same vpmaddubsw /
+ * vpdpwssd chain into isum, the same FMA into acc and FNMADD into accm, and
+ * the same final fold: bit-identical to dot_q4_k row by row. */
+static inline __attribute__((always_inline)) void q4k_rows_group(
+    int64_t n, int g, float *s, const block_q4_K *x, const void *const *vy) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), two = _mm512_set1_epi16(2);
+    __m512 acc[ROWS_GROUP];
+    __m256 accm[ROWS_GROUP];
+    const block_q8_K *y[ROWS_GROUP];
+    _Pragma("GCC unroll 8") for (int r = 0; r < g; r++) {
+        acc[r] = _mm512_setzero_ps();
+        accm[r] = _mm256_setzero_ps();
+        y[r] = vy[r];
+    }
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        uint8_t sm[16];
+        k4_scales(x[i].scales, sm);
+        const __m512i sc = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sm)));
+        __m512i idx = k4_scale_idx0();
+        __m512i codes[4], scl[4];
+        for (int c = 0; c < 4; c++) {
+            __m512i q = _mm512_broadcast_i64x4(load32(x[i].qs + 32 * c));
+            codes[c] = _mm512_and_si512(_mm512_mask_srli_epi16(q, UPPER16, q, 4), m4);
+            scl[c] = _mm512_permutexvar_epi16(idx, sc);
+            idx = _mm512_add_epi16(idx, two);
+        }
+        __m128i m16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(sm + 8)));
+        const __m256i mm = _mm256_set_m128i(_mm_unpackhi_epi16(m16, m16), _mm_unpacklo_epi16(m16, m16));
+        const float xd = h2f(x[i].d), xm = h2f(x[i].dmin);
+        _Pragma("GCC unroll 8") for (int r = 0; r < g; r++) {
+            const block_q8_K *b = &y[r][i];
+            __m512i isum = _mm512_setzero_si512();
+            for (int c = 0; c < 4; c++) {
+                __m512i p16 = _mm512_maddubs_epi16(codes[c], _mm512_loadu_si512(b->qs + 64 * c));
+                isum = _mm512_dpwssd_epi32(isum, p16, scl[c]);
+            }
+            const float dy = b->d;
+            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(dy * xd), _mm512_cvtepi32_ps(isum), acc[r]);
+            const __m256i mt = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)b->bsums), mm);
+            accm[r] = _mm256_fnmadd_ps(_mm256_set1_ps(dy * xm), _mm256_cvtepi32_ps(mt), accm[r]);
+        }
+    }
+    _Pragma("GCC unroll 8") for (int r = 0; r < g; r++)
+        s[r] = hsum256(_mm256_add_ps(fold512(acc[r]), accm[r]));
+}
+
+ROWS_DISPATCH(dot_rows_q4_k, block_q4_K, q4k_rows_group, dot_q4_k)
 
 static void dot_q5_k(int64_t n, float *s, const void *vx, const void *vy) {
     const block_q5_K *x = vx;
@@ -350,6 +532,66 @@ static void dot_q6_k(int64_t n, float *s, const void *vx, const void *vy) {
     }
     *s = hsum256(_mm256_add_ps(fold512(acc), accc));
 }
+
+/* The multi-row twin of dot_q6_k: the 4 code zmm and 4 scale-lane zmm of
+ * a block are decoded once for up to ROWS_GROUP rows; per row the same
+ * integer chain (order of the vpdpwssd accumulations included), the same
+ * FMA / FNMADD and final fold as dot_q6_k: bit-identical row by row. */
+static inline __attribute__((always_inline)) void q6k_rows_group(
+    int64_t n, int g, float *s, const block_q6_K *x, const void *const *vy) {
+    const __m512i idx0 = _mm512_set_epi64(0x0003000300030003LL, 0x0003000300030003LL,
+                                          0x0002000200020002LL, 0x0002000200020002LL,
+                                          0x0001000100010001LL, 0x0001000100010001LL,
+                                          0x0000000000000000LL, 0x0000000000000000LL);
+    const __m512i four = _mm512_set1_epi16(4);
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m3 = _mm512_set1_epi8(3);
+    __m512 acc[ROWS_GROUP];
+    __m256 accc[ROWS_GROUP];
+    const block_q8_K *y[ROWS_GROUP];
+    _Pragma("GCC unroll 8") for (int r = 0; r < g; r++) {
+        acc[r] = _mm512_setzero_ps();
+        accc[r] = _mm256_setzero_ps();
+        y[r] = vy[r];
+    }
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
+        const __m512i sc512 = _mm512_castsi256_si512(sc16);
+        __m512i codes[4], scl[4]; /* in dot_q6_k's order: qa, qb of chunk 0, then chunk 1 */
+        __m512i idx = idx0;
+        for (int c = 0; c < 2; c++) {
+            const __m512i l = _mm512_loadu_si512(x[i].ql + 64 * c);
+            const __m512i h = _mm512_broadcast_i64x4(load32(x[i].qh + 32 * c));
+            __m512i ha = _mm512_mask_srli_epi16(h, UPPER16, h, 2);
+            __m512i hb = _mm512_mask_srli_epi16(_mm512_srli_epi16(h, 4), UPPER16, h, 6);
+            codes[2 * c] = _mm512_or_si512(_mm512_and_si512(l, m4),
+                                           _mm512_slli_epi16(_mm512_and_si512(ha, m3), 4));
+            codes[2 * c + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                                               _mm512_slli_epi16(_mm512_and_si512(hb, m3), 4));
+            scl[2 * c] = _mm512_permutexvar_epi16(idx, sc512);
+            idx = _mm512_add_epi16(idx, four);
+            scl[2 * c + 1] = _mm512_permutexvar_epi16(idx, sc512);
+            idx = _mm512_add_epi16(idx, four);
+        }
+        const float xd = h2f(x[i].d);
+        _Pragma("GCC unroll 8") for (int r = 0; r < g; r++) {
+            const block_q8_K *b = &y[r][i];
+            __m512i isum = _mm512_setzero_si512();
+            for (int c = 0; c < 4; c++) {
+                __m512i p16 = _mm512_maddubs_epi16(codes[c], _mm512_loadu_si512(b->qs + 64 * c));
+                isum = _mm512_dpwssd_epi32(isum, p16, scl[c]);
+            }
+            __m256i corr = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)b->bsums));
+            const float d = b->d * xd;
+            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(isum), acc[r]);
+            accc[r] = _mm256_fnmadd_ps(_mm256_set1_ps(d),
+                                       _mm256_cvtepi32_ps(_mm256_slli_epi32(corr, 5)), accc[r]);
+        }
+    }
+    _Pragma("GCC unroll 8") for (int r = 0; r < g; r++)
+        s[r] = hsum256(_mm256_add_ps(fold512(acc[r]), accc[r]));
+}
+
+ROWS_DISPATCH(dot_rows_q6_k, block_q6_K, q6k_rows_group, dot_q6_k)
 
 static void dot_iq4_xs(int64_t n, float *s, const void *vx, const void *vy) {
     const block_iq4_xs *x = vx;
@@ -440,6 +682,14 @@ int ds4_kernels_init_avx512(ds4_kernel_set *k) {
     k->vec_dot[DS4_TYPE_IQ4_XS] = dot_iq4_xs;
     k->vec_dot[DS4_TYPE_Q4_64A] = dot_q4_64a;
     k->vec_dot[DS4_TYPE_Q2_64A] = dot_q2_64a;
+    k->gdn_row = gdn_row;
+    k->dot_rows[DS4_TYPE_Q8_0] = dot_rows_q8_0;
+    k->pack_rows[DS4_TYPE_Q8_0] = pack_q8x;
+    k->dot_rows_name[DS4_TYPE_Q8_0] = "avx512 q8_0 x q8x rows";
+    k->dot_rows[DS4_TYPE_Q4_K] = dot_rows_q4_k;
+    k->dot_rows_name[DS4_TYPE_Q4_K] = "avx512 q4_K x q8_K rows";
+    k->dot_rows[DS4_TYPE_Q6_K] = dot_rows_q6_k;
+    k->dot_rows_name[DS4_TYPE_Q6_K] = "avx512 q6_K x q8_K rows";
     return 1;
 }
 

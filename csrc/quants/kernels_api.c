@@ -5,6 +5,8 @@
 #include "quants.h"
 #include "../error.h"
 
+#include <stdlib.h>
+
 static int check_type(int type, ds4_error *err) {
     if (type < 0 || type >= DS4_TYPE_COUNT || ds4_type_traits_table[type].block_size == 0)
         return ds4_fail(err, DS4_ERR_BAD_TENSOR_TYPE, "unknown ggml type id %d", type);
@@ -104,5 +106,68 @@ int ds4_vec_dot(int isa, int type, const void *w, int act_type, const void *act,
         return ds4_fail(err, DS4_ERR_UNSUPPORTED, "no dot kernel for %s", type_label(type));
     *out = 0.0f;
     if (n) fn(n, out, w, act);
+    return ds4_ok(err);
+}
+
+const char *ds4_matmul_rows_kernel(int isa, int type) {
+    const ds4_kernel_set *k = ds4_kernels_for(isa);
+    if (!k || type < 0 || type >= DS4_TYPE_COUNT) return NULL;
+    return k->dot_rows[type] ? k->dot_rows_name[type] : NULL;
+}
+
+int ds4_matmul_rows(int isa, int type, const void *w, size_t w_row_bytes, int64_t n_out,
+                    const void *act, size_t act_stride, int64_t n, int64_t nr,
+                    int multi_row, float *out, ds4_error *err) {
+    const ds4_kernel_set *k;
+    int rc;
+    if ((rc = check_type(type, err)) || (rc = check_len(type, n, err)) ||
+        (rc = get_set(isa, &k, err)))
+        return rc;
+    const int paired = ds4_type_traits_table[type].vec_dot_type;
+    if (paired < 0 || !k->vec_dot[type])
+        return ds4_fail(err, DS4_ERR_UNSUPPORTED, "%s is not a weight type ds4 computes with",
+                        type_label(type));
+    if ((rc = check_len(paired, n, err))) return rc;
+    if (n_out < 0 || nr < 0)
+        return ds4_fail(err, DS4_ERR_ARG, "negative matrix size (%lld outputs, %lld rows)",
+                        (long long)n_out, (long long)nr);
+    if (multi_row && !k->dot_rows[type])
+        return ds4_fail(err, DS4_ERR_UNSUPPORTED, "ISA %s has no multi-row kernel for %s",
+                        ds4_isa_name(isa), type_label(type));
+    if (n_out == 0 || nr == 0) return ds4_ok(err);
+    if (!multi_row) {
+        for (int64_t r = 0; r < nr; r++)
+            for (int64_t o = 0; o < n_out; o++) {
+                float s = 0.0f;
+                if (n) k->vec_dot[type](n, &s, (const uint8_t *)w + (size_t)o * w_row_bytes,
+                                        (const uint8_t *)act + (size_t)r * act_stride);
+                out[r * n_out + o] = s;
+            }
+        return ds4_ok(err);
+    }
+    /* Rows in the kernel's layout: packed copies, or the caller's rows. */
+    const size_t rb = ds4_rows_act_bytes(k, type, n);
+    uint8_t *packed = NULL;
+    const void **ptr = malloc((size_t)nr * sizeof *ptr);
+    float *s = malloc((size_t)nr * sizeof *s);
+    if (k->pack_rows[type]) packed = malloc(rb * (size_t)nr + 1);
+    if (!ptr || !s || (k->pack_rows[type] && !packed)) {
+        free(ptr); free(s); free(packed);
+        return ds4_fail(err, DS4_ERR_NOMEM, "out of memory for %lld packed rows", (long long)nr);
+    }
+    for (int64_t r = 0; r < nr; r++) {
+        const uint8_t *a = (const uint8_t *)act + (size_t)r * act_stride;
+        if (packed) {
+            k->pack_rows[type](a, packed + (size_t)r * rb, n);
+            ptr[r] = packed + (size_t)r * rb;
+        } else {
+            ptr[r] = a;
+        }
+    }
+    for (int64_t o = 0; o < n_out; o++) {
+        k->dot_rows[type](n, (int)nr, s, (const uint8_t *)w + (size_t)o * w_row_bytes, ptr);
+        for (int64_t r = 0; r < nr; r++) out[r * n_out + o] = s[r];
+    }
+    free(ptr); free(s); free(packed);
     return ds4_ok(err);
 }

@@ -89,12 +89,49 @@ typedef void (*ds4_from_float_fn)(const float *src, void *dst, int64_t n);
 /* *s = dot(x, y) over n weights: x the weight row, y the activation row. */
 typedef void (*ds4_vec_dot_fn)(int64_t n, float *s, const void *x, const void *y);
 
+/* Multi-row dot (matmul.c): s[r] = dot(x, y[r]) for r < nr, one weight
+ * row x against nr activation rows in the ROWS LAYOUT of x's type (what
+ * pack_rows wrote, or plain paired-type rows when pack_rows is NULL). It
+ * reads each weight block once for all rows, and every s[r] is bit-identical
+ * to vec_dot(n, &s, x, <row r in the paired type>): the same float
+ * operations in the same order per row (tests/test_matmul_rows.py). */
+typedef void (*ds4_dot_rows_fn)(int64_t n, int nr, float *s, const void *x,
+                                const void *const *y);
+/* Paired-type activation row (n values) -> its rows layout at dst. */
+typedef void (*ds4_pack_rows_fn)(const void *src, void *dst, int64_t n);
+
+/* The Q8X rows layout (Q8_0-paired types), 128 bytes per pair of Q8_0
+ * blocks: their 64 int8 codes biased to unsigned (a + 128), then each
+ * block's fp16 scale widened to float and repeated 8 times (two blocks'
+ * scales are one 64-byte load).
+ * An odd last block fills its pair's first half; the rest is zero. Each
+ * pair depends only on its own two blocks, so a row can be packed in
+ * pieces of whole pairs. */
+static inline size_t ds4_q8x_row_bytes(int64_t n) { return (size_t)((n / 32 + 1) / 2) * 128; }
+
 typedef struct {
     ds4_to_float_fn to_float[DS4_TYPE_COUNT];
     ds4_from_float_fn from_float[DS4_TYPE_COUNT];
     ds4_vec_dot_fn vec_dot[DS4_TYPE_COUNT];      /* with the paired activation type */
     ds4_vec_dot_fn vec_dot_f32[DS4_TYPE_COUNT];  /* with plain f32 activations */
+    /* Optional multi-row kernels (NULL: matmul loops vec_dot over rows),
+     * the packer of their activation rows (NULL: plain paired rows), and
+     * a name for DS4PY_PATHS reports. */
+    ds4_dot_rows_fn dot_rows[DS4_TYPE_COUNT];
+    ds4_pack_rows_fn pack_rows[DS4_TYPE_COUNT];
+    const char *dot_rows_name[DS4_TYPE_COUNT];
+    /* Optional: one row of a GDN state update (forward/gdn.c delta_row):
+     * Sm *= decay; u = dot(Sm, k); d = (vm - u)*beta; Sm += k*d (multiply,
+     * then add: no FMA); then, if out, *out = dot(Sm, q); both dots this
+     * set's vec_dot_f32[F32]. NULL: gdn.c's portable loop does the same. */
+    void (*gdn_row)(float *Sm, const float *k, const float *q, int64_t dk, float decay,
+                    float vm, float beta, float *out);
+    const char *isa_name; /* set by dispatch.c, for DS4PY_PATHS reports */
 } ds4_kernel_set;
+
+/* Bytes of one activation row of n values in the rows layout the set's
+ * dot_rows[type] takes (0 when it has none). */
+size_t ds4_rows_act_bytes(const ds4_kernel_set *k, int type, int64_t n);
 
 typedef struct {
     const char *name;

@@ -10,8 +10,15 @@ steps (``Model.nextn_eval`` / ``nextn_draft``) and the target's hidden rows.
 
 - :mod:`ds4py.spec.loop`: ``speculative_generate`` (greedy, byte-identical
   to serial greedy decoding).
+- :mod:`ds4py.spec.runner`: ``SpecRunner``, one run's rounds (shared by
+  ``speculative_generate`` and ``ds4py.generate``); depth-0 rounds are the
+  serial step (:mod:`ds4py.spec.stepper`), greedy head rounds are two core
+  calls (csrc/spec_round.c).
 - :mod:`ds4py.spec.drafter`: the ``Drafter`` interface and ``NextnDrafter``
-  (the model's bundled or draft_head nextn/MTP head).
+  (the model's bundled or draft_head nextn/MTP head, its history kept by the
+  core's head priming).
+- :mod:`ds4py.spec.plan`: what ``ds4py.generate`` drafts with (policy,
+  drafter, pairing verdict; one shared CostModel per model).
 - :mod:`ds4py.spec.policy`: ``AdaptivePolicy`` (per-depth acceptance EMA,
   verify cost fitted online, probes against the depth-0 latch),
   ``FixedPolicy`` (``--draft-depth K``; ``FixedPolicy(0)`` / ``NO_DRAFT``

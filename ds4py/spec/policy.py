@@ -29,14 +29,18 @@ AdaptivePolicy (ds4-notes §4 "Adaptive depth", a port of ds4's / mlx.fast's
   a + b*w fitted online by least squares over the last ``window`` verifies.
   Until there is data the costs come from ds4's measured ratios (priors
   below), scaled by the measured plain step. That one is always measured:
-  the first round of a policy is a plain decode (calibration), and so is one
-  round after every ``recalibrate`` (256) drafting rounds in a row -- a
-  policy that keeps drafting would otherwise price depth 0 from verify
-  times forever. A calibration round costs nothing against plain decoding.
+  the first round of a policy whose costs hold no plain step is a plain
+  decode (calibration), and so is one round after every ``recalibrate``
+  (32) drafting rounds in a row -- a policy that keeps drafting would
+  otherwise price depth 0 from one old sample forever (a stall measured
+  once would keep it drafting at a loss). A calibration round costs
+  nothing against plain decoding; it forgoes one round's drafting gain.
 * Choice: the depth in 0..min(cap, max_depth) maximising expected tokens per
   second, E(d) / cost(d), with E(d) = 1 + sum_{j<=d} prod_{i<=j} p[i] (the
   target's own token always comes). Ties go to the shallower depth; depth 0
-  is always a candidate.
+  is always a candidate, and a drafting depth must beat it by ``margin``
+  (5%): at break-even drafting has nothing to gain and the estimates' noise
+  to lose.
 * Probes (ds4-notes §4 "Probe, fixing the EMA latch"; pitfall 7): a round of
   depth 0 carries no evidence, so a policy that has chosen 0 would never
   learn that drafting started to pay. After ``interval`` consecutive
@@ -76,6 +80,10 @@ PRIOR_DRAFT_H = 0.18
 # interval starts at 4 and is capped at 256.
 P_INIT, P_DECAY, ALPHA = 0.85, 0.98, 0.15
 MAX_DEPTH = 7
+# The expected rate of a drafting depth must exceed plain decoding's by this
+# fraction for the cost model to choose it (probes aside). The issue's bar is
+# "never below 0.95x serial"; a choice at break-even risks that for nothing.
+MARGIN = 0.05
 PROBE_INTERVAL, PROBE_CAP = 4, 256
 
 
@@ -85,6 +93,7 @@ class Policy:
 
     enabled = False
     last_was_probe = False   # the last choose() was a probe (stats)
+    needs_plain = False      # the last choose() was 0 to measure a plain step: time it
 
     def choose(self, cap: int) -> int:
         return 0
@@ -133,37 +142,51 @@ NO_DRAFT = FixedPolicy(0)
 class CostModel:
     """Round costs measured in this session (seconds).
 
-    plain(): EMA of one-token decode times. draft_step(): EMA of seconds per
-    chained draft step. overhead(): EMA of the extra work of a drafting round
-    (accept and the head's catch-up). verify(w): a + b*w by least squares
-    over the last ``window`` (width, seconds) samples once they span two
-    widths; with one width, the prior slope (in plain units) through that
-    width's mean; with none, the prior line. ``unit()``, the plain-decode
-    time the priors are scaled by: measured, else inferred from the
-    verifies, else 1.0. Sums are kept incrementally: O(1) per sample and per
-    query (the loop asks once per round).
+    plain(): median of the last ``recent`` one-token decode times.
+    draft_step(): median of the last seconds per chained draft step.
+    overhead(): median of the last extra work of a drafting round (argmaxes,
+    accept with the head's catch-up, bookkeeping). verify(w): a + b*w by
+    least squares over the last ``window`` (width, seconds) samples once
+    they span two widths; with one width, the prior slope (in plain units)
+    through that width's mean; with none, the prior line. ``unit()``, the
+    plain-decode time the priors are scaled by: measured, else inferred from
+    the verifies, else 1.0.
+
+    Robust to stalls: on a shared machine a wall-clock sample is now and
+    then many times the true cost (the process was descheduled). Medians
+    ignore such samples, and a verify sample is clipped to ``clip`` times
+    the current line's prediction once the line rests on ``window // 4``
+    samples. (An EMA of plain steps, the first design, let one stall make
+    depth 0 look expensive; the policy then drafted at a loss until the next
+    plain measurement.) Sums are kept incrementally: O(1) per verify sample,
+    O(recent) per query (the policy asks only when something changed).
     """
 
-    def __init__(self, window: int = 64, ema: float = 0.1):
+    def __init__(self, window: int = 64, recent: int = 9, clip: float = 3.0):
         if window < 2:
             raise ValueError("window must be >= 2")
+        if recent < 1:
+            raise ValueError("recent must be >= 1")
         self._verify: deque[tuple[int, float]] = deque()
         self._window = window
-        self._ema = ema
-        self._plain: float | None = None
+        self._clip = clip
+        self._plain: deque[float] = deque(maxlen=recent)
         self.plain_samples = 0
-        self._draft: float | None = None
-        self._over: float | None = None
+        self._draft: deque[float] = deque(maxlen=recent)
+        self._over: deque[float] = deque(maxlen=recent)
         # running sums over the window: n, w, t, w*w, w*t, t / prior(w)
         self._s = [0, 0.0, 0.0, 0.0, 0.0, 0.0]
         self._widths: dict[int, int] = {}
         self._line: tuple[float, float] | None = None
 
-    def _upd(self, old: float | None, x: float) -> float:
-        return x if old is None else old + self._ema * (x - old)
+    @staticmethod
+    def _median(xs: deque) -> float:
+        v = sorted(xs)
+        n = len(v)
+        return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
 
     def record_plain(self, seconds: float) -> None:
-        self._plain = self._upd(self._plain, float(seconds))
+        self._plain.append(float(seconds))
         self.plain_samples += 1
         self._line = None
 
@@ -183,6 +206,8 @@ class CostModel:
 
     def record_verify(self, width: int, seconds: float) -> None:
         w, t = int(width), float(seconds)
+        if self._s[0] >= max(2, self._window // 4) and len(self._widths) > 1:
+            t = min(t, self._clip * self.verify(w))  # a stall, not the cost
         if len(self._verify) == self._window:
             self._add(*self._verify.popleft(), -1)
         self._verify.append((w, t))
@@ -191,14 +216,14 @@ class CostModel:
 
     def record_draft(self, steps: int, seconds: float) -> None:
         if steps > 0:
-            self._draft = self._upd(self._draft, float(seconds) / steps)
+            self._draft.append(float(seconds) / steps)
 
     def record_overhead(self, seconds: float) -> None:
-        self._over = self._upd(self._over, float(seconds))
+        self._over.append(float(seconds))
 
     def unit(self) -> float:
-        if self._plain is not None:
-            return self._plain
+        if self._plain:
+            return self._median(self._plain)
         if self._s[0]:
             return self._s[5] / self._s[0]
         return 1.0
@@ -234,10 +259,10 @@ class CostModel:
         return self.unit()
 
     def draft_step(self) -> float:
-        return self._draft if self._draft is not None else PRIOR_DRAFT_H * self.unit()
+        return self._median(self._draft) if self._draft else PRIOR_DRAFT_H * self.unit()
 
     def overhead(self) -> float:
-        return self._over if self._over is not None else 0.0
+        return self._median(self._over) if self._over else 0.0
 
     def round_costs(self, cap: int) -> list[float]:
         """cost(d) for d = 0..cap."""
@@ -263,7 +288,8 @@ class AdaptivePolicy(Policy):
     def __init__(self, max_depth: int = MAX_DEPTH, *, alpha: float = ALPHA,
                  probe_interval: int = PROBE_INTERVAL, probe_cap: int = PROBE_CAP,
                  cost: Callable[[int], float] | None = None, window: int = 64,
-                 recalibrate: int = 256):
+                 recalibrate: int = 32, costs: CostModel | None = None,
+                 margin: float = MARGIN):
         if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 1:
             raise ValueError(f"max_depth must be an int >= 1, got {max_depth!r}")
         if probe_interval < 0 or (probe_interval and probe_cap < probe_interval):
@@ -275,12 +301,22 @@ class AdaptivePolicy(Policy):
         self.probe_cap = probe_cap
         self.interval = probe_interval
         self.idle = 0            # consecutive evidence-free rounds
-        self.costs = CostModel(window=window)
+        # a caller may share one CostModel between policies (ds4py.spec.plan
+        # keeps one per model: the costs belong to the model and the machine,
+        # the acceptance to the text being generated)
+        self.costs = CostModel(window=window) if costs is None else costs
         self._cost = cost
         self.recalibrate = recalibrate
+        if margin < 0:
+            raise ValueError("margin must be >= 0")
+        self.margin = margin
         self.since_plain = 0     # drafting rounds since the last measured plain step
         self.last_was_probe = False
+        self.needs_plain = False
         self.n_rounds = self.n_probes = self.n_chosen = self.n_calibration = 0
+        # (cap, model_depth(cap)) until new evidence or a new cost arrives:
+        # a run of plain rounds would otherwise re-price every depth per token
+        self._memo: tuple[int, int] | None = None
 
     # -- cost model --------------------------------------------------------
     def round_cost(self, depth: int) -> float:
@@ -293,7 +329,9 @@ class AdaptivePolicy(Policy):
             cost = [self._cost(d) for d in range(cap + 1)]
         else:
             cost = self.costs.round_costs(cap)
-        best, best_rate = 0, 1.0 / cost[0]
+        # drafting must beat plain decoding by `margin`: at break-even it has
+        # nothing to gain and the estimates' noise to lose
+        best, best_rate = 0, (1.0 + self.margin) / cost[0]
         expected, reach = 1.0, 1.0
         for d in range(1, cap + 1):
             reach *= self.p[d - 1]
@@ -315,8 +353,16 @@ class AdaptivePolicy(Policy):
             # ratios onto this machine). Costs nothing against plain decoding.
             self.n_calibration += 1
             self.since_plain = 0
+            self.needs_plain = True
             return 0
-        d = self.model_depth(cap)
+        self.needs_plain = False
+        memo = self._memo
+        if memo is not None and memo[0] == cap:
+            d = memo[1]
+        else:
+            d = self.model_depth(cap)
+            if self._cost is None:  # an injected cost may change behind our back
+                self._memo = (cap, d)
         if d > 0:
             # the cost model itself drafts: the only thing that resets the probe interval
             self.n_chosen += 1
@@ -337,6 +383,7 @@ class AdaptivePolicy(Policy):
 
     # -- evidence ------------------------------------------------------------
     def observe(self, depth: int, accepted: int, stopped: bool = False) -> None:
+        self._memo = None
         depth = min(depth, self.max_depth)
         accepted = min(accepted, depth)
         a = self.alpha
@@ -346,15 +393,19 @@ class AdaptivePolicy(Policy):
             self.p[accepted] -= a * self.p[accepted]
 
     def record_plain(self, seconds: float) -> None:
+        self._memo = None
         self.costs.record_plain(seconds)
 
     def record_verify(self, width: int, seconds: float) -> None:
+        self._memo = None
         self.costs.record_verify(width, seconds)
 
     def record_draft(self, steps: int, seconds: float) -> None:
+        self._memo = None
         self.costs.record_draft(steps, seconds)
 
     def record_overhead(self, seconds: float) -> None:
+        self._memo = None
         self.costs.record_overhead(seconds)
 
     def summary(self) -> dict:

@@ -2,7 +2,7 @@
 sdist) on a golden checkpoint. Run as a separate process (the converter keeps
 class-level state), as:
 
-    python golden_convert.py LLAMA_CPP_SRC HF_DIR OUTFILE OUTTYPE
+    python golden_convert.py LLAMA_CPP_SRC HF_DIR OUTFILE OUTTYPE [CONVERTER ARGS...]
 
 The one change to the converter's behaviour: it identifies a BPE
 pre-tokenizer by hashing the token ids of a fixed text, and refuses a hash it
@@ -18,6 +18,7 @@ from pathlib import Path
 
 def main() -> None:
     src, hf_dir, outfile, outtype = sys.argv[1:5]
+    extra = sys.argv[5:]  # passed through to the converter (e.g. --model-name)
     src = Path(src)
     sys.path.insert(0, str(src))
     sys.path.insert(1, str(src / "gguf-py"))  # the converter's own gguf-py, as its script does
@@ -28,7 +29,8 @@ def main() -> None:
         return "qwen35"
 
     base.TextModel.get_vocab_base_pre = pre_qwen35
-    sys.argv = ["convert_hf_to_gguf.py", hf_dir, "--outfile", outfile, "--outtype", outtype]
+    sys.argv = ["convert_hf_to_gguf.py", hf_dir, "--outfile", outfile, "--outtype", outtype,
+                *extra]
     conv.main()
 
 

@@ -1,0 +1,309 @@
+"""DFlash drafting: a separate small draft model that reads the target's
+hidden states at a few tapped trunk layers and proposes a block of tokens
+in one pass (contract: csrc/forward/dflash.h; PyTorch reference:
+training/dflash_model.py).
+
+    model = ds4py.load("target.gguf")
+    drafter = DFlashDrafter.load(model, "drafter.gguf")   # refused if unsupported
+    s = drafter.session(model.session())   # a Session whose evals feed the drafter
+    run = SpecRunner(model, s, Policy(...), drafter)       # ds4py.spec, unchanged
+    ...
+
+The drafter's context is the target's residual stream after its tapped
+layers at every committed position; the core keeps it as a persistent
+per-layer KV (``ds4_dflash_ctx``). Committed rows reach it through
+:class:`TapSession`, a thin wrapper of the target :class:`~ds4py.Session`
+that asks every eval and verify for the tapped layers' rows:
+
+* ``eval(tokens)``: all the rows' taps enter the context (so it needs every
+  row's taps: the eval runs with all rows kept and returns what the caller
+  asked for);
+* ``verify(tokens)`` keeps the taps aside; ``accept(k)`` adds the first k
+  rows (one batched call); an eval right after a verify (which keeps all
+  rows, Session.verify) adds them all first;
+* ``restore(snapshot)``: the context is reset (it cannot know the
+  snapshot's history); drafting in that session is then refused until a
+  fresh generation (``admit`` says why). Exactness never depends on it.
+
+Rejected drafts never enter the context, so rollback is "context = committed
+positions" (``DFlashContext.truncate`` for anything else).
+
+A block is [last, MASK x (B-1)] at positions P..P+B-1; it gives B-1 drafts.
+``propose(state, k)`` returns the first k of them; for k > B-1 (a caller
+that ignores ``max_depth``) the block's last draft is repeated, which the
+verify rejects at worst. Greedy output is exact whatever the drafter says.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._core import ffi, lib, new_error
+from .errors import GGUFError, ModelError
+from .spec.drafter import Drafter, DraftError, DraftState
+
+__all__ = ["DFlashConfig", "DFlash", "DFlashContext", "DFlashDrafter", "TapSession"]
+
+
+def _check(status: int, err) -> None:
+    if status != lib.DS4_OK:
+        msg = ffi.string(err.message).decode("utf-8", "replace")
+        raise ModelError(msg, int(status))
+
+
+@dataclass(frozen=True)
+class DFlashConfig:
+    version: int
+    n_layer: int
+    n_embd: int
+    n_ff: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    block_size: int
+    target_layers: tuple[int, ...]   # 0-based trunk layers (version 0 files shifted)
+    mask_token_id: int
+    rms_eps: float
+    rope_base: float
+
+
+class DFlash:
+    """A DFlash drafter file bound to a target model (the core keeps a
+    reference-free pointer to the target, so this object holds the target
+    alive)."""
+
+    def __init__(self, model, path: str | os.PathLike):
+        bpath = os.fsencode(path)
+        if b"\0" in bpath:
+            raise GGUFError(f"path {os.fsdecode(bpath)!r} contains a NUL byte", lib.DS4_ERR_ARG)
+        self.model = model
+        self._model_ptr = model._live()
+        self.path = os.fsdecode(bpath)
+        pp = ffi.new("ds4_dflash **")
+        err = new_error()
+        _check(lib.ds4_dflash_load(bpath, self._model_ptr, pp, err), err)
+        self._ptr = ffi.gc(pp[0], lib.ds4_dflash_free)
+        c = ffi.new("ds4_dflash_config *")
+        lib.ds4_dflash_get_config(self._ptr, c)
+        self.config = DFlashConfig(
+            int(c.version), int(c.n_layer), int(c.n_embd), int(c.n_ff), int(c.n_head),
+            int(c.n_head_kv), int(c.head_dim), int(c.block_size),
+            tuple(int(c.target_layers[i]) for i in range(c.n_taps)), int(c.mask_token_id),
+            float(c.rms_eps), float(c.rope_base))
+
+    def context(self) -> DFlashContext:
+        return DFlashContext(self)
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (f"<ds4py.DFlash {self.path!r} layers={c.n_layer} block={c.block_size} "
+                f"taps={list(c.target_layers)}>")
+
+
+class DFlashContext:
+    """The drafter's persistent context KV for one target session."""
+
+    def __init__(self, dflash: DFlash):
+        self.dflash = dflash
+        pp = ffi.new("ds4_dflash_ctx **")
+        err = new_error()
+        _check(lib.ds4_dflash_ctx_new(dflash._ptr, pp, err), err)
+        self._ptr = ffi.gc(pp[0], lib.ds4_dflash_ctx_free)
+        self._drafts = np.zeros(dflash.config.block_size - 1, dtype=np.int32)
+
+    @property
+    def n(self) -> int:
+        """Context rows held: positions [0, n)."""
+        return int(lib.ds4_dflash_ctx_n(self._ptr))
+
+    def add(self, taps, pos0: int) -> None:
+        """Rows at pos0.. from taps [n, n_taps, n_embd] (Session's
+        ``hidden_layers`` rows); rows from pos0 on are replaced."""
+        c = self.dflash.config
+        arr = np.ascontiguousarray(taps, dtype=np.float32)
+        if arr.ndim != 3 or arr.shape[1:] != (len(c.target_layers), c.n_embd):
+            raise ModelError(f"DFlash taps must be [n, {len(c.target_layers)}, {c.n_embd}], "
+                             f"got {arr.shape}", lib.DS4_ERR_ARG)
+        err = new_error()
+        p = ffi.cast("float *", ffi.from_buffer(arr)) if arr.size else ffi.NULL
+        _check(lib.ds4_dflash_ctx_add(self._ptr, p, int(pos0), arr.shape[0], err), err)
+
+    def truncate(self, n: int) -> None:
+        err = new_error()
+        _check(lib.ds4_dflash_ctx_truncate(self._ptr, int(n), err), err)
+
+    def propose(self, anchor: int, pos: int) -> tuple[list[int], np.ndarray]:
+        """The block at pos (== n) after the committed token ``anchor``:
+        (B-1 drafts, their logits [B-1, vocab] -- a view valid until the
+        next propose)."""
+        err = new_error()
+        _check(lib.ds4_dflash_propose(self._ptr, int(anchor), int(pos),
+                                      ffi.cast("int32_t *", ffi.from_buffer(self._drafts)), err),
+               err)
+        rows = ffi.new("int64_t *")
+        lp = lib.ds4_dflash_logits(self._ptr, rows)
+        V = self.dflash.model.config.vocab_size
+        buf = ffi.buffer(lp, int(rows[0]) * V * 4)
+        logits = np.frombuffer(buf, dtype=np.float32).reshape(int(rows[0]), V)
+        return [int(x) for x in self._drafts], logits
+
+
+class TapSession:
+    """A target Session whose evals and verifies feed a DFlash context (module
+    doc). Everything else is the wrapped session's."""
+
+    def __init__(self, session, drafter: DFlashDrafter):
+        self._s = session
+        self._d = drafter
+        self._pending: tuple[int, np.ndarray] | None = None  # (pos0, verify taps)
+        self.valid = session.n_past == 0  # the context holds the whole history
+        if self.valid:
+            drafter.ctx.truncate(0)
+
+    def __getattr__(self, name):
+        return getattr(self._s, name)
+
+    @property
+    def stepper(self) -> TapSession:
+        """What ds4py.spec's runner uses for plain (depth-0) steps: this
+        session itself, so a plain step's taps reach the context too (the
+        runner's default Stepper calls the core directly)."""
+        return self
+
+    def step(self, token: int):
+        return self.eval([token])
+
+    @property
+    def session(self):
+        return self._s
+
+    @property
+    def n_past(self) -> int:
+        return self._s.n_past
+
+    def _flush(self) -> None:
+        if self._pending is not None:
+            pos0, taps = self._pending
+            self._pending = None
+            if self.valid:
+                self._d.ctx.add(taps, pos0)
+
+    def eval(self, tokens, all_logits: bool = False, return_hidden: bool = False,
+             hidden_layers=None):
+        self._flush()
+        taps = list(self._d.tap_layers)
+        extra = [] if hidden_layers is None else list(hidden_layers)
+        p0 = self._s.n_past
+        out = self._s.eval(tokens, all_logits=True, return_hidden=return_hidden,
+                           hidden_layers=taps + extra)
+        logits, rest = out[0], list(out[1:])
+        lh = rest.pop()
+        if self.valid:
+            self._d.ctx.add(lh[:, :len(taps)], p0)
+        res = [logits if all_logits else logits[-1]]
+        if return_hidden:
+            h = rest.pop(0)
+            res.append(h if all_logits else h[-1])
+        if hidden_layers is not None:
+            mine = lh[:, len(taps):]
+            res.append(mine if all_logits else mine[-1])
+        return res[0] if len(res) == 1 else tuple(res)
+
+    def verify(self, tokens, return_hidden: bool = False, hidden_layers=None):
+        self._flush()
+        taps = list(self._d.tap_layers)
+        extra = [] if hidden_layers is None else list(hidden_layers)
+        p0 = self._s.n_past
+        out = self._s.verify(tokens, return_hidden=return_hidden, hidden_layers=taps + extra)
+        logits, rest = out[0], list(out[1:])
+        lh = rest.pop()
+        self._pending = (p0, np.array(lh[:, :len(taps)]))  # copy: the view dies at the next eval
+        res = [logits]
+        if return_hidden:
+            res.append(rest.pop(0))
+        if hidden_layers is not None:
+            res.append(lh[:, len(taps):])
+        return res[0] if len(res) == 1 else tuple(res)
+
+    def accept(self, k: int) -> None:
+        self._s.accept(k)
+        if self._pending is not None:
+            pos0, taps = self._pending
+            self._pending = None
+            if self.valid:
+                self._d.ctx.add(taps[:int(k)], pos0)
+
+    def restore(self, snap) -> None:
+        self._s.restore(snap)
+        self._pending = None
+        self.valid = False
+
+    def __repr__(self) -> str:
+        return f"TapSession({self._s!r}, valid={self.valid})"
+
+
+class DFlashDrafter(Drafter):
+    """A DFlash drafter in ds4py.spec's interface. It needs no hidden rows
+    from the loop (``needs_hidden`` False): its context comes from the
+    :class:`TapSession` the run must use (``drafter.session(s)``)."""
+
+    name = "dflash"
+    needs_hidden = False
+
+    def __init__(self, dflash: DFlash):
+        self.dflash = dflash
+        self.model = dflash.model
+        self.tap_layers = dflash.config.target_layers
+        self.block_size = dflash.config.block_size
+        self.max_depth = self.block_size - 1  # drafts one pass can make
+        self.ctx = dflash.context()
+        self._bound: TapSession | None = None
+        self.passes = 0
+
+    @classmethod
+    def load(cls, model, path: str | os.PathLike) -> DFlashDrafter:
+        return cls(DFlash(model, path))
+
+    def session(self, session) -> TapSession:
+        """Wrap the target session this drafter drafts for (one at a time).
+        A session that already holds tokens cannot draft (the context lacks
+        their taps); start from an empty session."""
+        self._bound = TapSession(session, self)
+        return self._bound
+
+    def attach(self, session) -> str | None:
+        """Admission (ds4py.spec.drafter.Drafter.attach): None, or why not."""
+        if not isinstance(session, TapSession) or session is not self._bound:
+            return ("the DFlash drafter needs the session wrapped by drafter.session(s), "
+                    "whose evals feed it the target's tapped layers")
+        if not session.valid:
+            return ("the DFlash context does not hold this session's history (the session "
+                    "held tokens before it was wrapped, or was restored from a snapshot)")
+        if self.ctx.n != session.n_past:
+            return (f"the DFlash context holds [0, {self.ctx.n}) but the session is at "
+                    f"{session.n_past}")
+        return None
+
+    admit = attach  # the interface's earlier name
+
+    def finish(self, session) -> None:
+        """Nothing to settle: the context follows the session's commits."""
+
+    def propose(self, state: DraftState, k: int) -> list[int]:
+        s = state.session
+        if isinstance(s, TapSession):
+            s._flush()
+        if self.ctx.n != state.position:
+            raise DraftError(f"DFlash context holds [0, {self.ctx.n}); a block at "
+                             f"{state.position} needs [0, {state.position})")
+        drafts, _ = self.ctx.propose(state.last_token, state.position)
+        self.passes += 1
+        if k <= len(drafts):
+            return drafts[:k]
+        return drafts + [drafts[-1]] * (k - len(drafts))
+
+    def __repr__(self) -> str:
+        return f"DFlashDrafter({self.dflash.path!r}, block={self.block_size})"

@@ -1,0 +1,89 @@
+"""What ``ds4py.generate`` drafts with: the policy, the drafter and the pairing verdict.
+
+    plan = draft_plan(model, draft=None, draft_depth=None, force_draft=False)
+    plan.policy, plan.drafter, plan.report, plan.reason
+
+Defaults (issue 14): drafting is on when the model has a nextn head the
+pairing classifier allows -- its bundled head (NOT_APPLICABLE: nothing to
+pair), or a ``draft_head`` sidecar measured good (or unknown and forced) --
+for greedy and sampled generation alike; the adaptive policy chooses the
+depth. The default policies of one model share one CostModel: the round
+costs it measures (plain step, verify per width, draft step) are the
+model's on this machine, so a request does not start from the priors again
+(it keeps its own acceptance estimates: those belong to the text).
+``draft=False`` (``--no-draft``) turns it off, ``draft_depth=K``
+(``--draft-depth K``) fixes the depth (0 is off), ``force_draft``
+(``--force-draft``) overrides REFUSE_UNKNOWN only.
+
+A draft that the classifier refuses on structure raises PairingError (the
+core refuses the same file at load anyway). A refused verdict just means no
+drafting: the output is the same either way, only the speed differs.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+from .classifier import PairingReport, classify
+from .drafter import Drafter, NextnDrafter
+from .policy import AdaptivePolicy, CostModel, FixedPolicy, Policy
+
+__all__ = ["DraftPlan", "draft_plan"]
+
+_REPORTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_COSTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def model_costs(model) -> CostModel:
+    """The CostModel the default adaptive policies of ``model`` share."""
+    costs = _COSTS.get(model)
+    if costs is None:
+        costs = _COSTS[model] = CostModel()
+    return costs
+
+
+@dataclass
+class DraftPlan:
+    policy: Policy | None        # None: no drafting
+    drafter: Drafter | None
+    report: PairingReport | None
+    reason: str | None           # why not drafting (None when drafting)
+
+    @property
+    def active(self) -> bool:
+        return self.policy is not None and self.drafter is not None
+
+
+def pairing_report(model, force: bool = False, pairs_file: str | None = None):
+    """The classifier's verdict for ``model``'s head (cached per model and
+    force flag), or None when the model has no head."""
+    if model.nextn_source is None:
+        return None
+    cache = _REPORTS.setdefault(model, {})
+    key = (bool(force), pairs_file)
+    if key not in cache:
+        head = model.draft_head if model.nextn_source == "draft_head" else None
+        cache[key] = classify(model.path, head, force=force, pairs_file=pairs_file)
+    return cache[key]
+
+
+def draft_plan(model, draft: bool | None = None, draft_depth: int | None = None,
+               force_draft: bool = False, policy: Policy | None = None,
+               drafter: Drafter | None = None, pairs_file: str | None = None) -> DraftPlan:
+    if draft_depth is not None and (isinstance(draft_depth, bool) or
+                                    not isinstance(draft_depth, int) or draft_depth < 0):
+        raise ValueError(f"draft_depth must be an int >= 0, got {draft_depth!r}")
+    if draft is False or draft_depth == 0:
+        return DraftPlan(None, None, None, "drafting off")
+    if policy is None:
+        policy = (FixedPolicy(draft_depth) if draft_depth is not None
+                  else AdaptivePolicy(costs=model_costs(model)))
+    if drafter is not None:  # a caller's own drafter: nothing to classify
+        return DraftPlan(policy, drafter, None, None)
+    report = pairing_report(model, force_draft, pairs_file)
+    if report is None:
+        return DraftPlan(None, None, None, "the model has no nextn head")
+    if not report.allowed:
+        return DraftPlan(None, None, report, f"pairing verdict {report.verdict}")
+    return DraftPlan(policy, NextnDrafter(model), report, None)

@@ -1,0 +1,271 @@
+"""One speculative decoding run on a session, driven token by token from outside.
+
+    run = SpecRunner(model, session, policy, drafter, pick)
+    refused = run.admit()                 # None: this run drafts
+    logits, _ = run.prefill(ids)          # the core primes the head meanwhile
+    first = pick(logits, session.n_past)
+    block = run.round(first, room)        # [(token, logits row), ...] in order
+    ...                                   # the caller commits tokens until it stops
+    run.settle(j, stopped)                # j: index in block of the last one committed
+    run.finish()
+
+Both ``ds4py.spec.speculative_generate`` and ``ds4py.generate`` drive this
+object, so the exactness argument lives in one place:
+
+* ``pick(row, position)`` is the caller's sampler: the token that goes at
+  ``position`` given the target's logits ``row`` of position-1 (greedy argmax,
+  or a seeded sampler; it may keep state such as a penalty window, because
+  it is called exactly once per committed token, in order).
+* a round of depth 0 evaluates ``last`` and picks once: the serial decode
+  step itself (:class:`ds4py.spec.stepper.Stepper`, the plain loop's step),
+  so a round that does not draft costs what a serial step costs;
+* a round of depth k > 0 drafts k tokens, verifies ``[last, d1..dk]`` in one
+  batched pass (bit-identical to k+1 one-token evals, DESIGN.md invariant 1),
+  then picks row 0, 1, ... in order and stops at the first row whose pick
+  differs from the draft after it: the picks are exactly the tokens a
+  serial decode picks, from exactly the same rows, in the same order. Rows
+  after the first mismatch are never picked (a stateful sampler never sees
+  them). Greedy with the nextn head, the drafts and the rows' argmaxes come
+  from the core in two calls (csrc/spec_round.c).
+* ``settle(j)``: the caller committed block[0..j] (it stops early at EOS, a
+  stop string or the budget); ``session.accept(j + 1)`` keeps ``last`` and
+  block[0..j-1] -- what a serial decode has evaluated -- and, with head
+  priming on, gives the head those rows in the same call.
+
+Admission (one decision for prefill and decode): drafting happens only if
+the policy can draft, there is a drafter and it accepts the session
+(``Drafter.attach``, which for the nextn head turns on the session's head
+priming: from then on the core keeps the head's KV in step with every row
+the trunk commits, prefill included). A refused run never drafts.
+
+Costs reach the policy as wall times from ``clock``, measured the same way
+for every depth: from the start of the round's core work to the end of its
+Python bookkeeping, excluding only what the caller does per committed token
+(the same whether or not the token came from a draft). One depth-0 round in
+``plain_every`` is timed (and every one until the first is): timing each
+would change the cost model every round and make the policy re-price its
+choice every token. Statistics accumulate in ``stats()``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+
+import numpy as np
+
+from .._core import ffi, lib, new_error
+from ..errors import ModelError
+from ..session import VERIFY_MAX
+from .drafter import Drafter, DraftError, DraftState, NextnDrafter
+from .policy import Policy
+from .stepper import Stepper
+
+__all__ = ["SpecRunner", "argmax_pick"]
+
+
+def argmax_pick(row: np.ndarray, position: int) -> int:
+    """Greedy: the first maximum (ties to the lowest id)."""
+    return int(row.argmax())
+
+
+class SpecRunner:
+    """See the module doc."""
+
+    def __init__(self, model, session, policy: Policy, drafter: Drafter | None,
+                 pick: Callable[[np.ndarray, int], int] = argmax_pick, *,
+                 clock: Callable[[], float] = time.perf_counter,
+                 greedy: bool | None = None, plain_every: int = 8):
+        if plain_every < 1:
+            raise ValueError("plain_every must be >= 1")
+        self.model, self.s, self.policy, self.drafter = model, session, policy, drafter
+        self.pick = pick
+        # greedy picks of a whole verify at once (argmax of every row) equal
+        # the row-by-row picks; only the plain argmax may take that shortcut
+        self.greedy = (pick is argmax_pick) if greedy is None else greedy
+        self.clock, self.plain_every = clock, plain_every
+        self.admitted = False
+        self.refused: str | None = "not admitted yet"
+        self.generated: list[int] = []
+        self._pending: tuple | None = None
+        # a session that must see every eval (ds4py.dflash.TapSession) brings its own stepper
+        self._step = getattr(session, "stepper", None) or Stepper(session, model.config.vocab_size)
+        self._plain_n = 0
+        # the core's greedy round: drafts and row argmaxes in two calls
+        self._core = (self.greedy and isinstance(drafter, NextnDrafter) and drafter._in_core)
+        self._buf = ffi.new(f"int32_t[{VERIFY_MAX}]")
+        self._arg = ffi.new(f"int32_t[{VERIFY_MAX}]")
+        self._err = new_error()
+        # statistics
+        self.rounds = self.probes = self.drafted = self.accepted = 0
+        self.depth_counts: Counter = Counter()
+        self.accept_counts: Counter = Counter()
+        self.pos_tried: Counter = Counter()     # draft position d (1-based): rounds reaching it
+        self.pos_ok: Counter = Counter()        # ... and accepted there
+        self.verify_s: dict[int, list[float]] = {}
+        self.round_tokens = 0                   # tokens committed by drafting rounds
+
+    # -- admission and prefill ---------------------------------------------
+    def admit(self) -> str | None:
+        """Decide once whether this run drafts (before the prompt is
+        evaluated, or right after a prefix-cache restore); returns the
+        refusal or None."""
+        if not self.policy.enabled:
+            refused = "the policy never drafts"
+        elif self.drafter is None:
+            refused = "no drafter (the model has no nextn head)"
+        else:
+            refused = self.drafter.attach(self.s)
+        self.refused, self.admitted = refused, refused is None
+        return refused
+
+    def prefill(self, ids: list[int], all_logits: bool = False):
+        """Evaluate ``ids`` after ``session.n_past`` in one call (a priming
+        session primes the head chunk by chunk inside it); returns the last
+        logits row (a view) and, with ``all_logits``, a copy of every row."""
+        if all_logits:
+            rows = self.s.eval(ids, all_logits=True)
+            return rows[-1], np.array(rows)
+        return self.s.eval(ids), None
+
+    # -- rounds ----------------------------------------------------------------
+    def round(self, last: int, room: int) -> list[tuple[int, np.ndarray]]:
+        """One round after the committed, not yet evaluated token ``last``.
+        ``room``: how many more tokens the caller may still commit after
+        ``last`` (the deepest useful round is room - 1 drafts). Returns
+        [(token, logits row it was picked from)], the rows being views valid
+        until the next call on the session. Follow with :meth:`settle`."""
+        s, policy = self.s, self.policy
+        self.generated.append(last)
+        self.rounds += 1
+        cap = min(room - 1, VERIFY_MAX - 1) if self.admitted else 0
+        k = min(policy.choose(cap), cap) if cap > 0 else 0
+        self.depth_counts[k] += 1
+        self._pending = None
+        if k == 0:
+            # the serial step; timed in one round of plain_every (module doc)
+            n = self._plain_n
+            self._plain_n = n + 1
+            if self.admitted and (n % self.plain_every == 0 or
+                                  getattr(policy, "needs_plain", False)):
+                t0 = self.clock()
+                lg = self._step.step(last)
+                t = self.pick(lg, s.n_past)
+                policy.record_plain(self.clock() - t0)
+            else:
+                lg = self._step.step(last)
+                t = self.pick(lg, s.n_past)
+            return [(t, lg)]
+        self.probes += bool(policy.last_was_probe)
+        P = s.n_past
+        t0 = self.clock()
+        if self._core:
+            drafts = self._core_round(last, k)
+            t1 = self._t1
+            t2 = self.clock()
+            rows = s._view(lib.ds4_session_logits, s.vocab_size)
+            g = self._arg
+            m = 0
+            while m < k and drafts[m] == g[m]:
+                m += 1
+            out = [(drafts[i], rows[i]) for i in range(m)] + [(int(g[m]), rows[m])]
+        else:
+            d = self.drafter
+            hid = s.last_hidden() if d.needs_hidden else None
+            drafts = [int(x) for x in d.propose(DraftState(s, P, last, hid, self.generated), k)]
+            if len(drafts) != k:
+                raise DraftError(f"{d.name}: asked for {k} drafts, got {len(drafts)}")
+            t1 = self.clock()
+            rows = s.verify([last, *drafts])
+            t2 = self.clock()
+            out = []
+            if self.greedy:
+                g = rows.argmax(axis=1)  # first maximum: ties to the lowest id
+                m = 0
+                while m < k and drafts[m] == int(g[m]):
+                    m += 1
+                out = [(drafts[i], rows[i]) for i in range(m)] + [(int(g[m]), rows[m])]
+            else:
+                m = 0
+                while True:
+                    t = self.pick(rows[m], P + m + 1)
+                    out.append((t, rows[m]))
+                    if m == k or t != drafts[m]:
+                        break
+                    m += 1
+        self._pending = (k, m, drafts, t0, t1, t2, self.clock())
+        return out
+
+    def _core_round(self, last: int, k: int) -> list[int]:
+        """Drafts (ds4_spec_propose) and the verify with its row argmaxes
+        (ds4_spec_verify_greedy, into self._arg); sets self._t1 between them."""
+        mp, sp, err, buf = self.model._live(), self.s._live(), self._err, self._buf
+        st = lib.ds4_spec_propose(mp, sp, last, k, buf + 1, err)
+        if st:
+            msg = ffi.string(err.message).decode("utf-8", "replace")
+            raise DraftError(msg) if st == lib.DS4_ERR_ARG else ModelError(msg, int(st))
+        self._t1 = self.clock()
+        buf[0] = last
+        st = lib.ds4_spec_verify_greedy(mp, sp, buf, k + 1, self._arg, err)
+        if st:
+            raise ModelError(ffi.string(err.message).decode("utf-8", "replace"), int(st))
+        self.drafter.draft_steps += k
+        return list(buf[1:k + 1])
+
+    def settle(self, j: int, stopped: bool) -> None:
+        """The caller committed tokens 0..j of the last round (``stopped``:
+        token j ended the generation)."""
+        if self._pending is None:  # a plain step: nothing to roll back
+            return
+        k, m, drafts, t0, t1, t2, t_out = self._pending
+        self._pending = None
+        policy = self.policy
+        t3 = self.clock()
+        self.s.accept(j + 1)  # keeps last and the committed tokens before the final one
+        # stop tokens don't update the statistics: a round that ended the
+        # generation counts only the drafts before the stopping token
+        n_ok = min(m, j) if stopped else m
+        policy.observe(k, n_ok, stopped)
+        self.drafted += k
+        self.accepted += n_ok
+        self.accept_counts[n_ok] += 1
+        for dpos in range(1, min(k, n_ok + (0 if stopped else 1)) + 1):
+            self.pos_tried[dpos] += 1
+            if dpos <= n_ok:
+                self.pos_ok[dpos] += 1
+        self.round_tokens += j + 1
+        # the tokens committed in this round after `last` become history for
+        # the drafter's `generated` view (the final one arrives as `last`)
+        self.generated.extend(drafts[:j])
+        self.verify_s.setdefault(k + 1, []).append(t2 - t1)
+        t4 = self.clock()
+        policy.record_draft(k, t1 - t0)
+        policy.record_verify(k + 1, t2 - t1)
+        policy.record_overhead((t_out - t2) + (t4 - t3))
+
+    def finish(self) -> None:
+        if self.admitted:
+            self.drafter.finish(self.s)
+
+    # -- statistics ------------------------------------------------------------
+    def stats(self) -> dict:
+        draft_rounds = self.rounds - self.depth_counts.get(0, 0)
+        return {
+            "drafter": None if self.drafter is None else self.drafter.name,
+            "draft_admitted": self.admitted, "draft_refused": self.refused,
+            "rounds": self.rounds, "draft_rounds": draft_rounds, "probes": self.probes,
+            "drafted": self.drafted, "accepted": self.accepted,
+            "acceptance": self.accepted / self.drafted if self.drafted else 0.0,
+            # P(draft d accepted | drafts 1..d-1 were), over rounds that reached d
+            "acceptance_per_depth": {d: self.pos_ok[d] / n
+                                     for d, n in sorted(self.pos_tried.items())},
+            # tokens committed per drafting round (accepted drafts + the target's own)
+            "mean_accepted_length": (self.round_tokens / draft_rounds
+                                     if draft_rounds else 0.0),
+            "verify_ms_per_width": {w: 1000.0 * sum(v) / len(v)
+                                    for w, v in sorted(self.verify_s.items())},
+            "depth_counts": dict(sorted(self.depth_counts.items())),
+            "accept_counts": dict(sorted(self.accept_counts.items())),
+            "policy": self.policy.summary(),
+        }

@@ -1,0 +1,195 @@
+"""The draft pairing classifier (ds4py.spec.classifier): identities, the
+verdict matrix, structural refusals, and what the CLI prints on attach."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+
+import pytest
+from nextn_files import deeper_head, golden_path, head_file, resized_head, trunk_file
+
+from ds4py import cli
+from ds4py.spec.classifier import (
+    VERDICT_PREFIX,
+    PairingError,
+    classify,
+    identity,
+    load_table,
+)
+
+NAMES = ["dense-q8_0", "moe-q8_0"]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("pairs")
+    out = {}
+    for n in NAMES:
+        out[n] = {"trunk": trunk_file(d, n), "head": head_file(d, n),
+                  "head_min": head_file(d, n, globals_=False),
+                  "narrow": resized_head(d, n, 64), "deeper": deeper_head(d, n),
+                  "full": golden_path(n)}
+    return out
+
+
+def table(tmp_path, entries) -> str:
+    p = tmp_path / "pairs.json"
+    p.write_text(json.dumps({"pairs": entries}))
+    return str(p)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_identity_ignores_names_and_sees_types(name, files, tmp_path):
+    f = files[name]
+    a = identity(f["trunk"])
+    # a renamed copy is the same artifact
+    copy = tmp_path / "renamed-anything.gguf"
+    shutil.copy(f["trunk"], copy)
+    assert identity(str(copy)).id == a.id
+    # the full model's trunk is the same trunk as the trunk-only file
+    assert identity(f["full"]).id == a.id
+    # a head is not a trunk; the two head layouts are different artifacts
+    h = identity(f["head"], role="draft")
+    assert h.id != a.id and h.id != identity(f["head_min"], role="draft").id
+    # the type histogram is what the identity is made of
+    assert sum(a.type_counts.values()) == sum(
+        sum(r["types"].values()) for r in a.roles.values())
+    other = NAMES[1 - NAMES.index(name)]
+    assert identity(files[other]["trunk"]).id != a.id
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_verdict_matrix(name, files, tmp_path):
+    f = files[name]
+    t, h = identity(f["trunk"]).id, identity(f["head"], role="draft").id
+    good = table(tmp_path, [{"target": t, "draft": h, "verdict": "ALLOW_MEASURED_GOOD"}])
+    r = classify(f["trunk"], f["head"], pairs_file=good)
+    assert r.verdict == "ALLOW_MEASURED_GOOD" and r.allowed
+    bad = table(tmp_path, [{"target": t, "draft": h, "verdict": "REFUSE_MEASURED_BAD"}])
+    for force in (False, True):  # known bad: refused even with force
+        r = classify(f["trunk"], f["head"], pairs_file=bad, force=force)
+        assert r.verdict == "REFUSE_MEASURED_BAD" and not r.allowed
+    empty = table(tmp_path, [])
+    r = classify(f["trunk"], f["head"], pairs_file=empty)
+    assert r.verdict == "REFUSE_UNKNOWN" and not r.allowed
+    r = classify(f["trunk"], f["head"], pairs_file=empty, force=True)
+    assert r.verdict == "ALLOW_FORCED_UNKNOWN" and r.allowed
+    # the target's own head: nothing to pair
+    r = classify(f["full"], None, pairs_file=empty)
+    assert r.verdict == "NOT_APPLICABLE" and r.allowed
+    with pytest.raises(PairingError, match="no nextn head"):
+        classify(f["trunk"], None, pairs_file=empty)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("force", [False, True])
+def test_structural_refusals(name, force, files):
+    f = files[name]
+    with pytest.raises(PairingError, match="full model, not a standalone nextn head"):
+        classify(f["trunk"], f["full"], force=force)
+    with pytest.raises(PairingError, match=r"tensor 'blk\.\d+\.[a-z_.]+' has shape"):
+        classify(f["trunk"], f["narrow"], force=force)
+    with pytest.raises(PairingError, match="head of a .*-layer trunk"):
+        classify(f["trunk"], f["deeper"], force=force)
+
+
+def test_user_table_cannot_turn_bad_into_good(files, tmp_path, monkeypatch):
+    f = files["dense-q8_0"]
+    t, h = identity(f["trunk"]).id, identity(f["head"], role="draft").id
+    p = table(tmp_path, [{"target": t, "draft": h, "verdict": "REFUSE_MEASURED_BAD"},
+                         {"target": t, "draft": h, "verdict": "ALLOW_MEASURED_GOOD"}])
+    assert load_table(p)[(t, h)]["verdict"] == "REFUSE_MEASURED_BAD"
+    bad = tmp_path / "broken.json"
+    bad.write_text("{not json")
+    with pytest.raises(PairingError, match="not valid JSON"):
+        load_table(str(bad))
+    bad.write_text(json.dumps({"pairs": [{"target": t, "draft": h, "verdict": "MAYBE"}]}))
+    with pytest.raises(PairingError, match="verdict"):
+        load_table(str(bad))
+    # the environment names the user file
+    monkeypatch.setenv("DS4PY_PAIRS", p)
+    assert classify(f["trunk"], f["head"]).verdict == "REFUSE_MEASURED_BAD"
+
+
+def run_cli(*argv):
+    out, err = io.StringIO(), io.StringIO()
+    rc = cli.main(list(argv), out=out, err=err)
+    return rc, out.getvalue(), err.getvalue()
+
+
+def verdict_line(err: str) -> dict:
+    lines = [ln for ln in err.splitlines() if ln.startswith(VERDICT_PREFIX)]
+    assert len(lines) == 1, err
+    return json.loads(lines[0][len(VERDICT_PREFIX):])
+
+
+def test_cli_attach_prints_identities_and_verdict(files, tmp_path, monkeypatch):
+    f = files["dense-q8_0"]
+    monkeypatch.setenv("DS4PY_PAIRS", table(tmp_path, []))
+    base = ("generate", "-m", f["trunk"], "--draft-head", f["head"], "-p", "Hi", "--raw",
+            "--temp", "0", "--max-tokens", "8", "--json")
+    rc, out, err = run_cli(*base)
+    assert rc == 0
+    v = verdict_line(err)
+    assert v["verdict"] == "REFUSE_UNKNOWN" and not v["allowed"]
+    assert "draft pairing: target" in err and "draft pairing: draft" in err
+    assert "Q8_0 x" in err and "path:" in err
+    refused = json.loads(out)
+    assert refused["draft"]["drafting"] is False
+    rc, out, err = run_cli(*base, "--force-draft", "--draft-depth", "2")
+    assert rc == 0 and verdict_line(err)["verdict"] == "ALLOW_FORCED_UNKNOWN"
+    forced = json.loads(out)
+    assert forced["draft"]["drafting"] and forced["draft"]["drafted"] > 0
+    assert forced["draft"]["verdict"] == "ALLOW_FORCED_UNKNOWN"
+    assert forced["tokens"] == refused["tokens"]  # drafting never changes the output
+    # a full model given as a head: refused whatever the flags, exit 2
+    rc, out, err = run_cli("generate", "-m", f["trunk"], "--draft-head", f["full"], "-p", "Hi",
+                           "--raw", "--max-tokens", "2", "--force-draft")
+    assert rc == 2 and "not a standalone nextn head" in err and out == ""
+
+
+def test_cli_no_draft_and_depth(files):
+    f = files["dense-q8_0"]
+    base = ("generate", "-m", f["full"], "-p", "Hi", "--raw", "--temp", "0", "--max-tokens",
+            "10", "--json")
+    outs = {}
+    for extra in ((), ("--no-draft",), ("--draft-depth", "3")):
+        rc, out, err = run_cli(*base, *extra)
+        assert rc == 0, err
+        outs[extra] = json.loads(out)
+    assert outs[("--no-draft",)]["draft"]["drafting"] is False
+    assert outs[()]["draft"]["verdict"] == "NOT_APPLICABLE"
+    assert outs[("--draft-depth", "3")]["draft"]["depth_counts"].get("3", 0) > 0
+    assert len({json.dumps(o["tokens"]) for o in outs.values()}) == 1
+    rc, out, err = run_cli(*base, "--draft-depth", "-1")
+    assert rc == 2 and "--draft-depth" in err
+    assert os.path.exists(f["full"])
+
+
+def test_shipped_demo_sidecar_entry_applies_to_the_demo_files(tmp_path):
+    """The package table's measured entry for the demo model's trunk with its
+    extracted head (spec-calibrate, ds4py/spec/pairs.json) names the
+    identities those files have, so it is the verdict a user of that pair
+    gets; it carries its evidence; the bundled head stays NOT_APPLICABLE."""
+    import json
+    from importlib import resources
+
+    from ds4py.demo_model import demo_model_path
+    from gguf_tools.mtp import extract_mtp
+
+    head = str(tmp_path / "demo-head.gguf")
+    extract_mtp(demo_model_path(), head)
+    rep = classify(demo_model_path(), head)
+    doc = json.loads(resources.files("ds4py.spec").joinpath("pairs.json").read_text("utf-8"))
+    entries = [p for p in doc["pairs"]
+               if (p["target"], p["draft"]) == (rep.target.id, rep.draft.id)]
+    assert len(entries) == 1
+    e = entries[0]
+    assert rep.verdict == e["verdict"] and rep.entry["source"] == "package"
+    ev = e["evidence"]
+    assert ev["identical"] is True and set(ev["prompts"]) == {"code", "prose", "math", "chat"}
+    assert (e["verdict"] == "ALLOW_MEASURED_GOOD") == (ev["median_speedup"] >= 1.0)
+    assert classify(demo_model_path(), None).verdict == "NOT_APPLICABLE"
