@@ -7,6 +7,7 @@ LOCK = flock /tmp/ds4py-build.lock
 KERNEL_TESTS = tests/test_quants_scalar.py tests/test_quants_llamacpp.py tests/test_gguf_reader.py
 
 .PHONY: dev build build-fast test test-python test-scalar test-neon test-neon-run test-reference bench bench-spec fuzz lint clean
+.PHONY: test-gpu-emul gpu-emul-bin cuda cuda-test
 
 dev:
 	$(PY) -m pip install -e '.[test]'
@@ -21,7 +22,7 @@ build-fast:
 	$(LOCK) $(PY) setup.py -q build_ext --inplace
 
 # What CI runs (through the README's test command).
-test: build test-python test-scalar test-neon
+test: build test-python test-scalar test-neon test-gpu-emul
 
 test-python:
 	$(PYTEST) -q
@@ -54,6 +55,48 @@ test-neon-run:
 	$(NEON_CC) $(NEON_CFLAGS) -static $(NEON_SRCS) $(NEON_OUT)/neon.o -lpthread -lm -o $(NEON_OUT)/test_kernels
 	$(NEON_RUN) $(NEON_OUT)/test_kernels > $(NEON_OUT)/test_kernels.log; rc=$$?; \
 		grep -v '^PASS' $(NEON_OUT)/test_kernels.log; exit $$rc
+
+# The shared GPU kernels (gpu/kernels/) compiled as C and run under the
+# threadgroup emulator (gpu/emul/) against the CPU reference (docs/gpu.md).
+# gpu-emul-bin builds the harness; GPU_EMUL_DEFS plants faults
+# (tests/test_gpu_emul.py builds its variants through this target).
+GPU_EMUL_CC ?= cc
+GPU_EMUL_BIN ?= build/gpu-emul/test_gpu_emul
+GPU_EMUL_DEFS ?=
+GPU_EMUL_CFLAGS = -std=c11 -O1 -ffp-contract=off -Wall -Wextra -Wno-unused-parameter -D_GNU_SOURCE -Icsrc
+GPU_EMUL_SRCS = gpu/tests/test_gpu_emul.c gpu/emul/emul.c gpu/emul/kernels_emul.c gpu/host/bind.c \
+	csrc/forward/norm.c csrc/quants/scalar.c csrc/quants/traits.c csrc/error.c
+
+gpu-emul-bin:
+	mkdir -p $(dir $(GPU_EMUL_BIN))
+	$(GPU_EMUL_CC) $(GPU_EMUL_CFLAGS) $(GPU_EMUL_DEFS) $(GPU_EMUL_SRCS) -lm -o $(GPU_EMUL_BIN)
+
+test-gpu-emul: gpu-emul-bin
+	$(GPU_EMUL_BIN) > build/gpu-emul/test_gpu_emul.log; rc=$$?; \
+		grep -v '^PASS' build/gpu-emul/test_gpu_emul.log; exit $$rc
+
+# The CUDA backend's kernels and host (needs nvcc; built and run on the GPU
+# machine, see docs/gpu.md). CUDA_ARCH: sm_90 is the H200.
+NVCC ?= nvcc
+CUDA_ARCH ?= sm_90
+CUDA_FLAGS = -std=c++17 -O3 -arch=$(CUDA_ARCH) --fmad=false -Xcompiler -fPIC -Icsrc
+cuda:
+	mkdir -p build/cuda
+	$(NVCC) $(CUDA_FLAGS) -c cuda/kernels.cu -o build/cuda/kernels.o
+	$(NVCC) $(CUDA_FLAGS) -c cuda/host.cu -o build/cuda/host.o
+	$(CC) -std=c11 -O2 -fPIC -c gpu/host/bind.c -o build/cuda/bind.o
+	$(NVCC) $(CUDA_FLAGS) -shared build/cuda/kernels.o build/cuda/host.o build/cuda/bind.o -o build/cuda/libds4cuda.so
+
+# The emulator's harness run on the GPU: the same checks, CUDA launches.
+cuda-test: cuda
+	$(CC) $(GPU_EMUL_CFLAGS) -DK_TEST_CUDA -c gpu/tests/test_gpu_emul.c -o build/cuda/test_gpu_emul.o
+	$(CC) $(GPU_EMUL_CFLAGS) -c csrc/forward/norm.c -o build/cuda/norm.o
+	$(CC) $(GPU_EMUL_CFLAGS) -c csrc/quants/scalar.c -o build/cuda/scalar.o
+	$(CC) $(GPU_EMUL_CFLAGS) -c csrc/quants/traits.c -o build/cuda/traits.o
+	$(CC) $(GPU_EMUL_CFLAGS) -c csrc/error.c -o build/cuda/error.o
+	$(NVCC) $(CUDA_FLAGS) build/cuda/test_gpu_emul.o build/cuda/norm.o build/cuda/scalar.o \
+		build/cuda/traits.o build/cuda/error.o build/cuda/kernels.o build/cuda/host.o build/cuda/bind.o \
+		-o build/cuda/test_gpu_cuda
 
 lint:
 	ruff check ds4py tests bench build_core.py setup.py

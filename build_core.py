@@ -85,10 +85,16 @@ def platform_sources():
     srcs = list(GENERIC_SOURCES)
     # Metal: the Objective-C backend lives in metal/*.m on macOS. Until it
     # exists, every platform builds the stub that reports it unavailable.
+    # The Objective-C host (metal/host.m) has never been compiled (no Mac
+    # yet, docs/gpu.md): it is built only on request, DS4PY_BUILD_METAL=1.
     metal_objc = [os.path.join("metal", f) for f in sorted(os.listdir(os.path.join(HERE, "metal")))
-                  if f.endswith(".m")] if sys.platform == "darwin" else []
-    srcs += metal_objc or ["metal/metal_stub.c"]
+                  if f.endswith(".m")] if build_metal() else []
+    srcs += metal_objc + ["gpu/host/bind.c"] if metal_objc else ["metal/metal_stub.c"]
     return srcs
+
+
+def build_metal():
+    return sys.platform == "darwin" and os.environ.get("DS4PY_BUILD_METAL") == "1"
 
 
 def read_cdef():
@@ -109,6 +115,7 @@ ffibuilder.set_source(
     include_dirs=["csrc"],
     extra_compile_args=BASE_CFLAGS,
     libraries=["pthread", "m"] if sys.platform != "win32" else [],
+    extra_link_args=["-framework", "Metal", "-framework", "Foundation"] if build_metal() else [],
 )
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from . import gguf, quants
 from .cache import PrefixCache
+from .dflash import load  # noqa: E402  (Model.load, plus dflash=)
 from .errors import DS4Error, GGUFError, ModelError, QuantError
 from .generate import Generation, GenerationChunk, generate, stream_generate
 from .gguf import GGUFFile, TensorInfo
@@ -11,8 +12,6 @@ from .sampling import Sampler, SamplingParams
 from .session import Session, Snapshot
 from .stop import StopMatcher
 from .tokenizer import Tokenizer, TokenizerError
-
-load = Model.load
 
 __version__ = "0.1.0.dev0"
 

@@ -91,6 +91,8 @@ def _sampling_opts() -> argparse.ArgumentParser:
                    help="draft exactly K tokens per round (measurement; default: adaptive)")
     d.add_argument("--draft-head", metavar="FILE",
                    help="a standalone nextn (MTP) head GGUF to draft with")
+    d.add_argument("--dflash", metavar="FILE",
+                   help="a DFlash drafter GGUF to draft with (instead of the nextn head)")
     d.add_argument("--force-draft", action="store_true",
                    help="draft with a pairing the table does not know (REFUSE_UNKNOWN)")
     g.add_argument("--no-think", action="store_true",
@@ -156,6 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("target", metavar="TARGET", help="the target model GGUF")
     sc.add_argument("--draft-head", metavar="FILE",
                     help="a standalone nextn head (default: the target's bundled head)")
+    sc.add_argument("--dflash", metavar="FILE", help="a DFlash drafter to measure instead")
     sc.add_argument("--max-tokens", type=int, default=64, metavar="N")
     sc.add_argument("--reps", type=int, default=3, metavar="N")
     sc.add_argument("--threads", type=int, metavar="N")
@@ -236,13 +239,27 @@ def _load(args, err: TextIO):
     if tty:
         _warm(path, err)
     head = getattr(args, "draft_head", None)
+    dflash = getattr(args, "dflash", None)
+    if head is not None and dflash is not None:
+        raise CliError("--draft-head and --dflash: draft with one")
     if head is not None and not getattr(args, "no_draft", False):
         head = _classify_head(path, head, args, err)
     elif head is not None:
         head = None  # --no-draft: the sidecar is not even loaded
+    if dflash is not None and not getattr(args, "no_draft", False):
+        dflash = _classify_head(path, dflash, args, err, flag="--dflash")
+    else:
+        dflash = None  # --no-draft: the drafter is not even loaded
     t0 = time.perf_counter()
     model = Model.load(path, n_threads=args.threads, n_ctx=args.ctx, precision=args.precision,
                        draft_head=head)
+    if dflash is not None:
+        from .dflash import attach_dflash
+
+        try:
+            attach_dflash(model, dflash)
+        except DS4Error as e:
+            raise CliError(f"--dflash: {e}") from None
     if tty:
         err.write(f"loaded {os.path.basename(path)} ({model.config.arch}, n_ctx {model.n_ctx}, "
                   f"{model.n_threads} threads, {model.precision}) in "
@@ -251,15 +268,20 @@ def _load(args, err: TextIO):
     return model
 
 
-def _classify_head(path: str, head: str, args, err: TextIO) -> str | None:
-    """The pairing verdict of --draft-head (printed on stderr); the head to
-    load, or None when the verdict refuses it (then nothing drafts)."""
+def _classify_head(path: str, head: str, args, err: TextIO,
+                   flag: str = "--draft-head") -> str | None:
+    """The pairing verdict of --draft-head (or --dflash) printed on stderr;
+    the file to load, or None when the verdict refuses it (then nothing
+    drafts)."""
     from .spec.classifier import PairingError, classify
 
     try:
-        report = classify(path, head, force=args.force_draft)
+        if flag == "--dflash":
+            report = classify(path, force=args.force_draft, dflash=head)
+        else:
+            report = classify(path, head, force=args.force_draft)
     except PairingError as e:
-        raise CliError(f"--draft-head: {e}") from None
+        raise CliError(f"{flag}: {e}") from None
     for line in report.lines():
         err.write(line + "\n")
     err.flush()
@@ -441,8 +463,10 @@ def cmd_spec_calibrate(args, out: TextIO, err: TextIO) -> int:
     if args.reps < 1 or args.max_tokens < 2:
         raise CliError("--reps must be >= 1 and --max-tokens >= 2")
     try:
+        if args.draft_head is not None and args.dflash is not None:
+            raise CliError("--draft-head and --dflash: measure one")
         entry = calibrate(args.target, args.draft_head, max_tokens=args.max_tokens,
-                          reps=args.reps, n_threads=args.threads,
+                          reps=args.reps, n_threads=args.threads, dflash=args.dflash,
                           log=lambda m: (err.write(m + "\n"), err.flush()))
     except PairingError as e:
         raise CliError(str(e)) from None

@@ -21,9 +21,19 @@ that asks every eval and verify for the tapped layers' rows:
 * ``verify(tokens)`` keeps the taps aside; ``accept(k)`` adds the first k
   rows (one batched call); an eval right after a verify (which keeps all
   rows, Session.verify) adds them all first;
-* ``restore(snapshot)``: the context is reset (it cannot know the
-  snapshot's history); drafting in that session is then refused until a
-  fresh generation (``admit`` says why). Exactness never depends on it.
+* ``snapshot()`` records the taps of the snapshot's whole history next to
+  it (a view of the session's tap history, shared, never written again:
+  the history is copied before a restored session writes into it), and
+  ``restore(snapshot)`` rebuilds the context from them in one batched
+  ``ctx.add`` (or just truncates it when the session's own context already
+  holds that history), so a prefix-cache hit keeps drafting; the context
+  is then bit-identical to one built by a fresh evaluation (context rows
+  depend on their taps and position only). A snapshot taken elsewhere
+  carries no taps: the session is then not drafting-ready until
+  :meth:`TapSession.rebuild` re-evaluates the prefix for its taps (what
+  ds4py.generate does with a prefix-cache hit) -- ``admit`` says why
+  otherwise. Exactness never depends on any of it. The recorded taps are
+  not charged to a PrefixCache budget (n_taps x n_embd floats a position).
 
 Rejected drafts never enter the context, so rollback is "context = committed
 positions" (``DFlashContext.truncate`` for anything else).
@@ -37,6 +47,7 @@ verify rejects at worst. Greedy output is exact whatever the drafter says.
 from __future__ import annotations
 
 import os
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,7 +56,16 @@ from ._core import ffi, lib, new_error
 from .errors import GGUFError, ModelError
 from .spec.drafter import Drafter, DraftError, DraftState
 
-__all__ = ["DFlashConfig", "DFlash", "DFlashContext", "DFlashDrafter", "TapSession"]
+__all__ = ["DFlashConfig", "DFlash", "DFlashContext", "DFlashDrafter", "TapSession",
+           "attach_dflash", "load"]
+
+# Snapshot -> (tap layers, taps [n_past, n_taps, n_embd]) of the snapshot's
+# history, recorded by TapSession.snapshot (weak: it goes with the snapshot).
+_SNAPSHOT_TAPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# Prompt rows per eval when only the last row's logits are wanted: every
+# row's taps are needed, so the eval keeps every row's logits too; pieces
+# bound that to PIECE x vocab floats (batch invariance: same results).
+PIECE = 256
 
 
 def _check(status: int, err) -> None:
@@ -159,6 +179,10 @@ class TapSession:
         self._s = session
         self._d = drafter
         self._pending: tuple[int, np.ndarray] | None = None  # (pos0, verify taps)
+        # the taps of positions [0, _len): the context's source (module doc)
+        self._hist: np.ndarray | None = None
+        self._len = 0
+        self._owned = False     # _hist may be written past _len (no snapshot shares it)
         self.valid = session.n_past == 0  # the context holds the whole history
         if self.valid:
             drafter.ctx.truncate(0)
@@ -184,16 +208,68 @@ class TapSession:
     def n_past(self) -> int:
         return self._s.n_past
 
+    @property
+    def nextn_prime(self) -> bool:
+        return self._s.nextn_prime
+
+    @nextn_prime.setter
+    def nextn_prime(self, on: bool) -> None:
+        self._s.nextn_prime = on
+
+    # -- the context and its tap history ---------------------------------------
+    def _add(self, taps: np.ndarray, pos0: int) -> None:
+        """Context rows (and history) at pos0.. from ``taps``."""
+        if not self.valid:
+            return
+        self._d.ctx.add(taps, pos0)
+        n = taps.shape[0]
+        end = pos0 + n
+        h = self._hist
+        if h is None or not self._owned or pos0 < self._len or end > h.shape[0]:
+            # a fresh buffer: the old one may be shared with snapshots
+            cap = max(2 * end, 64)
+            new = np.empty((cap, *taps.shape[1:]), dtype=np.float32)
+            if pos0:
+                new[:pos0] = h[:pos0]
+            self._hist, self._owned, h = new, True, new
+        h[pos0:end] = taps
+        self._len = end
+
+    def _adopt(self, taps: np.ndarray) -> None:
+        """The context becomes the history ``taps`` (positions [0, n))."""
+        n = taps.shape[0]
+        ctx = self._d.ctx
+        h = self._hist
+        same = (self.valid and h is not None and self._len >= n and ctx.n >= n
+                and (h.__array_interface__["data"][0] == taps.__array_interface__["data"][0]
+                     or np.array_equal(h[:n], taps)))
+        if same:
+            ctx.truncate(n)  # the context already holds exactly these rows
+        else:
+            ctx.truncate(0)
+            if n:
+                ctx.add(taps, 0)
+        self._hist, self._len, self._owned, self.valid = taps, n, False, True
+
     def _flush(self) -> None:
         if self._pending is not None:
             pos0, taps = self._pending
             self._pending = None
-            if self.valid:
-                self._d.ctx.add(taps, pos0)
+            self._add(taps, pos0)
 
+    # -- evaluation ------------------------------------------------------------
     def eval(self, tokens, all_logits: bool = False, return_hidden: bool = False,
              hidden_layers=None):
         self._flush()
+        toks = tokens if isinstance(tokens, np.ndarray) else list(tokens)
+        if all_logits or len(toks) <= PIECE:
+            return self._eval(toks, all_logits, return_hidden, hidden_layers)
+        last = (len(toks) - 1) // PIECE * PIECE  # the last piece's start
+        for i in range(0, last, PIECE):
+            self._eval(toks[i:i + PIECE], False, False, None)
+        return self._eval(toks[last:], False, return_hidden, hidden_layers)
+
+    def _eval(self, tokens, all_logits, return_hidden, hidden_layers):
         taps = list(self._d.tap_layers)
         extra = [] if hidden_layers is None else list(hidden_layers)
         p0 = self._s.n_past
@@ -201,8 +277,7 @@ class TapSession:
                            hidden_layers=taps + extra)
         logits, rest = out[0], list(out[1:])
         lh = rest.pop()
-        if self.valid:
-            self._d.ctx.add(lh[:, :len(taps)], p0)
+        self._add(lh[:, :len(taps)], p0)
         res = [logits if all_logits else logits[-1]]
         if return_hidden:
             h = rest.pop(0)
@@ -233,13 +308,57 @@ class TapSession:
         if self._pending is not None:
             pos0, taps = self._pending
             self._pending = None
-            if self.valid:
-                self._d.ctx.add(taps[:int(k)], pos0)
+            self._add(taps[:int(k)], pos0)
+
+    # -- snapshots -------------------------------------------------------------
+    def snapshot(self):
+        """The wrapped session's snapshot, with this history's taps recorded
+        next to it (module doc)."""
+        self._flush()  # a verify without accept keeps all its rows
+        snap = self._s.snapshot()
+        if self.valid and self._len == snap.n_past:
+            h = self._hist
+            taps = h[:self._len] if h is not None else np.zeros(
+                (0, len(self._d.tap_layers), self._d.dflash.config.n_embd), np.float32)
+            taps.flags.writeable = False
+            _SNAPSHOT_TAPS[snap] = (tuple(self._d.tap_layers), taps)
+        return snap
 
     def restore(self, snap) -> None:
         self._s.restore(snap)
         self._pending = None
-        self.valid = False
+        rec = _SNAPSHOT_TAPS.get(snap)
+        n = self._s.n_past
+        if n == 0:
+            self.valid = True
+            self._d.ctx.truncate(0)
+            self._hist, self._len, self._owned = None, 0, False
+        elif rec is not None and rec[0] == tuple(self._d.tap_layers) and rec[1].shape[0] == n:
+            self._adopt(rec[1])
+        else:
+            self.valid = False  # a snapshot without taps: rebuild() or no drafting
+
+    def rebuild(self, ids) -> None:
+        """Make the context hold this session's history again from its token
+        ids (positions [0, n_past)): a scratch session evaluates them for
+        their taps (in pieces; batch invariance makes them the rows the
+        session had), then one batched ``ctx.add``. Costs a prefill of the
+        prefix; for sessions restored from a snapshot without taps."""
+        n = self._s.n_past
+        ids = [int(t) for t in ids]
+        if len(ids) != n:
+            raise ModelError(f"rebuild: {len(ids)} token ids for a session at {n}",
+                             lib.DS4_ERR_ARG)
+        taps = list(self._d.tap_layers)
+        rows = []
+        with self._d.model.new_session() as scratch:
+            for i in range(0, n, PIECE):
+                _, lh = scratch.eval(ids[i:i + PIECE], all_logits=True, hidden_layers=taps)
+                rows.append(np.array(lh))
+        self.valid = True
+        self._hist, self._len, self._owned = None, 0, False
+        self._adopt(np.concatenate(rows) if rows else np.zeros(
+            (0, len(taps), self._d.dflash.config.n_embd), np.float32))
 
     def __repr__(self) -> str:
         return f"TapSession({self._s!r}, valid={self.valid})"
@@ -281,7 +400,8 @@ class DFlashDrafter(Drafter):
                     "whose evals feed it the target's tapped layers")
         if not session.valid:
             return ("the DFlash context does not hold this session's history (the session "
-                    "held tokens before it was wrapped, or was restored from a snapshot)")
+                    "held tokens before it was wrapped, or was restored from a snapshot "
+                    "without taps; TapSession.rebuild(ids) restores it)")
         if self.ctx.n != session.n_past:
             return (f"the DFlash context holds [0, {self.ctx.n}) but the session is at "
                     f"{session.n_past}")
@@ -307,3 +427,42 @@ class DFlashDrafter(Drafter):
 
     def __repr__(self) -> str:
         return f"DFlashDrafter({self.dflash.path!r}, block={self.block_size})"
+
+
+def attach_dflash(model, path: str | os.PathLike) -> DFlash:
+    """Load the DFlash drafter ``path`` for ``model`` and make it the model's
+    drafter (``model.dflash``: ds4py.generate then drafts with it, under the
+    pairing classifier's verdict). A file that is not a DFlash drafter for
+    this target (a nextn head, a full model, another width, taps outside
+    the trunk, ...) is refused by name before the core loads it."""
+    from .spec.classifier import PairingError, check_dflash
+
+    try:
+        check_dflash(model.path, path)
+    except PairingError as e:
+        raise ModelError(f"dflash: {e}", lib.DS4_ERR_BAD_MODEL) from None
+    d = DFlash(model, path)
+    model.dflash = d
+    return d
+
+
+def load(path: str | os.PathLike, n_threads: int | None = None, n_ctx: int | None = None,
+         precision: str = "fast", draft_head: str | os.PathLike | None = None,
+         dflash: str | os.PathLike | None = None):
+    """``ds4py.load``: :meth:`ds4py.Model.load` (see it for the arguments),
+    plus ``dflash``: a DFlash drafter GGUF to draft with (attach_dflash).
+    A nextn head and a DFlash drafter cannot both be given."""
+    from .model import Model
+
+    if dflash is not None and draft_head is not None:
+        raise ModelError("draft_head and dflash were both given: draft with one",
+                         lib.DS4_ERR_ARG)
+    model = Model.load(path, n_threads=n_threads, n_ctx=n_ctx, precision=precision,
+                       draft_head=draft_head)
+    if dflash is not None:
+        try:
+            attach_dflash(model, dflash)
+        except BaseException:
+            model.close()
+            raise
+    return model

@@ -87,7 +87,12 @@ Speculative decoding (ds4py.spec)
   (ds4py.spec.runner says why). A drafting request turns on the session's
   head priming before its prompt is evaluated, so the core keeps the head's
   KV in step with every committed row (prefill included); with ``cache=``
-  it restores only snapshots that carry the head's history. Rounds that do
+  it restores only snapshots that carry the head's history. A model loaded
+  with a DFlash drafter (``ds4py.load(..., dflash=FILE)``) drafts with it
+  instead (its verdict from the classifier); the run goes through the
+  drafter's TapSession, and a prefix-cache hit rebuilds the drafter's
+  context from the taps recorded with the snapshot (or, for a snapshot
+  without them, from one re-evaluation of the prefix). Rounds that do
   not draft are the plain loop's step. ``Generation.draft`` holds the
   statistics (drafter, verdict, rounds, drafted, accepted, acceptance per
   depth, mean accepted length, verify ms per width, decode tok/s, the
@@ -123,6 +128,7 @@ import numpy as np
 
 from ._core import lib
 from .cache import PrefixCache
+from .dflash import DFlashDrafter
 from .errors import ModelError
 from .output_parser import OutputParser, ToolCall, prompt_ends_in_thinking
 from .sampling import Sampler, SamplingParams, TokenLogprobs
@@ -623,25 +629,39 @@ def _spec_loop(model, ids, text, session, own, max_tokens, params, sampler, matc
     logits row, so tokens, text, stop handling and the session's final
     state are the serial loop's; only the chunks' timing differs (a round's
     tokens arrive together)."""
-    s = model.new_session() if own else session
+    base = model.new_session() if own else session
     try:
         if sampler is None:
             def pick(row, position):
                 return int(row.argmax())
         else:
             pick = sampler.pick
+        # a DFlash drafter reads the target's tapped layers of every committed
+        # row: the run goes through its TapSession (ds4py.dflash)
+        dflash = isinstance(plan.drafter, DFlashDrafter)
+        s = plan.drafter.session(base) if dflash else base
         run = SpecRunner(model, s, plan.policy, plan.drafter, pick,
                          greedy=sampler is None)
+
+        def prepare():
+            # a restored snapshot that carries no taps (taken by a request
+            # that did not draft with DFlash): rebuild the drafter's context
+            # from the prefix's ids before admission (exact either way)
+            if dflash and not s.valid and s.n_past:
+                s.rebuild(ids[:s.n_past])
+            run.admit()
+
         t_p0 = time.perf_counter()
         n_cached, track = 0, None
         if cache is not None:
             # admission right after the restore, before the rest is evaluated:
             # the head's history comes with the snapshot (only snapshots that
-            # carry it are restored for the nextn head) and the core primes
-            # the rest during the cache's evals
+            # carry it are restored for the nextn head; a DFlash TapSession
+            # rebuilds its context from the taps recorded with the snapshot)
+            # and the core primes the rest during the cache's evals
             n_cached, logits, prompt_logits, track = cache.prefill(
                 s, ids, reuse=not return_prompt_logits, all_logits=return_prompt_logits,
-                head=isinstance(plan.drafter, NextnDrafter), prepare=run.admit)
+                head=isinstance(plan.drafter, NextnDrafter), prepare=prepare)
         else:
             run.admit()
             logits, prompt_logits = run.prefill(ids, all_logits=return_prompt_logits)
@@ -746,4 +766,4 @@ def _spec_loop(model, ids, text, session, own, max_tokens, params, sampler, matc
                      finish or FINISH_LENGTH, gen)
     finally:
         if own:
-            s.close()
+            base.close()

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 
+import numpy as np
 import pytest
 from nextn_files import deeper_head, golden_path, head_file, resized_head, trunk_file
 
@@ -193,3 +194,99 @@ def test_shipped_demo_sidecar_entry_applies_to_the_demo_files(tmp_path):
     assert ev["identical"] is True and set(ev["prompts"]) == {"code", "prose", "math", "chat"}
     assert (e["verdict"] == "ALLOW_MEASURED_GOOD") == (ev["median_speedup"] >= 1.0)
     assert classify(demo_model_path(), None).verdict == "NOT_APPLICABLE"
+
+
+# ------------------------------------------------------------------ DFlash --
+# DFlash drafters for the golden dense trunk (E 256, 5 trunk layers, vocab
+# 512), written by tests/dflash_files.py.
+
+def _dflash(d, name, **over):
+    from dflash_files import config, random_arrays, write
+
+    cfg = config(**over)
+    return write(d / f"{name}.gguf", cfg, random_arrays(cfg))
+
+
+@pytest.fixture(scope="module")
+def dfl(tmp_path_factory):
+    from dflash_files import config, random_arrays, write
+
+    d = tmp_path_factory.mktemp("dflash")
+    cfg = config()
+    arrays = random_arrays(cfg)
+    return {"f32": write(d / "f32.gguf", cfg, arrays),
+            "q8": write(d / "q8.gguf", cfg, arrays, wtype="Q8_0"),
+            "v0": write(d / "v0.gguf", cfg, arrays, version=0),
+            "taps": _dflash(d, "taps", target_layers=[0, 1, 4]),
+            "block": _dflash(d, "block", block_size=8),
+            "wide": _dflash(d, "wide", n_embd=128, n_head=2),
+            "deep_tap": _dflash(d, "deep", target_layers=[0, 5]),
+            "mask": _dflash(d, "mask", mask_token_id=512),
+            "dflash2": write(d / "v2.gguf", cfg, arrays,
+                             meta_edit=lambda m: m.__setitem__("dflash.conv_kernel_size", 4)),
+            "narrow_fc": write(d / "fc.gguf", cfg, arrays, tensor_edit=_fc_narrow)}
+
+
+def _fc_narrow(tensors):
+    # fc reading two taps' worth while the file says three
+    tensors["fc.weight"] = ("F32", (512, 256), np.zeros((256, 512), np.float32))
+
+
+def test_dflash_identity_is_what_the_file_is(dfl, files, tmp_path):
+    ids = {k: identity(dfl[k], role="dflash") for k in ("f32", "q8", "v0", "taps", "block")}
+    copy = tmp_path / "anything.gguf"
+    shutil.copy(dfl["f32"], copy)
+    assert identity(str(copy), role="dflash").id == ids["f32"].id  # names don't matter
+    # types, taps and block size are part of what it is
+    assert len({i.id for i in ids.values()} - {ids["v0"].id}) == 4
+    assert ids["q8"].type_counts.get("Q8_0", 0) > 0 and "Q8_0" not in ids["f32"].type_counts
+    assert ids["f32"].dims["target_layers"] == [0, 2, 4] == ids["v0"].dims["target_layers"]
+    assert ids["f32"].dims["block_size"] == 6 and ids["block"].dims["block_size"] == 8
+    assert ids["f32"].kind == "dflash" and ids["f32"].arch == "dflash"
+
+
+def test_dflash_verdict_matrix(dfl, files, tmp_path):
+    tgt = files["dense-q8_0"]["full"]
+    t, dr = identity(tgt).id, identity(dfl["f32"], role="dflash").id
+    good = table(tmp_path, [{"target": t, "draft": dr, "verdict": "ALLOW_MEASURED_GOOD",
+                             "draft_kind": "dflash"}])
+    r = classify(tgt, dflash=dfl["f32"], pairs_file=good)
+    assert r.verdict == "ALLOW_MEASURED_GOOD" and r.allowed and r.draft.kind == "dflash"
+    assert r.path[0] == "DFlash drafter"
+    # the table names this artifact only: the Q8_0 requantization is unknown
+    assert classify(tgt, dflash=dfl["q8"], pairs_file=good).verdict == "REFUSE_UNKNOWN"
+    bad = table(tmp_path, [{"target": t, "draft": dr, "verdict": "REFUSE_MEASURED_BAD"}])
+    for force in (False, True):
+        r = classify(tgt, dflash=dfl["f32"], pairs_file=bad, force=force)
+        assert r.verdict == "REFUSE_MEASURED_BAD" and not r.allowed
+    empty = table(tmp_path, [])
+    r = classify(tgt, dflash=dfl["f32"], pairs_file=empty)
+    assert r.verdict == "REFUSE_UNKNOWN" and not r.allowed
+    r = classify(tgt, dflash=dfl["f32"], pairs_file=empty, force=True)
+    assert r.verdict == "ALLOW_FORCED_UNKNOWN" and r.allowed
+    assert '"verdict": "ALLOW_FORCED_UNKNOWN"' in r.verdict_line()
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_dflash_structural_refusals(dfl, files, force):
+    f = files["dense-q8_0"]
+    tgt = f["full"]
+    cases = [
+        (f["full"], r"general.architecture is 'qwen35', a full model, not a DFlash drafter"),
+        (f["head"], r"a nextn \(MTP\) head, not a DFlash drafter; pass a head with --draft-head"),
+        (dfl["wide"], r"dflash.embedding_length = 128, the target's is 256"),
+        (dfl["deep_tap"], r"target_layers\[1\] is trunk layer 5, outside the target's trunk"),
+        (dfl["mask"], r"mask_token_id = 512 is not a token of the target"),
+        (dfl["dflash2"], r"dflash.conv_kernel_size: a DFlash2 drafter"),
+        (dfl["narrow_fc"], r"tensor 'fc.weight' is shape \[512, 256\], reading 3 taps of 256 "
+                           r"needs \[768, 256\]"),
+    ]
+    for path, msg in cases:
+        with pytest.raises(PairingError, match=msg):
+            classify(tgt, dflash=path, force=force)
+    # a DFlash drafter given as a nextn head
+    with pytest.raises(PairingError, match=r"a DFlash drafter .*not a nextn head; pass it with "
+                                           r"--dflash"):
+        classify(f["trunk"], dfl["f32"], force=force)
+    with pytest.raises(PairingError, match="both given"):
+        classify(tgt, f["head"], dflash=dfl["f32"], force=force)

@@ -281,5 +281,15 @@ def test_admission_needs_the_wrapped_history(target, drafter_file):
     fresh.eval([1, 2, 3])
     snap = fresh.snapshot()
     assert SpecRunner(target, fresh, FixedPolicy(3), d).admit() is None
+    # a snapshot it took carries its taps: restoring it keeps drafting
+    fresh.eval([4, 5])
     fresh.restore(snap)
-    assert "restored" in SpecRunner(target, fresh, FixedPolicy(3), d).admit()
+    assert SpecRunner(target, fresh, FixedPolicy(3), d).admit() is None
+    assert d.ctx.n == 3
+    # one from an unwrapped session does not, until rebuild() re-evaluates the prefix
+    foreign = s.snapshot()
+    fresh.restore(foreign)
+    assert "restored from a snapshot without taps" in SpecRunner(
+        target, fresh, FixedPolicy(3), d).admit()
+    fresh.rebuild([1, 2, 3])
+    assert SpecRunner(target, fresh, FixedPolicy(3), d).admit() is None

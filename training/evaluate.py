@@ -145,6 +145,33 @@ def speed(model, reps: int = 3) -> dict:
     return summary
 
 
+def dflash_acceptance(model, path: str, depths=(1, 3, 7)) -> dict:
+    """Mean accepted drafts per drafting round of the DFlash drafter at fixed
+    depths (7 = its whole block of 8), greedy, 64 tokens each, on the raw
+    prompts and the openings of the held-out sample files."""
+    from ds4py.dflash import DFlashDrafter
+    from ds4py.spec.loop import speculative_generate
+    from ds4py.spec.policy import FixedPolicy
+
+    sample = json.loads((HERE.parent / "tests/golden/demo/heldout_sample.json").read_text())
+    prompts = [p for k, p in PROMPTS if k == "raw"] + [t[:600] for t in sample.values()]
+    drafter = DFlashDrafter.load(model, path)
+    out = {}
+    for depth in depths:
+        acc = drafted = rounds = 0
+        for p in prompts:
+            s = drafter.session(model.new_session())
+            _, st = speculative_generate(model, model.tokenizer.encode(p), 64,
+                                         policy=FixedPolicy(depth), drafter=drafter, session=s)
+            acc += st["accepted"]
+            drafted += st["drafted"]
+            rounds += st.get("draft_rounds", st["rounds"])
+            s.close()
+        out[str(depth)] = {"accepted": acc, "drafted": drafted,
+                           "mean_accepted_per_round": acc / max(1, rounds)}
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=demo_model_path())
@@ -171,6 +198,10 @@ def main() -> None:
             f"sampled max8={s['sampled']['max_8gram_repeats']}\n{s['sampled']['text']}",
             flush=True,
         )
+    dfl = HERE.parent / "ds4py" / "models" / "demo-dflash-q8_0.gguf"
+    if dfl.exists():
+        res["dflash"] = dflash_acceptance(model, str(dfl))
+        print("dflash", json.dumps(res["dflash"]), flush=True)
     res["speed"] = speed(model)
     print(json.dumps(res["speed"], indent=1))
     Path(args.out).write_text(json.dumps(res, indent=1) + "\n")

@@ -221,10 +221,14 @@ static void block_partial_f16(const kv_view *kv, int64_t kvh, int64_t b, int64_t
         } else {
             vs = expf(s - M);
         }
-        to_f(ds4_kv_row(f, kv->vp, kvh, p), v, dh);
-        for (int64_t d = 0; d < dh; d++) a[d] += v[d] * vs;
-        from_f(a, sc->a16, dh);
-        to_f(sc->a16, a, dh);
+        if (f->k->f16_acc_row) { /* the same three steps in one pass (quants.h) */
+            f->k->f16_acc_row(a, (const uint16_t *)ds4_kv_row(f, kv->vp, kvh, p), vs, dh);
+        } else {
+            to_f(ds4_kv_row(f, kv->vp, kvh, p), v, dh);
+            for (int64_t d = 0; d < dh; d++) a[d] += v[d] * vs;
+            from_f(a, sc->a16, dh);
+            to_f(sc->a16, a, dh);
+        }
         S = S * ms + vs;
     }
     for (int64_t d = 0; d < dh; d++) acc[d] = a[d];

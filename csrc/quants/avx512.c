@@ -174,6 +174,29 @@ static void dot_bf16_f32(int64_t n, float *s, const void *vx, const void *vy) {
     FLOAT_DOT512(LD_BF16X, LD_F32Y, ML_BF16X, ML_F32Y)
 }
 
+/* ------------------------------------------------ F16 attention step -- */
+/* quants.h f16_acc_row in one pass (vcvtph2ps, multiply, add, vcvtps2ph
+ * nearest-even, vcvtph2ps back): the conversions are the F16C ones the
+ * AVX2 set's to_float/from_float[F16] use, so the values are those of the
+ * three-pass loop it replaces. */
+static void f16_acc_row(float *a, const uint16_t *v, float vs, int64_t n) {
+    const __m512 s = _mm512_set1_ps(vs);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 t = _mm512_add_ps(_mm512_loadu_ps(a + i),
+                                       _mm512_mul_ps(_mm512_cvtph_ps(load32(v + i)), s));
+        _mm512_storeu_ps(a + i, _mm512_cvtph_ps(_mm512_cvtps_ph(t, _MM_FROUND_TO_NEAREST_INT |
+                                                                       _MM_FROUND_NO_EXC)));
+    }
+    if (i < n) {
+        const __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
+        const __m512 t = _mm512_add_ps(_mm512_maskz_loadu_ps(m, a + i),
+                                       _mm512_mul_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, v + i)), s));
+        _mm512_mask_storeu_ps(a + i, m, _mm512_cvtph_ps(_mm512_cvtps_ph(t, _MM_FROUND_TO_NEAREST_INT |
+                                                                                _MM_FROUND_NO_EXC)));
+    }
+}
+
 /* ------------------------------------------------------ GDN state row -- */
 /* quants.h gdn_row, with this set's own dot_f32_f32 for both dots (so the
  * sums are the ones gdn.c's portable loop gets from vec_dot_f32[F32]) and
@@ -683,6 +706,7 @@ int ds4_kernels_init_avx512(ds4_kernel_set *k) {
     k->vec_dot[DS4_TYPE_Q4_64A] = dot_q4_64a;
     k->vec_dot[DS4_TYPE_Q2_64A] = dot_q2_64a;
     k->gdn_row = gdn_row;
+    k->f16_acc_row = f16_acc_row;
     k->dot_rows[DS4_TYPE_Q8_0] = dot_rows_q8_0;
     k->pack_rows[DS4_TYPE_Q8_0] = pack_q8x;
     k->dot_rows_name[DS4_TYPE_Q8_0] = "avx512 q8_0 x q8x rows";

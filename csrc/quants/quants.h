@@ -126,6 +126,11 @@ typedef struct {
      * set's vec_dot_f32[F32]. NULL: gdn.c's portable loop does the same. */
     void (*gdn_row)(float *Sm, const float *k, const float *q, int64_t dk, float decay,
                     float vm, float beta, float *out);
+    /* Optional: a[d] = f32(f16(a[d] + f32(v[d]) * vs)) for d < n, v F16 (the
+     * F16-accumulated attention step, forward/attention.c block_partial_f16):
+     * multiply, then add, then round to F16 nearest-even and widen back,
+     * exactly what to_float/from_float[F16] of the set and a C loop do. */
+    void (*f16_acc_row)(float *a, const uint16_t *v, float vs, int64_t n);
     const char *isa_name; /* set by dispatch.c, for DS4PY_PATHS reports */
 } ds4_kernel_set;
 

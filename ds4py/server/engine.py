@@ -20,6 +20,18 @@ a grammar (``grammar.GrammarConstraint``: disallowed tokens get -inf) and a
 forced-token list (test hook: the next token is taken from the list instead of
 sampled, so tool-call parsing and SSE deltas run for real on random weights).
 
+Speculative decoding: a job drafts exactly when ``ds4py.generate`` would
+with the same arguments (``ds4py.spec.plan.draft_plan``: the model's
+bundled head, a draft head or a DFlash drafter the pairing classifier
+allows; ``JobSpec.draft=False`` turns it off), through the same
+``ds4py.spec.runner.SpecRunner`` and the same sampler call per committed
+token, so its tokens stay ``ds4py.generate``'s. A decode step is then one
+speculative round: the tokens of the previous round are committed (one
+``Delta`` each, with the serial rules above), the round is settled and the
+next one is run. Jobs with a grammar or forced tokens do not draft (their
+picks are not the sampler's). ``Done.draft`` carries the statistics
+(``usage.draft`` in the API responses).
+
 Every method here runs on the scheduler thread; results leave through
 ``emit`` (thread-safe, set by the HTTP side).
 """
@@ -34,9 +46,13 @@ from typing import Any
 import numpy as np
 
 from ..cache import BLOCK
+from ..dflash import DFlashDrafter
 from ..output_parser import OutputParser, ToolCall
 from ..sampling import Sampler, SamplingParams, TokenLogprobs
 from ..sampling import logprobs as token_logprobs
+from ..spec.drafter import NextnDrafter
+from ..spec.plan import draft_plan
+from ..spec.runner import SpecRunner, argmax_pick
 from ..stop import StopMatcher
 
 FINISH_EOS, FINISH_STOP, FINISH_LENGTH, FINISH_CANCELLED = "eos", "stop", "length", "cancelled"
@@ -60,6 +76,7 @@ class JobSpec:
     grammar: Any = None                 # a grammar.GrammarConstraint, or None
     forced_tokens: Sequence[int] | None = None
     pause_after: int | None = None      # test hook: stop stepping after this many tokens
+    draft: bool | None = None           # speculative decoding: None = as generate, False = off
 
 
 @dataclass
@@ -90,6 +107,7 @@ class Done:
     ttft_s: float = 0.0
     generation_s: float = 0.0
     error: BaseException | None = None
+    draft: dict | None = None       # speculative decoding statistics (None: not considered)
 
 
 @dataclass
@@ -125,6 +143,10 @@ class Job:
         self._t_first = 0.0
         self._ttft = 0.0
         self._track = None
+        self._plan = None               # ds4py.spec.plan.DraftPlan when drafting was considered
+        self._run: SpecRunner | None = None
+        self._block = None              # the last round's [(token, logits row)], uncommitted
+        self._p_start = 0
 
     # -- called by the scheduler --------------------------------------------------
     def start(self, model, session, cache) -> None:
@@ -143,6 +165,8 @@ class Job:
         self._dec = model.tokenizer.stream(special=True)
         self._eog = model.tokenizer.eog_ids
         self._forced = list(sp.forced_tokens or ())
+        if sp.grammar is None and not self._forced and sp.draft is not False:
+            self._start_drafting(model, session)
         # The longest cached prefix decides where the first piece ends (one
         # restore, then up to the next BLOCK boundary); its length is what the
         # client is told was cached.
@@ -170,10 +194,19 @@ class Job:
         ids = self.spec.ids
         done = self._n_cached if self._prefilled is None else self._prefilled
         end = len(ids) if whole else min((done // BLOCK + 1) * BLOCK, len(ids))
-        _, self._logits, _, self._track = self._cache.prefill(self._session, ids[:end])
+        if self._run is None:
+            _, self._logits, _, self._track = self._cache.prefill(self._session, ids[:end])
+        else:
+            # admission right after each restore (generate's rule): the nextn
+            # head's history comes with head-carrying snapshots, a DFlash
+            # TapSession's with the taps recorded next to its snapshots
+            _, self._logits, _, self._track = self._cache.prefill(
+                self._session, ids[:end], head=isinstance(self._plan.drafter, NextnDrafter),
+                prepare=self._admit)
         self._prefilled = end
         if end < len(ids):
             return
+        self._p_start = self._session.n_past
         self._budget = min(self.spec.max_tokens, self._model.n_ctx - self._session.n_past)
         self.emit(Prefilled(self._n_cached))
         if self._budget <= 0:
@@ -206,6 +239,9 @@ class Job:
         if self.prefilling:
             self.prefill_step(whole=alone)
             return
+        if self._run is not None:
+            self._round()
+            return
         sp = self.spec
         raw = self._logits
         x = raw
@@ -223,6 +259,19 @@ class Job:
             t = self._sampler.sample(x)
             if sp.params.penalties_on:
                 self._sampler.accept(t)
+        finish, delta = self._commit(t, raw)
+        if finish is None:
+            self._logits = self._session.eval([t])
+            self._evaluated += 1
+            self.emit(delta)
+            return
+        self._finish(finish, delta)
+
+    def _commit(self, t: int, raw) -> tuple[str | None, Delta]:
+        """Commit the token ``t`` picked from the logits row ``raw``: its
+        log-probabilities, the grammar, the finish rules, its text. Returns
+        (finish reason or None, its Delta)."""
+        sp = self.spec
         lp = token_logprobs(raw, t, sp.n_logprobs) if sp.n_logprobs is not None else None
         if sp.grammar is not None:
             sp.grammar.consume(t)
@@ -251,14 +300,74 @@ class Job:
         if piece:
             self._pieces.append(piece)
         events = list(self._parser.feed(piece)) if self._parser is not None and piece else []
-        if finish is None:
-            self._logits = self._session.eval([t])
-            self._evaluated += 1
-            self.emit(_delta(piece, token, lp if token is not None else None, events))
-            return
-        if self._parser is not None:
+        if finish is not None and self._parser is not None:
             events += self._parser.finish()
-        self._finish(finish, _delta(piece, token, lp if token is not None else None, events))
+        return finish, _delta(piece, token, lp if token is not None else None, events)
+
+    # -- speculative decoding ---------------------------------------------------------
+    def _start_drafting(self, model, session) -> None:
+        """generate's draft plan for this job; when it drafts, the runner (and
+        for DFlash the TapSession wrapping the slot's session)."""
+        plan = self._plan = draft_plan(model, self.spec.draft)
+        if not plan.active:
+            return
+        if isinstance(plan.drafter, DFlashDrafter):
+            self._session = plan.drafter.session(session)
+        if self._fast_greedy:
+            pick = argmax_pick
+        else:
+            pick = self._sampler.pick  # sample (or sample_at) + accept: the serial step's draw
+        self._run = SpecRunner(model, self._session, plan.policy, plan.drafter, pick,
+                               greedy=self._fast_greedy)
+
+    def _admit(self) -> None:
+        s = self._session
+        if isinstance(self._plan.drafter, DFlashDrafter) and not s.valid and s.n_past:
+            s.rebuild(self.spec.ids[:s.n_past])  # a snapshot without taps (generate does too)
+        self._run.admit()
+
+    def _round(self) -> None:
+        """Commit the last round's tokens (the first one: picked from the
+        prompt's logits), settle it, run the next one."""
+        run = self._run
+        if self._block is None:
+            lg = self._logits
+            self._block = [(run.pick(lg, self._session.n_past), lg)]
+        block = self._block
+        j, finish, delta = len(block) - 1, None, Delta()
+        for i, (t, row) in enumerate(block):
+            if self._fast_greedy and row[t] != row[t]:
+                raise ValueError("the model produced NaN logits")
+            finish, delta = self._commit(t, row)
+            if finish is not None:
+                j = i
+                break
+            self.emit(delta)
+        run.settle(j, finish is not None)
+        if finish is None:
+            self._block = run.round(block[j][0], self._budget - len(self._tokens))
+            return
+        run.finish()
+        self._evaluated = self._session.n_past - self._p_start
+        self._finish(finish, delta)
+
+    def draft_stats(self) -> dict | None:
+        """Done.draft: generate's Generation.draft keys."""
+        plan = self._plan
+        if plan is None:
+            return None
+        rep = plan.report
+        common = {"verdict": None if rep is None else rep.verdict,
+                  "pairing": None if rep is None else rep.to_dict()}
+        run = self._run
+        if run is None:
+            return {"drafter": None, "drafting": False, "refused": plan.reason, **common}
+        st = run.stats()
+        gen_s = time.perf_counter() - self._t_first if self._tokens else 0.0
+        st.update({"drafting": run.admitted, "refused": run.refused, **common,
+                   "decode_tps": self._evaluated / gen_s if self._evaluated and gen_s > 0
+                   else 0.0})
+        return st
 
     def cancel_cleanup(self) -> None:
         self.done = True
@@ -284,13 +393,15 @@ class Job:
         p = self._parser
         now = time.perf_counter()
         self.done = True
+        draft = self.draft_stats()
         self._emit_done(Done(
             finish_reason=finish, tokens=list(self._tokens), text="".join(self._pieces),
             prompt_tokens=len(self.spec.ids), cached_tokens=self._n_cached,
             reasoning=p.reasoning if p else None, content=p.content if p else None,
             tool_calls=list(p.tool_calls) if p else [],
             stop_string=self._matcher.matched if finish == FINISH_STOP else None,
-            ttft_s=self._ttft, generation_s=now - self._t_first if self._tokens else 0.0))
+            ttft_s=self._ttft, generation_s=now - self._t_first if self._tokens else 0.0,
+            draft=draft))
 
 
 def _delta(piece: str, token: int | None, lp, events) -> Delta:

@@ -30,9 +30,12 @@ def finish_reason(done: Done, had_tools: bool) -> str:
 
 
 def usage(done: Done) -> dict:
-    return {"prompt_tokens": done.prompt_tokens, "completion_tokens": len(done.tokens),
-            "total_tokens": done.prompt_tokens + len(done.tokens),
-            "prompt_tokens_details": {"cached_tokens": done.cached_tokens}}
+    u = {"prompt_tokens": done.prompt_tokens, "completion_tokens": len(done.tokens),
+         "total_tokens": done.prompt_tokens + len(done.tokens),
+         "prompt_tokens_details": {"cached_tokens": done.cached_tokens}}
+    if done.draft is not None:  # speculative decoding statistics (engine.py)
+        u["draft"] = done.draft
+    return u
 
 
 def _token_str(tok, t: int) -> tuple[str, list[int]]:

@@ -17,8 +17,10 @@ steps (``Model.nextn_eval`` / ``nextn_draft``) and the target's hidden rows.
 - :mod:`ds4py.spec.drafter`: the ``Drafter`` interface and ``NextnDrafter``
   (the model's bundled or draft_head nextn/MTP head, its history kept by the
   core's head priming).
-- :mod:`ds4py.spec.plan`: what ``ds4py.generate`` drafts with (policy,
-  drafter, pairing verdict; one shared CostModel per model).
+- :mod:`ds4py.spec.plan`: what ``ds4py.generate`` (and the server's engine)
+  drafts with (policy, drafter -- the nextn head, or the DFlash drafter of
+  a model loaded with ``dflash=`` (ds4py.dflash) --, pairing verdict; one
+  shared CostModel per model).
 - :mod:`ds4py.spec.policy`: ``AdaptivePolicy`` (per-depth acceptance EMA,
   verify cost fitted online, probes against the depth-0 latch),
   ``FixedPolicy`` (``--draft-depth K``; ``FixedPolicy(0)`` / ``NO_DRAFT``

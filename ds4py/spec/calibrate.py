@@ -1,6 +1,6 @@
 """Measure a (target, draft) pair and write a pairs-table entry.
 
-    python -m ds4py spec-calibrate TARGET [--draft-head F] [--out FILE]
+    python -m ds4py spec-calibrate TARGET [--draft-head F | --dflash F] [--out FILE]
 
 For each prompt of a fixed set (code, prose, math, chat), greedy generation
 of ``max_tokens`` tokens, serial (``draft=False``) and with drafting
@@ -49,11 +49,11 @@ def _run(model, prompt, max_tokens, draft, chat):
 
 def calibrate(target: str, draft_head: str | None = None, *, max_tokens: int = 64,
               reps: int = 3, n_threads: int | None = None, min_speedup: float = 1.0,
-              log=None) -> dict:
-    from ..model import Model
+              log=None, dflash: str | None = None) -> dict:
+    from ..dflash import load
 
-    report = classify(target, draft_head, force=True)  # structure checked first
-    model = Model.load(target, n_threads=n_threads, draft_head=draft_head)
+    report = classify(target, draft_head, force=True, dflash=dflash)  # structure first
+    model = load(target, n_threads=n_threads, draft_head=draft_head, dflash=dflash)
     try:
         has_template = model.tokenizer.chat_template is not None
         per_prompt = {}

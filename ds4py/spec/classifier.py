@@ -28,6 +28,18 @@ refused; every head tensor's shape must fit the target (the bundled head's
 tensor of the same name, else the trunk's tensors of the same role, else
 the nextn shapes implied by the embedding length).
 
+DFlash drafters (``classify(target, dflash=path)``) are identified the same
+way, by what they are: architecture ``dflash``, the dimensions that decide
+what they read and write (embedding length, draft layers, heads, block
+size, the tapped trunk layers after the version-0 shift, the mask token),
+and per role the shapes and tensor types. Their structure is checked first
+too: a file that is not ``dflash`` (a nextn head or a full model given as
+``--dflash``) is refused, and so is a DFlash file given as a head; an
+embedding width, a tapped layer or a mask token the target does not have,
+DFlash2 metadata, or an ``fc`` that does not read exactly the taps is
+refused naming the key or tensor. The core's loader (csrc/dflash_load.c)
+checks the rest at load.
+
 Verdicts (a pair = (target identity, draft identity)):
   ALLOW_MEASURED_GOOD   the table says the pair was measured: exact and faster
   REFUSE_MEASURED_BAD   measured to change output or lose speed; --force-draft
@@ -53,8 +65,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from importlib import resources
 
-__all__ = ["VERDICTS", "Identity", "PairingError", "PairingReport", "classify", "identity",
-           "load_table", "user_table_path", "VERDICT_PREFIX"]
+__all__ = ["VERDICTS", "Identity", "PairingError", "PairingReport", "check_dflash", "classify",
+           "identity", "load_table", "user_table_path", "VERDICT_PREFIX"]
 
 ALLOW_MEASURED_GOOD = "ALLOW_MEASURED_GOOD"
 REFUSE_MEASURED_BAD = "REFUSE_MEASURED_BAD"
@@ -68,6 +80,11 @@ ALLOWED = frozenset({ALLOW_MEASURED_GOOD, ALLOW_FORCED_UNKNOWN, NOT_APPLICABLE})
 VERDICT_PREFIX = "ds4py-draft-verdict "
 
 _BLK = re.compile(r"^blk\.(\d+)\.(.+)$")
+DFLASH_ARCH = "dflash"
+# keys and tensors that make a file DFlash2 whatever its version says
+# (csrc/forward/dflash.h, "file")
+_DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+_DFLASH2_TENSORS = ("attn_conv_base", "ffn_conv_base", "selector_hidden")
 
 
 class PairingError(ValueError):
@@ -150,14 +167,94 @@ def _split(tensors: dict, trunk_depth: int) -> tuple[dict, dict]:
 
 
 def identity(path, role: str = "target") -> Identity:
-    """The identity of a target's trunk (``role="target"``) or of a sidecar
-    head file (``role="draft"``)."""
+    """The identity of a target's trunk (``role="target"``), of a sidecar
+    head file (``role="draft"``) or of a DFlash drafter (``role="dflash"``)."""
     meta, tensors = _read(path)
+    if role == "dflash":
+        if meta.get("general.architecture") != DFLASH_ARCH:
+            raise PairingError(f"{os.path.basename(str(path))}: not a DFlash drafter")
+        return _identity("dflash", DFLASH_ARCH, _dflash_dims(meta), tensors)
     arch, dims = _arch_dims(meta, tensors)
     trunk, head = _split(tensors, dims["trunk_depth"])
     if role == "target":
         return _identity("trunk", arch, _head_dims(dims), trunk)
     return _identity("head", arch, _head_dims(dims), tensors)
+
+
+def _dflash_dims(meta: dict) -> dict:
+    """The dimensions in a DFlash drafter's identity (its own; taps 0-based)."""
+    def key(k, default=None):
+        return meta.get(f"{DFLASH_ARCH}.{k}", default)
+    version = int(key("version", 0) or 0)
+    taps = [int(x) - (1 if version == 0 else 0) for x in (key("target_layers") or [])]
+    return {"version": version, "embedding_length": int(key("embedding_length", 0) or 0),
+            "block_count": int(key("block_count", 0) or 0),
+            "block_size": int(key("block_size", 0) or 0), "target_layers": taps,
+            "head_count": int(key("attention.head_count", 0) or 0),
+            "head_count_kv": int(key("attention.head_count_kv", 0) or 0),
+            "key_length": int(key("attention.key_length", 0) or 0),
+            "feed_forward_length": int(key("feed_forward_length", 0) or 0),
+            "mask_token_id": meta.get("tokenizer.ggml.mask_token_id")}
+
+
+def _check_dflash(t_dims: dict, meta: dict, tensors: dict, path) -> dict:
+    """Structure of a DFlash drafter for this target (refused whatever the
+    flags); returns its identity dimensions."""
+    name = os.path.basename(str(path))
+    arch = meta.get("general.architecture")
+    n = t_dims["trunk_depth"]
+    if arch != DFLASH_ARCH:
+        blocks = {int(m.group(1)) for tn in tensors if (m := _BLK.match(tn))}
+        what = ("a full model" if any(b < n for b in blocks) else "a nextn (MTP) head"
+                if blocks else "not a drafter")
+        hint = "; pass a head with --draft-head (draft_head=)" if what.startswith("a nextn") \
+            else ""
+        raise PairingError(f"{name}: general.architecture is {arch!r}, {what}, not a DFlash "
+                           f"drafter{hint}; refused")
+    for k in _DFLASH2_KEYS:
+        if f"{DFLASH_ARCH}.{k}" in meta:
+            raise PairingError(f"{name}: has {DFLASH_ARCH}.{k}: a DFlash2 drafter, not "
+                               "supported; refused")
+    for tn in sorted(tensors):
+        m = _BLK.match(tn)
+        if m and m.group(2).split(".")[0] in _DFLASH2_TENSORS:
+            raise PairingError(f"{name}: has tensor {tn!r}: a DFlash2 drafter, not supported; "
+                               "refused")
+    dims = _dflash_dims(meta)
+    if dims["version"] > 1:
+        raise PairingError(f"{name}: dflash.version = {dims['version']} is not supported "
+                           "(classic DFlash is 0 or 1); refused")
+    e = t_dims["embedding_length"]
+    if dims["embedding_length"] != e:
+        raise PairingError(f"{name}: dflash.embedding_length = {dims['embedding_length']}, the "
+                           f"target's is {e}; refused")
+    taps = dims["target_layers"]
+    if not taps:
+        raise PairingError(f"{name}: dflash.target_layers is missing or empty; refused")
+    for i, t in enumerate(taps):
+        if not 0 <= t < n:
+            raise PairingError(f"{name}: dflash.target_layers[{i}] is trunk layer {t}, outside "
+                               f"the target's trunk [0, {n}); refused")
+    mask, vocab = dims["mask_token_id"], t_dims["vocab"]
+    if not isinstance(mask, int) or (vocab is not None and not 0 <= mask < vocab):
+        raise PairingError(f"{name}: tokenizer.ggml.mask_token_id = {mask!r} is not a token of "
+                           f"the target (vocabulary {vocab}); refused")
+    fc = tensors.get("fc.weight")
+    want = (len(taps) * e, e)
+    if fc is None or tuple(fc[1]) != want:
+        got = "missing" if fc is None else f"shape {list(fc[1])}"
+        raise PairingError(f"{name}: tensor 'fc.weight' is {got}, reading {len(taps)} taps of "
+                           f"{e} needs {list(want)}; refused")
+    return dims
+
+
+def check_dflash(target_path, dflash_path) -> None:
+    """Raise PairingError, naming the problem, when ``dflash_path`` is not a
+    DFlash drafter this target can run (structure only; no table)."""
+    t_meta, t_tensors = _read(target_path)
+    _, t_dims = _arch_dims(t_meta, t_tensors)
+    d_meta, d_tensors = _read(dflash_path)
+    _check_dflash(t_dims, d_meta, d_tensors, dflash_path)
 
 
 def _head_dims(dims: dict) -> dict:
@@ -255,6 +352,9 @@ def _check_structure(t_meta, t_tensors, t_arch, t_dims, d_meta, d_tensors, d_arc
                      draft_path) -> None:
     n = t_dims["trunk_depth"]
     name = os.path.basename(str(draft_path))
+    if d_arch == DFLASH_ARCH:
+        raise PairingError(f"{name}: a DFlash drafter (general.architecture = dflash), not a "
+                           f"nextn head; pass it with --dflash (dflash=); refused")
     for tn in sorted(d_tensors):
         m = _BLK.match(tn)
         if m and int(m.group(1)) < n:
@@ -296,16 +396,25 @@ def _check_structure(t_meta, t_tensors, t_arch, t_dims, d_meta, d_tensors, d_arc
 
 
 def classify(target_path, draft_path=None, *, force: bool = False,
-             pairs_file: str | None = None) -> PairingReport:
+             pairs_file: str | None = None, dflash=None) -> PairingReport:
     """The verdict for drafting on ``target_path`` with the sidecar head
-    ``draft_path`` (None: the target's own bundled head). Raises
-    PairingError for a draft that is structurally not a head for this
-    target (whatever ``force`` says) or when the target has no head and no
-    draft is given."""
+    ``draft_path`` (None: the target's own bundled head), or with the DFlash
+    drafter ``dflash`` (then ``draft_path`` must be None). Raises
+    PairingError for a draft that is structurally not a head (not a DFlash
+    drafter) for this target (whatever ``force`` says) or when the target
+    has no head and no draft is given."""
+    if dflash is not None and draft_path is not None:
+        raise PairingError("a nextn head and a DFlash drafter were both given: draft with one")
     t_meta, t_tensors = _read(target_path)
     t_arch, t_dims = _arch_dims(t_meta, t_tensors)
     trunk, bundled = _split(t_tensors, t_dims["trunk_depth"])
     target = _identity("trunk", t_arch, _head_dims(t_dims), trunk)
+    if dflash is not None:
+        d_meta, d_tensors = _read(dflash)
+        dims = _check_dflash(t_dims, d_meta, d_tensors, dflash)
+        draft = _identity("dflash", DFLASH_ARCH, dims, d_tensors)
+        return _lookup(target, draft, ["DFlash drafter", "structure ok", "table lookup"],
+                       force, pairs_file)
     if draft_path is None:
         if not bundled:
             raise PairingError(f"{os.path.basename(str(target_path))} has no nextn head and "
@@ -318,7 +427,13 @@ def classify(target_path, draft_path=None, *, force: bool = False,
     _check_structure(t_meta, t_tensors, t_arch, t_dims, d_meta, d_tensors, d_arch, d_dims,
                      draft_path)
     draft = _identity("head", d_arch, _head_dims(d_dims), d_tensors)
-    path = ["sidecar head", "structure ok", "table lookup"]
+    return _lookup(target, draft, ["sidecar head", "structure ok", "table lookup"], force,
+                   pairs_file)
+
+
+def _lookup(target: Identity, draft: Identity, path: list[str], force: bool,
+            pairs_file: str | None) -> PairingReport:
+    """The table's verdict for a structurally sound pair."""
     entry = load_table(pairs_file).get((target.id, draft.id))
     if entry is not None:
         path.append(f"measured ({entry['source']})")

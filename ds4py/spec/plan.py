@@ -11,6 +11,11 @@ depth. The default policies of one model share one CostModel: the round
 costs it measures (plain step, verify per width, draft step) are the
 model's on this machine, so a request does not start from the priors again
 (it keeps its own acceptance estimates: those belong to the text).
+A model loaded with a DFlash drafter (``ds4py.load(..., dflash=FILE)``,
+``--dflash FILE``: ``model.dflash``) drafts with it instead of its head,
+under the same classifier (its verdict for the (trunk, DFlash) pair) and
+policy; each generation gets its own drafting context
+(:class:`ds4py.dflash.DFlashDrafter`, whose TapSession the loop uses).
 ``draft=False`` (``--no-draft``) turns it off, ``draft_depth=K``
 (``--draft-depth K``) fixes the depth (0 is off), ``force_draft``
 (``--force-draft``) overrides REFUSE_UNKNOWN only.
@@ -56,15 +61,21 @@ class DraftPlan:
 
 
 def pairing_report(model, force: bool = False, pairs_file: str | None = None):
-    """The classifier's verdict for ``model``'s head (cached per model and
-    force flag), or None when the model has no head."""
-    if model.nextn_source is None:
+    """The classifier's verdict for ``model``'s DFlash drafter when it has
+    one, else for its head (cached per model and force flag), or None when
+    the model has neither."""
+    dfl = getattr(model, "dflash", None)
+    if dfl is None and model.nextn_source is None:
         return None
     cache = _REPORTS.setdefault(model, {})
-    key = (bool(force), pairs_file)
+    key = (bool(force), pairs_file, None if dfl is None else dfl.path)
     if key not in cache:
-        head = model.draft_head if model.nextn_source == "draft_head" else None
-        cache[key] = classify(model.path, head, force=force, pairs_file=pairs_file)
+        if dfl is not None:
+            cache[key] = classify(model.path, force=force, pairs_file=pairs_file,
+                                  dflash=dfl.path)
+        else:
+            head = model.draft_head if model.nextn_source == "draft_head" else None
+            cache[key] = classify(model.path, head, force=force, pairs_file=pairs_file)
     return cache[key]
 
 
@@ -86,4 +97,9 @@ def draft_plan(model, draft: bool | None = None, draft_depth: int | None = None,
         return DraftPlan(None, None, None, "the model has no nextn head")
     if not report.allowed:
         return DraftPlan(None, None, report, f"pairing verdict {report.verdict}")
+    dfl = getattr(model, "dflash", None)
+    if dfl is not None:
+        from ..dflash import DFlashDrafter  # ds4py.dflash imports this package
+
+        return DraftPlan(policy, DFlashDrafter(dfl), report, None)
     return DraftPlan(policy, NextnDrafter(model), report, None)

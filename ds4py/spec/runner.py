@@ -32,6 +32,9 @@ object, so the exactness argument lives in one place:
   block[0..j-1] -- what a serial decode has evaluated -- and, with head
   priming on, gives the head those rows in the same call.
 
+A drafter with ``max_depth`` (DFlash: B-1 drafts per pass) caps the depth
+the policy may choose.
+
 Admission (one decision for prefill and decode): drafting happens only if
 the policy can draft, there is a drafter and it accepts the session
 (``Drafter.attach``, which for the nextn head turns on the session's head
@@ -92,6 +95,8 @@ class SpecRunner:
         # a session that must see every eval (ds4py.dflash.TapSession) brings its own stepper
         self._step = getattr(session, "stepper", None) or Stepper(session, model.config.vocab_size)
         self._plain_n = 0
+        # a drafter whose one pass makes at most max_depth drafts (DFlash: B-1)
+        self._max_depth = int(getattr(drafter, "max_depth", None) or VERIFY_MAX - 1)
         # the core's greedy round: drafts and row argmaxes in two calls
         self._core = (self.greedy and isinstance(drafter, NextnDrafter) and drafter._in_core)
         self._buf = ffi.new(f"int32_t[{VERIFY_MAX}]")
@@ -139,7 +144,7 @@ class SpecRunner:
         s, policy = self.s, self.policy
         self.generated.append(last)
         self.rounds += 1
-        cap = min(room - 1, VERIFY_MAX - 1) if self.admitted else 0
+        cap = min(room - 1, VERIFY_MAX - 1, self._max_depth) if self.admitted else 0
         k = min(policy.choose(cap), cap) if cap > 0 else 0
         self.depth_counts[k] += 1
         self._pending = None

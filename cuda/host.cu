@@ -1,0 +1,109 @@
+// host.cu — the CUDA host: launches the shared kernels (cuda/kernels.cu)
+// through the argument tables (gpu/kernels/table.h). Mirrors metal/host.m
+// function for function. Built by `make cuda`; compiled here, RUN ONLY on the
+// GPU machine (docs/gpu.md, "What is tested where").
+//
+// k_cuda_launch_host has emul_launch's signature: host buffers in, results
+// copied back, the status word checked. The emulator's test harness
+// (gpu/tests/test_gpu_emul.c, built with -DK_TEST_CUDA by `make cuda-test`)
+// then runs the same checks on the GPU.
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "../gpu/dialect/cuda.h"
+#include "../gpu/host/bind.h"
+
+#define DECLARE_(id, K) K_KERNEL(K);
+K_KERNEL_LIST(DECLARE_)
+
+typedef struct {
+    int id;
+    const void *fn;
+} cuda_kernel;
+#define ENTRY_(id, K) {id, (const void *)k_##K},
+static const cuda_kernel kernels[] = {K_KERNEL_LIST(ENTRY_)};
+
+static const void *kernel_fn(int id) {
+    for (size_t i = 0; i < sizeof kernels / sizeof kernels[0]; i++)
+        if (kernels[i].id == id) return kernels[i].fn;
+    return NULL;
+}
+
+static int cuda_fail(char *err, size_t cap, const char *what, cudaError_t e) {
+    snprintf(err, cap, "%s: %s", what, cudaGetErrorString(e));
+    return -1;
+}
+
+// Launch kernel `id` with DEVICE pointers in b[].ptr (the params slot holds
+// a host pointer to the params struct, passed by value). status_dev is the
+// backend's status word (slot 0 must be bound to it).
+extern "C" int k_cuda_launch(int id, const uint32_t grid[3], uint32_t tg, const k_binding *b, int nb,
+                             cudaStream_t stream, char *err, size_t cap) {
+    const k_kernel_desc *d = k_kernel_desc_of(id);
+    const void *fn = kernel_fn(id);
+    if (!d || !fn) {
+        snprintf(err, cap, "no kernel with id %d", id);
+        return -1;
+    }
+    if (k_check_bindings(d, b, nb, err, cap)) return -1;
+    if (tg == 0 || tg % 32 || tg > 1024) {
+        snprintf(err, cap, "kernel %s: threadgroup size %u", d->name, tg);
+        return -1;
+    }
+    void *ptrs[32];
+    void *args[33];
+    for (int i = 0; i < nb; i++) {
+        ptrs[b[i].slot] = b[i].ptr;
+        // params by value: cudaLaunchKernel copies *args[slot]
+        args[b[i].slot] = d->args[b[i].slot].kind == K_PARAMS ? b[i].ptr : (void *)&ptrs[b[i].slot];
+    }
+    int nargs = d->n_args;
+    args[d->n_args] = &nargs;
+    const dim3 g(grid[0] ? grid[0] : 1, grid[1] ? grid[1] : 1, grid[2] ? grid[2] : 1);
+    cudaError_t e = cudaLaunchKernel(fn, g, dim3(tg), args, 0, stream);
+    if (e != cudaSuccess) return cuda_fail(err, cap, d->name, e);
+    return 0;
+}
+
+// The emulator's signature over host buffers (tests): copy every buffer to
+// the device, launch, copy K_OUT and the status back.
+extern "C" int k_cuda_launch_host(int id, const uint32_t grid[3], uint32_t tg, const k_binding *b, int nb,
+                                  const void *unused_opt, char *err, size_t cap) {
+    const k_kernel_desc *d = k_kernel_desc_of(id);
+    if (!d) {
+        snprintf(err, cap, "no kernel with id %d", id);
+        return -1;
+    }
+    if (k_check_bindings(d, b, nb, err, cap)) return -1;
+    k_binding db[32];
+    int rc = 0;
+    for (int i = 0; i < nb; i++) {
+        db[i] = b[i];
+        if (d->args[b[i].slot].kind == K_PARAMS) continue;
+        void *p = NULL;
+        cudaError_t e = cudaMalloc(&p, b[i].bytes);
+        if (e == cudaSuccess) e = cudaMemcpy(p, b[i].ptr, b[i].bytes, cudaMemcpyHostToDevice);
+        if (e != cudaSuccess) {
+            rc = cuda_fail(err, cap, "upload", e);
+            nb = i;
+            break;
+        }
+        db[i].ptr = p;
+    }
+    if (!rc) rc = k_cuda_launch(id, grid, tg, db, nb, 0, err, cap);
+    if (!rc) {
+        cudaError_t e = cudaDeviceSynchronize();
+        if (e != cudaSuccess) rc = cuda_fail(err, cap, d->name, e);
+    }
+    for (int i = 0; i < nb; i++) {
+        const int kind = d->args[b[i].slot].kind;
+        if (kind == K_PARAMS) continue;
+        if (!rc && (kind == K_OUT || kind == K_STATUS)) {
+            cudaError_t e = cudaMemcpy(b[i].ptr, db[i].ptr, b[i].bytes, cudaMemcpyDeviceToHost);
+            if (e != cudaSuccess) rc = cuda_fail(err, cap, "download", e);
+        }
+        cudaFree(db[i].ptr);
+    }
+    return rc;
+}

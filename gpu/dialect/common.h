@@ -1,0 +1,73 @@
+/*
+ * common.h — the part of the kernel dialect written once on top of a target
+ * header (metal.h, cuda.h or emul.h, which the including file picks first).
+ *
+ * What a target header provides (and nothing else may be used by a kernel):
+ *   K_KERNEL(name) { ... }   a kernel whose parameters are its table row
+ *                            (table.h): every argument by its table name
+ *   K_TID, K_TG_SIZE         thread index in its threadgroup (1-D), size
+ *   K_GX, K_GY, K_GZ         threadgroup position in the grid
+ *   K_NGX, K_NGY, K_NGZ      threadgroups in the grid
+ *   K_BARRIER()              threadgroup barrier (threadgroup memory fence)
+ *   K_TG_ARRAY(T, name, N)   a threadgroup-shared array of N elements
+ *   K_LD(p, i), K_ST(p, i, v)  element i of a device or threadgroup array
+ *                            (bounds- and race-checked under the emulator)
+ *   k_shfl_xor(v, m)         the value of lane (lane ^ m) of the SIMD-group
+ *   k_h2f / k_f2h / k_bf2f   fp16 / bf16 bits <-> float, round to nearest even
+ *   K_DEV, K_DEV_IN, K_TGM   address spaces of pointers kept in locals
+ *   K_FN                     qualifiers of a helper function
+ *   k_exp, k_sqrt, k_rint, k_fmax, k_fabs   float math (no fast math)
+ *   k_raise(status, bits)    OR bits into the status word
+ *
+ * SIMD-groups are 32 lanes on every target (Apple GPUs and NVIDIA), lanes
+ * numbered by K_TID % 32; a threadgroup size is always a multiple of 32.
+ */
+#ifndef K_COMMON_H
+#define K_COMMON_H
+
+#define K_SIMD_WIDTH 32
+#define K_LANE (K_TID & 31u)
+#define K_SIMD (K_TID >> 5)
+#define K_NSIMD (K_TG_SIZE >> 5)
+
+/* Reductions over a SIMD-group as an xor butterfly (offsets 16, 8, 4, 2,
+ * 1), the one order used on every target, not the vendor's simd_sum /
+ * __reduce_add (whose order is unspecified): every lane ends with the same
+ * bits (a + b == b + a in IEEE arithmetic), and the result is the same on
+ * Metal, CUDA and the emulator, so the emulator can promise the GPU's bits.
+ * Must be called by all 32 lanes (uniform control flow). */
+K_FN float k_simd_sum(float v) {
+    v = v + k_shfl_xor(v, 16u);
+    v = v + k_shfl_xor(v, 8u);
+    v = v + k_shfl_xor(v, 4u);
+    v = v + k_shfl_xor(v, 2u);
+    v = v + k_shfl_xor(v, 1u);
+    return v;
+}
+
+/* max with a > b ? a : b semantics (NaN-free inputs assumed, as scores and
+ * magnitudes are; the order does not matter for max of non-NaN values). */
+K_FN float k_max2(float a, float b) { return a > b ? a : b; }
+
+K_FN float k_simd_max(float v) {
+    v = k_max2(v, k_shfl_xor(v, 16u));
+    v = k_max2(v, k_shfl_xor(v, 8u));
+    v = k_max2(v, k_shfl_xor(v, 4u));
+    v = k_max2(v, k_shfl_xor(v, 2u));
+    v = k_max2(v, k_shfl_xor(v, 1u));
+    return v;
+}
+
+/* The first statement of every kernel: params that are not this kernel's
+ * (an argument bound at the wrong slot) raise K_ERR_TAG in the status word
+ * instead of letting every thread return early in silence. All threads
+ * take the same branch, so no barrier is left waiting. */
+#define K_CHECK_TAG(K)                                     \
+    do {                                                   \
+        if (p.tag != K_TAG_OF(K)) {                        \
+            k_raise(status, K_ERR_TAG);                    \
+            return;                                        \
+        }                                                  \
+    } while (0)
+
+#endif

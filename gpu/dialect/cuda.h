@@ -1,0 +1,56 @@
+/*
+ * dialect/cuda.h — the kernel dialect as CUDA C++ (sm_70+: __shfl_xor_sync).
+ * Compiled by nvcc through cuda/kernels.cu with --fmad=false (no
+ * contraction) and IEEE division/sqrt (nvcc's defaults without
+ * --use_fast_math).
+ */
+#ifndef K_DIALECT_CUDA_H
+#define K_DIALECT_CUDA_H
+
+#include <math.h>
+#include <stdint.h>
+#include <cuda_fp16.h>
+
+#include "../kernels/table.h"
+
+#define K_FN static __device__ __forceinline__
+#define K_DEV
+#define K_DEV_IN const
+#define K_TGM
+
+#define K_TID (threadIdx.x)
+#define K_TG_SIZE (blockDim.x)
+#define K_GX (blockIdx.x)
+#define K_GY (blockIdx.y)
+#define K_GZ (blockIdx.z)
+#define K_NGX (gridDim.x)
+#define K_NGY (gridDim.y)
+#define K_NGZ (gridDim.z)
+
+#define K_BARRIER() __syncthreads()
+#define K_TG_ARRAY(T, name, N) __shared__ T name[N]
+#define K_LD(p, i) ((p)[i])
+#define K_ST(p, i, v) ((p)[i] = (v))
+
+#define k_shfl_xor(v, m) __shfl_xor_sync(0xffffffffu, (v), (int)(m))
+#define k_exp(x) expf(x)
+#define k_sqrt(x) sqrtf(x)
+#define k_rint(x) rintf(x)
+#define k_fabs(x) fabsf(x)
+#define K_NEG_INF (-INFINITY)
+
+K_FN float k_h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+K_FN uint16_t k_f2h(float f) { return __half_as_ushort(__float2half_rn(f)); }
+K_FN float k_bf2f(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+#define k_raise(status, bits) atomicOr((status), (bits))
+
+#define K_CU_PARAM_K_STATUS(T, name) k_u32 *name,
+#define K_CU_PARAM_K_PARAMS(T, name) const T name,
+#define K_CU_PARAM_K_IN(T, name) const T *__restrict__ name,
+#define K_CU_PARAM_K_OUT(T, name) T *name,
+#define K_CU_PARAM_(K, slot, name, T, kind, n) K_CU_PARAM_##kind(T, name)
+/* The last parameter is the argument count the host passed: the kernel
+ * table's K_NARGS, checked by the host launcher (cuda/host.cu). */
+#define K_KERNEL(K) extern "C" __global__ void k_##K(K_ARGS_##K(K_CU_PARAM_, K) int k__nargs)
+
+#endif

@@ -1,0 +1,98 @@
+/*
+ * dialect/emul.h — the kernel dialect as plain C11 (+ __typeof__) for the
+ * threadgroup emulator (gpu/emul/). A kernel becomes a C function called
+ * once per thread on that thread's fiber; thread positions come from the
+ * emulator, every K_LD/K_ST is checked (emul.h lists the checks).
+ */
+#ifndef K_DIALECT_EMUL_H
+#define K_DIALECT_EMUL_H
+
+#include <math.h>
+#include <stdint.h>
+
+#include "../emul/emul.h"
+#include "../kernels/table.h"
+
+#define K_FN static inline
+#define K_DEV
+#define K_DEV_IN const
+#define K_TGM
+
+#define K_TID (emul_pos.tid)
+#define K_TG_SIZE (emul_pos.tg_size)
+#define K_GX (emul_pos.gid[0])
+#define K_GY (emul_pos.gid[1])
+#define K_GZ (emul_pos.gid[2])
+#define K_NGX (emul_pos.ngroups[0])
+#define K_NGY (emul_pos.ngroups[1])
+#define K_NGZ (emul_pos.ngroups[2])
+
+#define K_BARRIER() emul_barrier(__LINE__)
+#define K_TG_ARRAY(T, name, N) T *name = (T *)emul_tg_array(__LINE__, sizeof(T), (N))
+#define K_LD(p, i) (*(__typeof__(&(p)[i]))emul_chk((p), &(p)[i], sizeof((p)[i]), 0, __LINE__))
+#define K_ST(p, i, v) (*(__typeof__(&(p)[i]))emul_chk((p), &(p)[i], sizeof((p)[i]), 1, __LINE__) = (v))
+
+#define k_shfl_xor(v, m) emul_shfl_xor((v), (m), __LINE__)
+#define k_raise(status, bits) emul_raise((status), (bits))
+#define k_exp expf
+#define k_sqrt sqrtf
+#define k_rint rintf /* round to nearest even in the default rounding mode */
+#define k_fabs fabsf
+#define K_NEG_INF (-INFINITY)
+
+K_FN float k_bits_f32(uint32_t u) { union { uint32_t u; float f; } c; c.u = u; return c.f; }
+K_FN uint32_t k_f32_bits(float f) { union { uint32_t u; float f; } c; c.f = f; return c.u; }
+
+/* IEEE binary16 -> float, exact (subnormals, Inf, NaN). */
+K_FN float k_h2f(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0x1f) return k_bits_f32(sign | 0x7f800000u | (m << 13) | (m ? 0x400000u : 0));
+    if (e) return k_bits_f32(sign | ((e + 112u) << 23) | (m << 13));
+    /* subnormal: m * 2^-24, exact in float */
+    const float v = (float)m * 5.9604644775390625e-8f;
+    return sign ? -v : v;
+}
+
+/* float -> binary16, round to nearest even (what Metal's half(x) and
+ * CUDA's __float2half_rn do). */
+K_FN uint16_t k_f2h(float f) {
+    const uint32_t u = k_f32_bits(f), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+    /* NaN: payload truncated, quiet bit set (as F16C, so as the CPU; payloads
+     * are not promised on GPUs) */
+    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
+    if (a == 0x7f800000u) return (uint16_t)(sign | 0x7c00u);
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* rounds to >= 65520: Inf */
+    if (a >= 0x38800000u) { /* normal half */
+        const uint32_t r = a + 0xfffu + ((a >> 13) & 1u) - (112u << 23);
+        return (uint16_t)(sign | (r >> 13));
+    }
+    if (a < 0x33000000u) return (uint16_t)sign; /* below half the smallest subnormal */
+    /* subnormal half: round mant * 2^(e-150) to a multiple of 2^-24 */
+    const uint32_t e = a >> 23, mant = (a & 0x7fffffu) | 0x800000u, shift = 126u - e;
+    uint32_t q = mant >> shift;
+    const uint32_t rem = mant & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+    if (rem > half || (rem == half && (q & 1u))) q++;
+    return (uint16_t)(sign | q);
+}
+
+K_FN float k_bf2f(uint16_t h) { return k_bits_f32((uint32_t)h << 16); }
+
+/* A kernel is k_<name>_impl(table args, int) plus the entry the emulator
+ * calls with the bound slots, k_emul_<name>(slots). */
+#define K_EMUL_PARAM_K_STATUS(T, name) k_u32 *name,
+#define K_EMUL_PARAM_K_PARAMS(T, name) const T name,
+#define K_EMUL_PARAM_K_IN(T, name) const T *name,
+#define K_EMUL_PARAM_K_OUT(T, name) T *name,
+#define K_EMUL_PARAM_(K, slot, name, T, kind, n) K_EMUL_PARAM_##kind(T, name)
+#define K_EMUL_ARGV_K_STATUS(T, s) (k_u32 *)k__s[s],
+#define K_EMUL_ARGV_K_PARAMS(T, s) *(const T *)k__s[s],
+#define K_EMUL_ARGV_K_IN(T, s) (const T *)k__s[s],
+#define K_EMUL_ARGV_K_OUT(T, s) (T *)k__s[s],
+#define K_EMUL_ARGV_(K, slot, name, T, kind, n) K_EMUL_ARGV_##kind(T, slot)
+#define K_KERNEL(K)                                                             \
+    static void k_##K##_impl(K_ARGS_##K(K_EMUL_PARAM_, K) int k__end);          \
+    void k_emul_##K(void *const *k__s);                                         \
+    void k_emul_##K(void *const *k__s) { k_##K##_impl(K_ARGS_##K(K_EMUL_ARGV_, K) 0); } \
+    static void k_##K##_impl(K_ARGS_##K(K_EMUL_PARAM_, K) int k__end)
+
+#endif

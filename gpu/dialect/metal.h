@@ -1,0 +1,70 @@
+/*
+ * dialect/metal.h — the kernel dialect as Metal Shading Language (2.3+).
+ * UNTESTED: nothing here has been compiled by a Metal compiler yet
+ * (docs/gpu.md, "Untested on Metal"). Included first by the Metal source
+ * that tools/amalgamate.py writes (metal/ compiles it at load time).
+ */
+#ifndef K_DIALECT_METAL_H
+#define K_DIALECT_METAL_H
+
+#define K_DEVICE_METAL 1
+#ifndef K_PREPROCESS_ONLY
+#include <metal_stdlib>
+using namespace metal;
+/* Exact kernels promise the CPU's bits (rope, quantize) and the emulator's
+ * (all): no a*b+c contraction, IEEE division and sqrt. The host also
+ * compiles with fast math off (MTLCompileOptions mathMode = safe). */
+#pragma METAL fp math_mode(safe)
+#pragma METAL fp contract(off)
+#endif
+
+#include "../kernels/table.h"
+
+#define K_FN static inline
+#define K_DEV device
+#define K_DEV_IN const device
+#define K_TGM threadgroup
+
+#define K_TID (k__tid)
+#define K_TG_SIZE (k__tgsize.x)
+#define K_GX (k__gid.x)
+#define K_GY (k__gid.y)
+#define K_GZ (k__gid.z)
+#define K_NGX (k__ngroups.x)
+#define K_NGY (k__ngroups.y)
+#define K_NGZ (k__ngroups.z)
+
+#define K_BARRIER() threadgroup_barrier(mem_flags::mem_threadgroup)
+#define K_TG_ARRAY(T, name, N) threadgroup T name[N]
+#define K_LD(p, i) ((p)[i])
+#define K_ST(p, i, v) ((p)[i] = (v))
+
+#define k_shfl_xor(v, m) simd_shuffle_xor((v), (ushort)(m))
+#define k_exp(x) precise::exp(x)
+#define k_sqrt(x) precise::sqrt(x)
+#define k_rint(x) rint(x)
+#define k_fabs(x) fabs(x)
+#define K_NEG_INF (-INFINITY)
+
+K_FN float k_h2f(ushort h) { return float(as_type<half>(h)); }
+K_FN ushort k_f2h(float f) { return as_type<ushort>(half(f)); } /* RNE per the MSL spec */
+K_FN float k_bf2f(ushort h) { return as_type<float>((uint)h << 16); }
+
+K_FN void k_raise_(device atomic_uint *status, uint bits) {
+    atomic_fetch_or_explicit(status, bits, memory_order_relaxed);
+}
+#define k_raise(status, bits) k_raise_((status), (bits))
+
+#define K_MTL_PARAM_K_STATUS(T, name, slot) device atomic_uint *name [[buffer(slot)]],
+#define K_MTL_PARAM_K_PARAMS(T, name, slot) constant T &name [[buffer(slot)]],
+#define K_MTL_PARAM_K_IN(T, name, slot) const device T *name [[buffer(slot)]],
+#define K_MTL_PARAM_K_OUT(T, name, slot) device T *name [[buffer(slot)]],
+#define K_MTL_PARAM_(K, slot, name, T, kind, n) K_MTL_PARAM_##kind(T, name, slot)
+#define K_KERNEL(K)                                                   \
+    kernel void k_##K(K_ARGS_##K(K_MTL_PARAM_, K)                     \
+                      uint k__tid [[thread_index_in_threadgroup]],    \
+                      uint3 k__tgsize [[threads_per_threadgroup]],    \
+                      uint3 k__gid [[threadgroup_position_in_grid]],  \
+                      uint3 k__ngroups [[threadgroups_per_grid]])
+
+#endif

@@ -1,0 +1,377 @@
+/*
+ * emul.c — the threadgroup emulator (emul.h): fibers, barriers, SIMD-group
+ * shuffles, and the memory checks behind K_LD / K_ST.
+ *
+ * One OS thread runs everything: a threadgroup's threads are ucontext
+ * fibers that run until they block (barrier, shuffle) or finish; the
+ * scheduler then releases a barrier when every live thread waits at the
+ * same one. Threadgroups run one after the other. Deterministic, so a
+ * failure reproduces, and a missing barrier shows as a check failure (the
+ * first thread runs ahead through what should have been a barrier and the
+ * race shadow sees the next thread touch the same element in the same
+ * barrier interval).
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* ucontext */
+#endif
+#include "emul.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <ucontext.h>
+
+#define STACK_BYTES (64 * 1024)
+#define MAX_THREADS 1024
+#define MAX_REGIONS 16
+#define MAX_TG_ARRAYS 8
+
+enum { RUNNING, WAIT_TG, WAIT_SIMD, DONE };
+enum { R_IN = K_IN, R_OUT = K_OUT, R_STATUS = K_STATUS, R_PARAMS = K_PARAMS, R_TG = 100 };
+
+typedef struct {
+    ucontext_t uc;
+    int state, site, parity;
+    char *stack;
+} fiber;
+
+typedef struct {
+    const char *name;
+    char *base;
+    size_t bytes;
+    int kind;
+    int32_t *w_tid, *w_epoch, *r_tid, *r_epoch; /* per byte: threadgroup arrays */
+    int32_t *writer;                            /* per byte: K_OUT buffers */
+    int line;                                   /* declaration line of a threadgroup array */
+} region;
+
+emul_thread_pos emul_pos;
+
+static struct {
+    fiber f[MAX_THREADS];
+    int n, cur, epoch;
+    ucontext_t sched;
+    void (*fn)(void *const *);
+    void *const *slots;
+    region reg[MAX_REGIONS];
+    int n_reg, n_dev_reg;
+    float xbuf[2][MAX_THREADS]; /* shuffle exchange, double-buffered by parity */
+    char err[512];
+    int n_err;
+    uint64_t scratch[4]; /* target of a refused access */
+    uint32_t group_linear;
+} E;
+
+static void fail(const char *fmt, ...) {
+    E.n_err++;
+    if (E.n_err > 1) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(E.err, sizeof E.err, fmt, ap);
+    va_end(ap);
+}
+
+static void yield_to_scheduler(void) { swapcontext(&E.f[E.cur].uc, &E.sched); }
+
+void emul_barrier(int line) {
+    fiber *f = &E.f[E.cur];
+    f->state = WAIT_TG;
+    f->site = line;
+    yield_to_scheduler();
+}
+
+float emul_shfl_xor(float v, uint32_t mask, int line) {
+    fiber *f = &E.f[E.cur];
+    const uint32_t tid = (uint32_t)E.cur;
+    if (mask >= 32u) {
+        fail("line %d: shuffle mask %u is not below the SIMD width 32", line, mask);
+        return v;
+    }
+    E.xbuf[f->parity][tid] = v;
+    f->state = WAIT_SIMD;
+    f->site = line;
+    yield_to_scheduler();
+    const float r = E.xbuf[f->parity][tid ^ mask];
+    f->parity ^= 1;
+    return r;
+}
+
+void emul_raise(uint32_t *status, uint32_t bits) {
+    /* status[0] |= bits through the checked path, so a status pointer that
+     * is not the status buffer is reported too. */
+    uint32_t *s = emul_chk(status, status, 4, 1, 0);
+    if (s == (uint32_t *)(void *)E.scratch) return;
+    *s |= bits;
+}
+
+static region *region_of(const void *p) {
+    const char *c = p;
+    for (int i = 0; i < E.n_reg; i++)
+        if (c >= E.reg[i].base && c < E.reg[i].base + E.reg[i].bytes) return &E.reg[i];
+    return NULL;
+}
+
+void *emul_tg_array(int line, size_t elem, size_t n) {
+    for (int i = E.n_dev_reg; i < E.n_reg; i++)
+        if (E.reg[i].line == line) return E.reg[i].base;
+    if (E.n_reg == MAX_REGIONS) {
+        fail("line %d: more than %d threadgroup arrays", line, MAX_TG_ARRAYS);
+        return E.scratch;
+    }
+    region *r = &E.reg[E.n_reg++];
+    memset(r, 0, sizeof *r);
+    r->name = "threadgroup array";
+    r->bytes = elem * n;
+    r->kind = R_TG;
+    r->line = line;
+    r->base = malloc(r->bytes ? r->bytes : 1);
+    r->w_tid = malloc(4 * r->bytes + 4);
+    r->w_epoch = malloc(4 * r->bytes + 4);
+    r->r_tid = malloc(4 * r->bytes + 4);
+    r->r_epoch = malloc(4 * r->bytes + 4);
+    /* Poison: a read of an element never written is reported, and would
+     * read NaN if it were not. */
+    memset(r->base, 0xff, r->bytes);
+    for (size_t i = 0; i < r->bytes; i++) r->w_epoch[i] = r->r_epoch[i] = -1;
+    return r->base;
+}
+
+static void tg_access(region *r, size_t off, size_t size, int write, int line) {
+    const int32_t t = E.cur, ep = E.epoch;
+    for (size_t b = off; b < off + size; b++) {
+        if (write) {
+            if (r->w_epoch[b] == ep && r->w_tid[b] != t) {
+                fail("line %d: threadgroup array (line %d) byte %zu written by threads %d and %d "
+                     "between two barriers (missing barrier?)", line, r->line, b, r->w_tid[b], t);
+                return;
+            }
+            if (r->r_epoch[b] == ep && r->r_tid[b] != t) {
+                fail("line %d: thread %d writes threadgroup array (line %d) byte %zu that another "
+                     "thread read since the last barrier (missing barrier?)", line, t, r->line, b);
+                return;
+            }
+            r->w_tid[b] = t;
+            r->w_epoch[b] = ep;
+        } else {
+            if (r->w_epoch[b] < 0) {
+                fail("line %d: thread %d reads threadgroup array (line %d) byte %zu never written "
+                     "in this threadgroup", line, t, r->line, b);
+                return;
+            }
+            if (r->w_epoch[b] == ep && r->w_tid[b] != t) {
+                fail("line %d: thread %d reads threadgroup array (line %d) byte %zu written by "
+                     "thread %d since the last barrier (missing barrier?)", line, t, r->line, b,
+                     r->w_tid[b]);
+                return;
+            }
+            if (r->r_epoch[b] != ep) {
+                r->r_epoch[b] = ep;
+                r->r_tid[b] = t;
+            } else if (r->r_tid[b] != t) {
+                r->r_tid[b] = -2; /* several readers */
+            }
+        }
+    }
+}
+
+void *emul_chk(const void *base, const void *addr, size_t size, int write, int line) {
+    region *r = region_of(base);
+    if (!r) {
+        fail("line %d: access through a pointer into no bound buffer or threadgroup array", line);
+        return E.scratch;
+    }
+    const char *a = addr;
+    if (a < r->base || a + size > r->base + r->bytes) {
+        fail("line %d: out of bounds: byte offset %td of %s '%s' (%zu bytes)", line, a - r->base,
+             r->kind == R_TG ? "threadgroup array" : "buffer", r->name, r->bytes);
+        return E.scratch;
+    }
+    const size_t off = (size_t)(a - r->base);
+    if (write && (r->kind == R_IN || r->kind == R_PARAMS)) {
+        fail("line %d: write to read-only argument '%s'", line, r->name);
+        return E.scratch;
+    }
+    if (r->kind == R_TG) tg_access(r, off, size, write, line);
+    if (write && r->kind == R_OUT) {
+        const int32_t who = (int32_t)(E.group_linear * (uint32_t)E.n + (uint32_t)E.cur);
+        for (size_t b = off; b < off + size; b++) {
+            if (r->writer[b] >= 0 && r->writer[b] != who) {
+                fail("line %d: byte %zu of output '%s' written by two threads (global %d and %d)",
+                     line, b, r->name, r->writer[b], who);
+                return E.scratch;
+            }
+            r->writer[b] = who;
+        }
+    }
+    return (void *)a;
+}
+
+static void trampoline(void) {
+    E.fn(E.slots);
+    E.f[E.cur].state = DONE;
+    /* returning resumes uc_link, the scheduler */
+}
+
+static void free_tg_regions(void) {
+    for (int i = E.n_dev_reg; i < E.n_reg; i++) {
+        free(E.reg[i].base);
+        free(E.reg[i].w_tid);
+        free(E.reg[i].w_epoch);
+        free(E.reg[i].r_tid);
+        free(E.reg[i].r_epoch);
+    }
+    E.n_reg = E.n_dev_reg;
+}
+
+/* Run one threadgroup to completion; 0 or -1 (E.err set). */
+static int run_group(int schedule) {
+    E.epoch = 0;
+    for (int i = 0; i < E.n; i++) {
+        fiber *f = &E.f[i];
+        getcontext(&f->uc);
+        f->uc.uc_stack.ss_sp = f->stack;
+        f->uc.uc_stack.ss_size = STACK_BYTES;
+        f->uc.uc_link = &E.sched;
+        makecontext(&f->uc, trampoline, 0);
+        f->state = RUNNING;
+        f->parity = 0;
+        f->site = 0;
+    }
+    for (;;) {
+        for (int k = 0; k < E.n; k++) {
+            const int i = schedule == EMUL_REVERSE ? E.n - 1 - k : k;
+            while (E.f[i].state == RUNNING) {
+                E.cur = i;
+                emul_pos.tid = (uint32_t)i;
+                swapcontext(&E.sched, &E.f[i].uc);
+                if (E.n_err) return -1;
+            }
+        }
+        /* Everyone is blocked or done: release SIMD-groups whose 32 lanes
+         * all wait at the same shuffle, else a threadgroup barrier. */
+        int released = 0, n_done = 0, n_tg = 0, n_simd = 0, tg_site = -1;
+        for (int s = 0; s < E.n / 32; s++) {
+            int all = 1;
+            for (int l = 0; l < 32; l++) {
+                const fiber *f = &E.f[s * 32 + l];
+                if (f->state != WAIT_SIMD || f->site != E.f[s * 32].site) all = 0;
+            }
+            if (all) {
+                for (int l = 0; l < 32; l++) E.f[s * 32 + l].state = RUNNING;
+                released = 1;
+            }
+        }
+        if (released) continue;
+        for (int i = 0; i < E.n; i++) {
+            const fiber *f = &E.f[i];
+            if (f->state == DONE) n_done++;
+            if (f->state == WAIT_SIMD) n_simd++;
+            if (f->state == WAIT_TG) {
+                if (tg_site >= 0 && f->site != tg_site) {
+                    fail("barrier divergence: threads wait at barriers on lines %d and %d",
+                         tg_site, f->site);
+                    return -1;
+                }
+                tg_site = f->site, n_tg++;
+            }
+        }
+        if (n_done == E.n) return 0;
+        if (n_simd) {
+            for (int i = 0; i < E.n; i++)
+                if (E.f[i].state == WAIT_SIMD) {
+                    fail("SIMD divergence: lane %d of SIMD-group %d waits at the shuffle on line %d "
+                         "while other lanes of its group are elsewhere or done", i % 32, i / 32,
+                         E.f[i].site);
+                    break;
+                }
+            return -1;
+        }
+        if (n_done) {
+            fail("barrier divergence: %d threads wait at the barrier on line %d, %d have exited",
+                 n_tg, tg_site, n_done);
+            return -1;
+        }
+        for (int i = 0; i < E.n; i++) E.f[i].state = RUNNING;
+        E.epoch++;
+    }
+}
+
+typedef struct {
+    int id;
+    void (*fn)(void *const *);
+} kernel_entry;
+
+#define DECL_(id, K) void k_emul_##K(void *const *);
+K_KERNEL_LIST(DECL_)
+#define ENTRY_(id, K) {id, k_emul_##K},
+static const kernel_entry kernels[] = {K_KERNEL_LIST(ENTRY_)};
+
+int emul_launch(int id, const uint32_t grid[3], uint32_t tg_size, const k_binding *b, int nb,
+                const emul_options *opt, char *err, size_t cap) {
+    static const emul_options defaults = {EMUL_FORWARD, 0};
+    if (!opt) opt = &defaults;
+    const k_kernel_desc *d = k_kernel_desc_of(id);
+    void (*fn)(void *const *) = NULL;
+    for (size_t i = 0; i < sizeof kernels / sizeof kernels[0]; i++)
+        if (kernels[i].id == id) fn = kernels[i].fn;
+    if (!d || !fn) {
+        snprintf(err, cap, "no kernel with id %d", id);
+        return -1;
+    }
+    if (tg_size == 0 || tg_size % 32 || tg_size > MAX_THREADS) {
+        snprintf(err, cap, "kernel %s: threadgroup size %u is not a multiple of 32 in 32..%d",
+                 d->name, tg_size, MAX_THREADS);
+        return -1;
+    }
+    if (!opt->skip_host_check && k_check_bindings(d, b, nb, err, cap)) return -1;
+    void *slots[32] = {0};
+    memset(&E.reg, 0, sizeof E.reg);
+    E.n_reg = 0;
+    for (int i = 0; i < nb && i < 32; i++) {
+        if (b[i].slot < 0 || b[i].slot >= d->n_args || E.n_reg == MAX_REGIONS - MAX_TG_ARRAYS)
+            continue;
+        slots[b[i].slot] = b[i].ptr;
+        region *r = &E.reg[E.n_reg++];
+        r->name = d->args[b[i].slot].name;
+        r->base = b[i].ptr;
+        r->bytes = b[i].bytes;
+        r->kind = d->args[b[i].slot].kind;
+        if (r->kind == R_OUT) {
+            r->writer = malloc(4 * r->bytes + 4);
+            for (size_t k = 0; k < r->bytes; k++) r->writer[k] = -1;
+        }
+    }
+    for (int s = 0; s < d->n_args; s++)
+        if (!slots[s]) {
+            snprintf(err, cap, "kernel %s: slot %d (%s) not bound", d->name, s, d->args[s].name);
+            for (int i = 0; i < E.n_reg; i++) free(E.reg[i].writer);
+            return -1;
+        }
+    E.n_dev_reg = E.n_reg;
+    E.n = (int)tg_size;
+    E.fn = fn;
+    E.slots = slots;
+    E.n_err = 0;
+    E.err[0] = 0;
+    for (int i = 0; i < E.n; i++)
+        if (!E.f[i].stack) E.f[i].stack = malloc(STACK_BYTES);
+    emul_pos.tg_size = tg_size;
+    for (int a = 0; a < 3; a++) emul_pos.ngroups[a] = grid[a] ? grid[a] : 1;
+    const uint64_t n_groups = (uint64_t)emul_pos.ngroups[0] * emul_pos.ngroups[1] * emul_pos.ngroups[2];
+    int rc = 0;
+    for (uint64_t k = 0; k < n_groups && !rc; k++) {
+        const uint64_t g = opt->schedule == EMUL_REVERSE ? n_groups - 1 - k : k;
+        emul_pos.gid[0] = (uint32_t)(g % emul_pos.ngroups[0]);
+        emul_pos.gid[1] = (uint32_t)(g / emul_pos.ngroups[0] % emul_pos.ngroups[1]);
+        emul_pos.gid[2] = (uint32_t)(g / emul_pos.ngroups[0] / emul_pos.ngroups[1]);
+        E.group_linear = (uint32_t)g;
+        rc = run_group(opt->schedule);
+        free_tg_regions();
+        if (rc) snprintf(err, cap, "kernel %s, threadgroup (%u,%u,%u): %s", d->name,
+                         emul_pos.gid[0], emul_pos.gid[1], emul_pos.gid[2], E.err);
+    }
+    for (int i = 0; i < E.n_dev_reg; i++) free(E.reg[i].writer);
+    E.n_reg = E.n_dev_reg = 0;
+    return rc;
+}

@@ -1,0 +1,9 @@
+/*
+ * all.h — every shared kernel, in one translation unit per target:
+ * after a dialect header (metal.h, cuda.h, emul.h) and common.h.
+ * tools/amalgamate.py inlines these includes into one Metal source.
+ */
+#include "rmsnorm.h"
+#include "quant_q8_0.h"
+#include "rope.h"
+#include "attn.h"

@@ -1,0 +1,143 @@
+/*
+ * attn.h — split-K decode / verify attention over the F16 KV shadow.
+ *
+ * The history a query row sees is cut into blocks of K_ATTN_BLOCK (= the
+ * CPU's KV page) positions. attn_partials computes, per (query head, block),
+ * the partial (m = max score, l = sum exp(s - m), acc = sum exp(s - m) v);
+ * attn_merge folds a row's partials in ascending block order with the
+ * online-softmax combine (the CPU's merge(), csrc/forward/attention.c).
+ * A split is only which threadgroup computes which blocks: every partial is
+ * the same float computation whatever the split count, and the merge order
+ * is fixed, so the output is bit-identical for every split count and for
+ * every verify width (tested), and the host may pick splits from the
+ * context length freely (attn_plan.h).
+ *
+ * One threadgroup per (kv head, split, query row) serves all G query heads
+ * of its GQA group from one read of each K row and each V row:
+ *  1. the G queries into threadgroup memory;
+ *  per block:
+ *  2. scores: SIMD-group sg takes positions sg, sg + NSIMD, ...; its lanes
+ *     split head_dim, each K element (fp16 -> float) is multiplied into G
+ *     partial dots, which the butterfly sums; times scale;
+ *  3. per head (SIMD-group g % NSIMD): max, then e = exp(s - max) written
+ *     back over the scores, and their sum (lane-strided, butterfly);
+ *  4. thread d (stride K_TG_SIZE) accumulates e * v over the block's
+ *     positions in ascending order for all G heads, and writes the partial.
+ * The numerics differ from the CPU's F16 recipe (which keeps llama.cpp's F16
+ * accumulator); docs/gpu.md derives the stated tolerance against an exact
+ * reference.
+ */
+#define K_ATTN_MAX_DIM 256
+
+K_KERNEL(attn_partials) {
+    K_CHECK_TAG(attn_partials);
+    const k_u32 dh = p.head_dim;
+    if (p.n_head_kv == 0u || p.n_head % p.n_head_kv || p.n_head / p.n_head_kv > K_ATTN_MAX_GROUP ||
+        dh == 0u || dh > K_ATTN_MAX_DIM || p.blocks_per_split == 0u) {
+        k_raise(status, K_ERR_SHAPE);
+        return;
+    }
+    const k_u32 G = p.n_head / p.n_head_kv;
+    const k_u32 kvh = K_GX, t = K_GZ;
+    const k_u32 n_vis = p.pos0 + t + 1u;
+    const k_u32 nb_t = (n_vis + K_ATTN_BLOCK - 1u) / K_ATTN_BLOCK;
+    const k_u32 b0 = K_GY * p.blocks_per_split;
+    const k_u32 b1 = b0 + p.blocks_per_split < nb_t ? b0 + p.blocks_per_split : nb_t;
+    K_TG_ARRAY(float, qs, K_ATTN_MAX_GROUP * K_ATTN_MAX_DIM);
+    K_TG_ARRAY(float, S, K_ATTN_MAX_GROUP * K_ATTN_BLOCK);
+    K_TG_ARRAY(float, ML, 2 * K_ATTN_MAX_GROUP);
+    if (kvh >= p.n_head_kv || t >= p.n_rows || b0 >= b1) return; /* whole threadgroup */
+
+    for (k_u32 e = K_TID; e < G * dh; e += K_TG_SIZE) {
+        const k_u32 g = e / dh, d = e % dh;
+        K_ST(qs, g * dh + d, K_LD(q, t * p.q_stride + (kvh * G + g) * p.q_head_stride + d));
+    }
+    K_BARRIER();
+
+    for (k_u32 b = b0; b < b1; b++) {
+        const k_u32 p0 = b * K_ATTN_BLOCK;
+        const k_u32 len = n_vis - p0 < K_ATTN_BLOCK ? n_vis - p0 : K_ATTN_BLOCK;
+        const k_u32 page = K_LD(pages, b);
+        const k_u32 kb = (page * p.n_head_kv + kvh) * K_ATTN_BLOCK * dh;
+
+        for (k_u32 pp = K_SIMD; pp < len; pp += K_NSIMD) { /* uniform per SIMD-group */
+            float part[K_ATTN_MAX_GROUP];
+            for (k_u32 g = 0; g < G; g++) part[g] = 0.0f;
+            for (k_u32 d = K_LANE; d < dh; d += 32u) {
+                const float kv = k_h2f(K_LD(kpool, kb + pp * dh + d));
+                for (k_u32 g = 0; g < G; g++) part[g] += kv * K_LD(qs, g * dh + d);
+            }
+            for (k_u32 g = 0; g < G; g++) {
+                const float s = k_simd_sum(part[g]) * p.scale;
+                if (K_LANE == 0) K_ST(S, g * K_ATTN_BLOCK + pp, s);
+            }
+        }
+#ifndef PLANT_MISSING_BARRIER
+        K_BARRIER();
+#endif
+
+        for (k_u32 g = K_SIMD; g < G; g += K_NSIMD) {
+            float m = K_NEG_INF;
+            for (k_u32 pp = K_LANE; pp < len; pp += 32u) m = k_max2(m, K_LD(S, g * K_ATTN_BLOCK + pp));
+            m = k_simd_max(m);
+            float l = 0.0f;
+            for (k_u32 pp = K_LANE; pp < len; pp += 32u) {
+                const float e = k_exp(K_LD(S, g * K_ATTN_BLOCK + pp) - m);
+                K_ST(S, g * K_ATTN_BLOCK + pp, e);
+                l += e;
+            }
+            l = k_simd_sum(l);
+            if (K_LANE == 0) {
+                K_ST(ML, 2u * g, m);
+                K_ST(ML, 2u * g + 1u, l);
+            }
+        }
+        K_BARRIER();
+
+        for (k_u32 d = K_TID; d < dh; d += K_TG_SIZE) {
+            float acc[K_ATTN_MAX_GROUP];
+            for (k_u32 g = 0; g < G; g++) acc[g] = 0.0f;
+            for (k_u32 pp = 0; pp < len; pp++) {
+                const float v = k_h2f(K_LD(vpool, kb + pp * dh + d));
+                for (k_u32 g = 0; g < G; g++) acc[g] += K_LD(S, g * K_ATTN_BLOCK + pp) * v;
+            }
+            for (k_u32 g = 0; g < G; g++) {
+                const k_u32 o = ((t * p.n_head + kvh * G + g) * p.n_blocks + b) * (2u + dh);
+                K_ST(part, o + 2u + d, acc[g]);
+            }
+        }
+        if (K_TID < G) {
+            const k_u32 o = ((t * p.n_head + kvh * G + K_TID) * p.n_blocks + b) * (2u + dh);
+            K_ST(part, o, K_LD(ML, 2u * K_TID));
+            K_ST(part, o + 1u, K_LD(ML, 2u * K_TID + 1u));
+        }
+        K_BARRIER(); /* S and ML are rewritten by the next block */
+    }
+}
+
+/* One threadgroup per (query head, row); thread d (stride K_TG_SIZE) merges
+ * element d. Every thread recomputes (M, L) from the same partials, so all
+ * hold the same bits. out = A * (1/L), as the CPU's fast precision. */
+K_KERNEL(attn_merge) {
+    K_CHECK_TAG(attn_merge);
+    const k_u32 h = K_GX, t = K_GY, dh = p.head_dim;
+    if (h >= p.n_head || t >= p.n_rows) return;
+    const k_u32 nb_t = (p.pos0 + t + 1u + K_ATTN_BLOCK - 1u) / K_ATTN_BLOCK;
+    for (k_u32 d = K_TID; d < dh; d += K_TG_SIZE) {
+        float M = 0.0f, L = 0.0f, A = 0.0f;
+        for (k_u32 b = 0; b < nb_t; b++) {
+            const k_u32 o = ((t * p.n_head + h) * p.n_blocks + b) * (2u + dh);
+            const float mb = K_LD(part, o), lb = K_LD(part, o + 1u), ab = K_LD(part, o + 2u + d);
+            if (b == 0) {
+                M = mb, L = lb, A = ab;
+                continue;
+            }
+            const float nm = k_max2(M, mb);
+            const float ea = k_exp(M - nm), eb = k_exp(mb - nm);
+            L = L * ea + lb * eb;
+            A = A * ea + ab * eb;
+            M = nm;
+        }
+        K_ST(out, t * p.out_stride + h * dh + d, A * (1.0f / L));
+    }
+}

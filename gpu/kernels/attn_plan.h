@@ -1,0 +1,28 @@
+/*
+ * attn_plan.h — how many splits the decode attention uses (host side, all
+ * backends). The output does not depend on it (attn.h), only the speed:
+ * enough threadgroups to fill the GPU at any context length, never a split
+ * without a block.
+ */
+#ifndef K_ATTN_PLAN_H
+#define K_ATTN_PLAN_H
+
+#include <stdint.h>
+
+/* Blocks per split for n_blocks blocks of history, n_head_kv heads and
+ * n_rows query rows, aiming at target_groups threadgroups in flight (a few
+ * per GPU core: 2 x cores is a fair start, see docs/gpu.md). */
+static inline uint32_t k_attn_blocks_per_split(uint32_t n_blocks, uint32_t n_head_kv,
+                                               uint32_t n_rows, uint32_t target_groups) {
+    if (n_blocks == 0) return 1;
+    const uint32_t base = n_head_kv * (n_rows ? n_rows : 1);
+    uint32_t splits = base >= target_groups ? 1 : (target_groups + base - 1) / base;
+    if (splits > n_blocks) splits = n_blocks;
+    return (n_blocks + splits - 1) / splits;
+}
+
+static inline uint32_t k_attn_n_splits(uint32_t n_blocks, uint32_t blocks_per_split) {
+    return (n_blocks + blocks_per_split - 1) / blocks_per_split;
+}
+
+#endif

@@ -1,0 +1,117 @@
+"""The shared GPU kernels under the threadgroup emulator (docs/gpu.md).
+
+Builds gpu/tests/test_gpu_emul.c through the Makefile's gpu-emul-bin target
+(one source list) and runs each suite; then builds variants with planted
+faults and checks that each turns the suite red with the expected message.
+Tolerances live in the C harness, each derived in docs/gpu.md.
+"""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "gpu", "tools"))
+import amalgamate  # noqa: E402
+
+# Minimum number of PASS lines per suite, so a suite that silently runs no
+# checks (a loop over an empty shape list) fails instead of passing.
+SUITES = {"tables": 7, "f16": 2, "rmsnorm": 18, "quantize": 4, "matvec": 12, "rope": 4, "attn": 8}
+
+
+def build(tmp_dir, name, defs=""):
+    binary = os.path.join(tmp_dir, name)
+    r = subprocess.run(["make", "-s", "--no-print-directory", "gpu-emul-bin",
+                        f"GPU_EMUL_BIN={binary}", f"GPU_EMUL_DEFS={defs}"],
+                       cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return binary
+
+
+def run(binary, *suites):
+    r = subprocess.run([binary, *suites], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    lines = r.stdout.splitlines()
+    passed = [ln for ln in lines if ln.startswith("PASS")]
+    return r.returncode, passed, [ln for ln in lines if ln.startswith("FAIL")]
+
+
+@pytest.fixture(scope="module")
+def harness(tmp_path_factory):
+    return build(str(tmp_path_factory.mktemp("gpu-emul")), "test_gpu_emul")
+
+
+@pytest.mark.parametrize("suite", sorted(SUITES))
+def test_suite_green(harness, suite):
+    rc, passed, failed = run(harness, suite)
+    assert failed == [] and rc == 0, "\n".join(failed)
+    assert len(passed) >= SUITES[suite], passed
+
+
+def test_unknown_suite_is_an_error(harness):
+    r = subprocess.run([harness, "nosuch"], capture_output=True, text=True)
+    assert r.returncode == 2 and "unknown suite 'nosuch'" in r.stderr
+
+
+# Each planted fault, the suite it must turn red, and what the failure says.
+PLANTED = [
+    # matvec reads the next weight row (in bounds): caught by the CPU comparison
+    ("PLANT_OFF_BY_ONE_ROW", "matvec", r"n_in=\d+ n_out=(5|17): within the reordering bound"),
+    # the barrier after the attention scores removed: caught by the race shadow
+    ("PLANT_MISSING_BARRIER", "attn",
+     r"since the last barrier \(missing barrier\?\)|never written"),
+    # one thread of rmsnorm skips the barrier: caught as barrier divergence
+    ("PLANT_BARRIER_DIVERGENCE", "rmsnorm", r"barrier divergence: \d+ threads wait at the barrier"),
+    # params and activations bound at each other's slot: refused by the host check
+    ("PLANT_WRONG_ARG", "matvec", r"slot 1 \(params\) holds \d+ bytes, the params struct is 20"),
+    # the same launched without the host check: the kernel's tag check raises
+    ("PLANT_WRONG_ARG_UNCHECKED", "matvec", r"raised status 0x1 \(K_ERR_TAG"),
+]
+
+
+@pytest.mark.parametrize("define,suite,pattern", PLANTED, ids=[p[0] for p in PLANTED])
+def test_planted_fault_turns_red(tmp_path, define, suite, pattern):
+    binary = build(str(tmp_path), "planted", f"-D{define}")
+    rc, _, failed = run(binary, suite)
+    assert rc == 1
+    assert any(re.search(pattern, ln) for ln in failed), "\n".join(failed[:5])
+
+
+def test_metal_source_is_current():
+    """metal/kernels_source.h is what the amalgamator makes of gpu/ now."""
+    want = amalgamate.as_c_string("ds4_metal_source", amalgamate.amalgamate("metal"))
+    with open(os.path.join(ROOT, "metal", "kernels_source.h")) as f:
+        assert f.read() == want, ("regenerate: python gpu/tools/amalgamate.py metal "
+                                  "--c-string ds4_metal_source > metal/kernels_source.h")
+
+
+@pytest.mark.parametrize("target", ["metal", "cuda"])
+def test_amalgamation_expands_every_kernel_from_its_table(tmp_path, target):
+    """The one-file source has no local include left, and after the
+    preprocessor (metal_stdlib / cuda headers left out) every kernel's
+    signature carries its table's arguments in slot order."""
+    text = amalgamate.amalgamate(target)
+    assert not re.search(r'#\s*include\s+"', text)
+    src = tmp_path / "k.c"
+    # cuda.h includes system headers; keep only what the preprocessor needs
+    src.write_text(text.replace("#include <cuda_fp16.h>", "").replace("#include <math.h>", "")
+                   .replace("#include <stdint.h>", ""))
+    cpp = shutil.which("cpp") or shutil.which("gcc")
+    args = [cpp] if cpp.endswith("cpp") else [cpp, "-E"]
+    r = subprocess.run([*args, "-P", "-DK_PREPROCESS_ONLY", str(src)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    for name, slots in [("matvec_q8_0", ["status", "p", "w", "xq", "y"]),
+                        ("attn_partials", ["status", "p", "q", "kpool", "vpool", "pages", "part"])]:
+        m = re.search(r"void k_" + name + r"\((.*?)\)\s*\{", out, re.S)
+        assert m, name
+        params = [re.sub(r"\s*\[\[.*?\]\]", "", a).strip() for a in m.group(1).split(",")]
+        names = [re.findall(r"\w+", a)[-1] for a in params]
+        assert names[:len(slots)] == slots, params
+        if target == "metal":
+            for i, (a, s) in enumerate(zip(m.group(1).split(","), slots, strict=False)):
+                assert f"[[buffer({i})]]" in a, (s, a)
