@@ -12,7 +12,7 @@ token only. ds4py runs precision="fast".
 
 Measured per model:
   prefill   tok/s for N tokens from an empty context (512 and 2048; 512 in
-            --quick);
+            --quick, which also runs only the 0.8B-shape Q4_K_M model);
   decode    tok/s of single-token steps at contexts 128, 1k, 4k, 8k (128 and
             1k in --quick): one growing context per repetition, prefilled up
             to each point and then decoded DECODE_STEPS tokens.
@@ -406,7 +406,7 @@ def plot(results, path):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true",
-                    help="small model, 512 prefill, contexts 128/1k")
+                    help="the 0.8B-shape Q4_K_M only, 512 prefill, contexts 128/1k")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=2, help="measured repetitions (after one warm-up)")
     ap.add_argument("--models", default=None, help="comma list of NAME-QUANT (bench_models.py)")

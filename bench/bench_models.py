@@ -18,7 +18,7 @@ Shapes (issue 18):
   moe        a Qwen3.5-35B-A3B-like MoE scaled to this machine: 20 layers,
              E 2048, H 16 / KV 2, head 256, Hk 16 / Hv 32, dk = dv = 128,
              64 experts top-8, expert FFN 512, shared expert 512, untied head;
-  dense08b_l6  the dense shape cut to 6 layers (bench-quick).
+  dense08b_l6  the dense shape cut to 6 layers (a faster smoke run).
 The vocabulary is synthetic (token strings "<t…>", no merges): the benchmark
 feeds token ids, never text.
 """

@@ -89,9 +89,19 @@ def _stop_reason(done: Done, had_tools: bool) -> str:
 
 
 def _usage(done: Done) -> dict:
-    return {"input_tokens": done.prompt_tokens - done.cached_tokens,
-            "output_tokens": len(done.tokens),
-            "cache_read_input_tokens": done.cached_tokens, "cache_creation_input_tokens": 0}
+    u = {"input_tokens": done.prompt_tokens - done.cached_tokens,
+         "output_tokens": len(done.tokens),
+         "cache_read_input_tokens": done.cached_tokens, "cache_creation_input_tokens": 0}
+    if done.draft is not None:  # speculative decoding statistics, as OpenAI's usage.draft
+        u["draft"] = done.draft
+    return u
+
+
+def _delta_usage(done: Done) -> dict:
+    u = {"output_tokens": len(done.tokens)}
+    if done.draft is not None:
+        u["draft"] = done.draft
+    return u
 
 
 @router.post("/v1/messages")
@@ -232,5 +242,5 @@ async def _stream(state, job, q, mid, name, n_prompt):
             "type": "message_delta",
             "delta": {"stop_reason": _stop_reason(done, n_calls > 0),
                       "stop_sequence": done.stop_string},
-            "usage": {"output_tokens": len(done.tokens)}})
+            "usage": _delta_usage(done)})
         yield sse_event("message_stop", {"type": "message_stop"})

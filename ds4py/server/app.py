@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from importlib import resources
@@ -43,6 +44,11 @@ class ServerConfig:
     cors: list[str] = field(default_factory=list)
     keepalive_s: float = 5.0
     test_hooks: bool = False     # honour ds4py_forced_tokens (tests only)
+    draft_head: str | None = None  # a standalone nextn head GGUF (ds4py.load draft_head=)
+    dflash: str | None = None      # a DFlash drafter GGUF (ds4py.load dflash=)
+    no_draft: bool = False         # every job: JobSpec.draft = False
+    force_draft: bool = False      # draft_plan(force_draft=): overrides REFUSE_UNKNOWN only
+    test_load_gate: str | None = None  # test hook: loading waits until this file exists
 
 
 class ServerState:
@@ -71,7 +77,12 @@ class ServerState:
         try:
             if c.model_path is None:
                 raise ValueError("no model given: pass -m MODEL.gguf")
-            model = load(c.model_path, n_threads=c.threads, n_ctx=c.n_ctx)
+            self._wait_for_gate()
+            # --no-draft: the draft files are not even loaded (the CLI's rule)
+            model = load(c.model_path, n_threads=c.threads, n_ctx=c.n_ctx,
+                         draft_head=None if c.no_draft else c.draft_head,
+                         dflash=None if c.no_draft else c.dflash)
+            self._report_pairing(model)
             self.cache = PrefixCache(model, budget_bytes=c.cache_bytes)
             try:
                 self.compiler = GrammarCompiler(model.tokenizer, model.config.vocab_size)
@@ -89,6 +100,24 @@ class ServerState:
                 self.on_load_error()
 
     on_load_error = None
+
+    def _wait_for_gate(self) -> None:
+        gate = self.config.test_load_gate
+        while gate is not None and not os.path.exists(gate):
+            time.sleep(0.05)
+
+    def _report_pairing(self, model) -> None:
+        """The pairing verdict of --draft-head / --dflash on stderr, as the
+        CLI prints it (a refused verdict means the server does not draft)."""
+        c = self.config
+        if c.no_draft or (c.draft_head is None and c.dflash is None):
+            return
+        from ..spec.plan import pairing_report
+
+        report = pairing_report(model, c.force_draft)
+        if report is not None:
+            import sys
+            print("\n".join(report.lines()), file=sys.stderr, flush=True)
 
     def require_ready(self) -> None:
         if not self.ready.is_set():

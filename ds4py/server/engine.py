@@ -77,6 +77,7 @@ class JobSpec:
     forced_tokens: Sequence[int] | None = None
     pause_after: int | None = None      # test hook: stop stepping after this many tokens
     draft: bool | None = None           # speculative decoding: None = as generate, False = off
+    force_draft: bool = False           # draft_plan's force_draft (--force-draft)
 
 
 @dataclass
@@ -308,7 +309,7 @@ class Job:
     def _start_drafting(self, model, session) -> None:
         """generate's draft plan for this job; when it drafts, the runner (and
         for DFlash the TapSession wrapping the slot's session)."""
-        plan = self._plan = draft_plan(model, self.spec.draft)
+        plan = self._plan = draft_plan(model, self.spec.draft, force_draft=self.spec.force_draft)
         if not plan.active:
             return
         if isinstance(plan.drafter, DFlashDrafter):

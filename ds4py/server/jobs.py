@@ -15,6 +15,10 @@ DISCONNECT_POLL_S = 0.25
 
 
 async def submit(state, spec: JobSpec) -> tuple[Job, asyncio.Queue]:
+    # The server-wide drafting switches (--no-draft, --force-draft) apply to every job.
+    if state.config.no_draft:
+        spec.draft = False
+    spec.force_draft = state.config.force_draft
     loop = asyncio.get_running_loop()
     q: asyncio.Queue = asyncio.Queue()
     job = Job(spec, lambda ev: loop.call_soon_threadsafe(q.put_nowait, ev))

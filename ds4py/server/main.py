@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from .app import ServerConfig, ServerState, create_app
@@ -29,7 +30,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-queue", type=int, default=64,
                    help="requests waiting for a slot before 503")
     p.add_argument("--cors", nargs="*", default=[], metavar="ORIGIN")
+    d = p.add_argument_group("speculative decoding (output never changes, only speed)")
+    d.add_argument("--draft-head", metavar="FILE",
+                   help="a standalone nextn (MTP) head GGUF to draft with")
+    d.add_argument("--dflash", metavar="FILE",
+                   help="a DFlash drafter GGUF to draft with (instead of the nextn head)")
+    d.add_argument("--no-draft", action="store_true", help="turn drafting off")
+    d.add_argument("--force-draft", action="store_true",
+                   help="draft with a pairing the table does not know (REFUSE_UNKNOWN)")
     p.add_argument("--enable-test-hooks", action="store_true", help=argparse.SUPPRESS)
+    # Test hook: loading waits until this file exists, so a test sees the
+    # loading state (/health 503) for as long as it needs, with no sleeps.
+    p.add_argument("--test-load-gate", metavar="FILE", help=argparse.SUPPRESS)
 
 
 def config_from_args(a) -> ServerConfig:
@@ -38,13 +50,22 @@ def config_from_args(a) -> ServerConfig:
             raise SystemExit(f"error: --{name.replace('_', '-')} must be >= 1")
     if a.max_queue < 0:
         raise SystemExit("error: --max-queue must be >= 0")
+    if a.draft_head is not None and a.dflash is not None:
+        raise SystemExit("error: --draft-head and --dflash: draft with one")
+    for flag, path in (("--draft-head", a.draft_head), ("--dflash", a.dflash)):
+        if path is not None and not os.path.isfile(path):
+            raise SystemExit(f"error: {flag}: no such file {path!r}")
+    if a.test_load_gate is not None and not a.enable_test_hooks:
+        raise SystemExit("error: --test-load-gate is a test hook (needs --enable-test-hooks)")
     from ..demo_model import demo_model_path
 
     return ServerConfig(model_path=a.model or demo_model_path(), host=a.host, port=a.port,
                         api_key=a.api_key, alias=a.alias, n_ctx=a.ctx, parallel=a.parallel,
                         threads=a.threads,
                         cache_bytes=a.cache_bytes, max_body_bytes=a.max_body_bytes,
-                        max_queue=a.max_queue, cors=a.cors, test_hooks=a.enable_test_hooks)
+                        max_queue=a.max_queue, cors=a.cors, test_hooks=a.enable_test_hooks,
+                        draft_head=a.draft_head, dflash=a.dflash, no_draft=a.no_draft,
+                        force_draft=a.force_draft, test_load_gate=a.test_load_gate)
 
 
 def serve(config: ServerConfig) -> int:

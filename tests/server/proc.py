@@ -16,6 +16,8 @@ MODELS = os.path.join(ROOT, "tests", "golden", "models")
 DENSE = os.path.join(MODELS, "dense-q8_0.gguf")
 # The trained demo model shipped in the package: what ds4py-server serves without -m.
 DEMO = os.path.join(ROOT, "ds4py", "models", "demo-q8_0.gguf")
+# The DFlash drafter shipped next to it (its pairing is not in the table: REFUSE_UNKNOWN).
+DEMO_DFLASH = os.path.join(ROOT, "ds4py", "models", "demo-dflash-q8_0.gguf")
 API_KEY = "test-key"
 
 
@@ -57,6 +59,18 @@ class ServerProcess:
 
     def headers(self) -> dict:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def wait_listening(self, timeout: float = 60.0) -> httpx.Response:
+        """The first answer to GET /health (whatever its status)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited: {self.output()}")
+            try:
+                return httpx.get(self.base + "/health", timeout=2)
+            except httpx.TransportError:
+                time.sleep(0.05)  # polling for start-up only; nothing asserts on time
+        raise RuntimeError("server did not open its socket")
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
