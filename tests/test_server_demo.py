@@ -83,7 +83,7 @@ def _chat(server) -> dict:
 def _message(server):
     client = anthropic.Anthropic(base_url=server.base, api_key=API_KEY, max_retries=0)
     return client.messages.create(model="demo-q8_0.gguf", max_tokens=MAX_TOKENS,
-                                  temperature=0, messages=CHAT)
+                                  extra_body={"temperature": 0}, messages=CHAT)
 
 
 def _anthropic_draft(msg):
