@@ -299,6 +299,35 @@ def test_cost_model_priors_then_fit():
     assert b == 0.0 and a == pytest.approx(2.5e-3)
 
 
+def test_a_measured_width_is_priced_by_its_own_median():
+    """Rounds are priced with the measured verify of their width once it has
+    3 samples; the line (clamped through the origin here: a < 0) only
+    extrapolates. Values: w=2 measured at 1.2 ms, w=4 at 3.0 ms, so the
+    least-squares line has a < 0 and is forced through the origin
+    (b = sum(w t) / sum(w w) = 14.4 / 20 = 0.72 ms, verify(2) = 1.44 ms, 20% too
+    high)."""
+    cm = CostModel(window=32)
+    cm.record_plain(1e-3)
+    for _ in range(3):
+        cm.record_verify(2, 1.2e-3)
+        cm.record_verify(4, 3.0e-3)
+    a, b = cm.verify_line()
+    assert a == 0.0 and b == pytest.approx(0.72e-3, rel=1e-9)
+    assert cm.verify(2) == pytest.approx(1.44e-3, rel=1e-9)
+    assert cm.verify_cost(2) == pytest.approx(1.2e-3, rel=1e-9)
+    cm.record_draft(1, 2e-4)
+    costs = cm.round_costs(3)
+    assert costs[1] == pytest.approx(1.2e-3 + 2e-4, rel=1e-9)  # measured width 2
+    assert costs[2] == pytest.approx(3 * b + 2 * 2e-4, rel=1e-9)  # width 3: the line
+    assert costs[3] == pytest.approx(3.0e-3 + 3 * 2e-4, rel=1e-9)  # measured width 4
+    # fewer than 3 samples of a width: the line
+    cm2 = CostModel(window=32)
+    cm2.record_plain(1e-3)
+    cm2.record_verify(2, 1.2e-3)
+    cm2.record_verify(2, 1.2e-3)
+    assert cm2.verify_cost(2) == pytest.approx(cm2.verify(2), rel=1e-12)
+
+
 def test_measured_costs_drive_the_choice():
     """Fed timings where a verify row costs as much as a plain step and a
     draft step 0.7 of one (the tiny golden models on a CPU), even perfect
