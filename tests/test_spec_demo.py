@@ -207,3 +207,22 @@ def test_core_propose_refusals():
         for k in (0, 16):
             with pytest.raises(ds4py.ModelError, match="must be in 1..15"):
                 NextnDrafter(m).propose(DraftState(s, s.n_past, 1, None), k)
+
+
+def test_default_policies_share_acceptance_per_model_and_drafter():
+    """A request's adaptive policy starts from the acceptance earlier
+    requests on the same model measured (one list per model and drafter,
+    updated in place), not from the prior; a caller's own drafter gets a
+    fresh list. Output stays the serial output either way."""
+    from ds4py.spec.plan import draft_plan
+
+    m = ds4py.load(demo_model_path(), n_threads=2)  # its own statistics, at the prior
+    a, b = draft_plan(m), draft_plan(m)
+    assert a.active and b.active and a.policy.p is b.policy.p
+    own = draft_plan(m, drafter=a.drafter)
+    assert own.policy.p is not a.policy.p
+    before = list(a.policy.p)
+    g = generate(m, CODE, max_tokens=48, draft_depth=None, **GREEDY)
+    assert g.tokens == generate(m, CODE, max_tokens=48, draft=False, **GREEDY).tokens
+    assert g.draft["drafted"] > 0  # some round drafted, so the shared list moved
+    assert draft_plan(m).policy.p != before

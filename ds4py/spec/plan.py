@@ -38,6 +38,7 @@ __all__ = ["DraftPlan", "draft_plan"]
 
 _REPORTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _COSTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_ACCEPTANCE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def model_costs(model) -> CostModel:
@@ -46,6 +47,17 @@ def model_costs(model) -> CostModel:
     if costs is None:
         costs = _COSTS[model] = CostModel()
     return costs
+
+
+def model_acceptance(model) -> list[float]:
+    """The per-depth acceptance EMA the default adaptive policies of
+    ``model`` share for its own drafter (its DFlash drafter when it has one,
+    else its head): one list per drafter, updated in place by each policy."""
+    key = None if getattr(model, "dflash", None) is None else model.dflash.path
+    per_model = _ACCEPTANCE.setdefault(model, {})
+    if key not in per_model:
+        per_model[key] = AdaptivePolicy().p
+    return per_model[key]
 
 
 @dataclass
@@ -88,8 +100,11 @@ def draft_plan(model, draft: bool | None = None, draft_depth: int | None = None,
     if draft is False or draft_depth == 0:
         return DraftPlan(None, None, None, "drafting off")
     if policy is None:
+        # a caller's own drafter gets its own acceptance statistics
         policy = (FixedPolicy(draft_depth) if draft_depth is not None
-                  else AdaptivePolicy(costs=model_costs(model)))
+                  else AdaptivePolicy(costs=model_costs(model),
+                                      acceptance=None if drafter is not None
+                                      else model_acceptance(model)))
     if drafter is not None:  # a caller's own drafter: nothing to classify
         return DraftPlan(policy, drafter, None, None)
     report = pairing_report(model, force_draft, pairs_file)

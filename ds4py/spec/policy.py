@@ -306,14 +306,23 @@ class AdaptivePolicy(Policy):
                  probe_interval: int = PROBE_INTERVAL, probe_cap: int = PROBE_CAP,
                  cost: Callable[[int], float] | None = None, window: int = 64,
                  recalibrate: int = 32, costs: CostModel | None = None,
-                 margin: float = MARGIN):
+                 margin: float = MARGIN, acceptance: list[float] | None = None):
         if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 1:
             raise ValueError(f"max_depth must be an int >= 1, got {max_depth!r}")
         if probe_interval < 0 or (probe_interval and probe_cap < probe_interval):
             raise ValueError("need probe_interval >= 0 and probe_cap >= probe_interval")
         self.max_depth = max_depth
         self.alpha = alpha
-        self.p = [P_INIT * P_DECAY ** d for d in range(1, max_depth + 1)]
+        # acceptance per depth: a caller may pass a list that outlives this
+        # policy (draft_plan shares one per model and drafter, so a request
+        # starts from what earlier requests measured instead of the prior --
+        # with rare probes the EMA otherwise stays near its prior for
+        # hundreds of rounds); it is updated in place
+        if acceptance is None:
+            acceptance = [P_INIT * P_DECAY ** d for d in range(1, max_depth + 1)]
+        elif len(acceptance) != max_depth:
+            raise ValueError(f"acceptance must have {max_depth} entries, got {len(acceptance)}")
+        self.p = acceptance
         self.probe_interval0 = probe_interval
         self.probe_cap = probe_cap
         self.interval = probe_interval
