@@ -49,6 +49,32 @@ def test_16_concurrent_streams_equal_sequential(server):
     assert concurrent == sequential
 
 
+def test_16_concurrent_drafted_streams_equal_sequential_and_undrafted():
+    """The same on the demo model, whose bundled MTP head drafts by default:
+    16 concurrent streams (greedy and seeded) == one by one == a --no-draft
+    server's answers, and the drafted server really drafted."""
+    def run(*extra):
+        s = ServerProcess("--parallel", "4", "--max-queue", "32", *extra, model=None)
+        s.wait_ready()
+        try:
+            c = _client(s)
+            kws = [dict(_request(i), model="") for i in range(16)]
+            seq = [_stream_text(c, kw) for kw in kws]
+            with ThreadPoolExecutor(16) as pool:
+                conc = list(pool.map(lambda kw: _stream_text(_client(s), kw), kws))
+            usage = c.chat.completions.create(**kws[0]).usage.model_extra.get("draft")
+            return seq, conc, usage
+        finally:
+            s.stop()
+
+    seq, conc, usage = run()
+    assert conc == seq
+    assert usage is not None and usage["drafter"] == "nextn" and usage["rounds"] > 0
+    seq_plain, conc_plain, usage_plain = run("--no-draft")
+    assert usage_plain is None
+    assert seq == seq_plain and conc_plain == seq_plain
+
+
 def test_second_stream_starts_before_first_ends(server):
     """A is long; B is sent once A's first token arrived. Round-robin stepping means B's
     first token is emitted while A still has hundreds of tokens to go."""
