@@ -3,10 +3,11 @@ apply_chat_template.
 
 Expected texts are recorded from transformers 5.24 by
 tests/reference/make_chat_fixtures.py into tests/golden/tokenizer/chat_renderings.json
-(CI has no transformers). The real Qwen3.5 template is not committed (only its
-sha256): the "qwen3.5" cases run where it can be found (see
-find_qwen35_template) and are skipped, saying so, where it cannot. The
-"features-*" and "chatml-golden" cases run everywhere.
+(CI has no transformers). The real Qwen3.5 template (sha256 in the fixture) is
+committed as the demo model's template, training/chat_template.jinja, so the
+"qwen3.5" cases run everywhere; elsewhere find_qwen35_template looks too, and
+under CI a missing template is a failure. The "features-*" and "chatml-golden"
+cases run everywhere.
 """
 
 from __future__ import annotations
@@ -102,13 +103,15 @@ def _sha256(text: str) -> str:
 
 
 def find_qwen35_template(want_sha256: str | None) -> Path | None:
-    """The real Qwen3.5 template, from (in order) $DS4PY_QWEN35_TEMPLATE (a file),
+    """The real Qwen3.5 template, from (in order) training/chat_template.jinja (the
+    demo model's template: llama.cpp's Qwen3.5-4B.jinja, committed),
+    $DS4PY_QWEN35_TEMPLATE (a file),
     $DS4_LLAMA_CPP_SRC/models/templates/Qwen3.5-4B.jinja, the llama.cpp sources or
     sdist that `make golden` leaves in build/golden/, or the unpacked sdist in
     /tmp/llsrc or the sdist in /tmp/llsdist (where this project's helpers put them).
     With ``want_sha256`` a file whose hash differs is passed over. A template read
     out of a tarball is written to build/chat_template/ and that path returned."""
-    cands: list[Path] = []
+    cands: list[Path] = [ROOT / "training" / "chat_template.jinja"]
     if os.environ.get("DS4PY_QWEN35_TEMPLATE"):
         cands.append(Path(os.environ["DS4PY_QWEN35_TEMPLATE"]))
     if os.environ.get("DS4_LLAMA_CPP_SRC"):
@@ -200,9 +203,8 @@ def test_fixture_present_and_consistent(sources):
 @pytest.mark.parametrize("case", _DATA["cases"], ids=[c["name"] for c in _DATA["cases"]])
 def test_rendering_matches_transformers(case, sources):
     if case["template"] not in sources:
-        pytest.skip("the real Qwen3.5 chat template is not available here (not committed; "
-                    "set DS4PY_QWEN35_TEMPLATE or DS4_LLAMA_CPP_SRC, see "
-                    "find_qwen35_template)")
+        pytest.skip("the real Qwen3.5 chat template is not available here (training/"
+                    "chat_template.jinja missing or changed; see find_qwen35_template)")
     tmpl = ChatTemplate(sources[case["template"]], bos_token=case["bos_token"],
                         eos_token=case["eos_token"])
     kwargs = dict(case["kwargs"])
