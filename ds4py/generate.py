@@ -457,6 +457,27 @@ def _run(model, prompt, max_tokens, sampling, kw, stop, chat, system, enable_thi
                  plan)
 
 
+def _commit_text(dec, matcher, parser, pieces: list[str], token: int | None, finish):
+    """The text side of committing one token (both decode loops): its piece
+    (plus the decoder's tail when the reply ends), cut at a stop string
+    (which ends the reply), appended to ``pieces`` and fed to the output
+    parser. ``token`` None: an end-of-generation id, which shows no text.
+    Returns (piece, parser events, finish)."""
+    piece = dec.feed(token) if token is not None else ""
+    if finish is not None:
+        piece += dec.finish()
+    if matcher is not None:
+        piece, stopped = matcher.feed(piece)
+        if stopped:
+            finish = FINISH_STOP
+        elif finish is not None:
+            piece += matcher.flush()
+    if piece:
+        pieces.append(piece)
+    events = parser.feed(piece) if parser is not None and piece else ()
+    return piece, events, finish
+
+
 def _loop(model, ids, text, session, own, max_tokens, params, sampler, matcher, tok, eog, parser,
           n_logprobs, return_prompt_logits, cache, emit, t_call, n_ctx, vocab, plan=None):
     s = model.new_session() if own else session
@@ -530,18 +551,7 @@ def _loop(model, ids, text, session, own, max_tokens, params, sampler, matcher, 
                     finish = FINISH_LENGTH
             # -- text --
             if not lazy:
-                piece = dec.feed(t) if token is not None else ""
-                if finish is not None:
-                    piece += dec.finish()
-                if matcher is not None:
-                    piece, stopped = matcher.feed(piece)
-                    if stopped:
-                        finish = FINISH_STOP
-                    elif finish is not None:
-                        piece += matcher.flush()
-                if piece:
-                    pieces.append(piece)
-                events = parser.feed(piece) if parser is not None and piece else ()
+                piece, events, finish = _commit_text(dec, matcher, parser, pieces, token, finish)
             if finish is None:
                 # -- evaluate the token for the next step --
                 logits = stepper.step(t)
@@ -705,18 +715,8 @@ def _spec_loop(model, ids, text, session, own, max_tokens, params, sampler, matc
                     if len(tokens) >= budget:
                         finish = FINISH_LENGTH
                 if not lazy:
-                    piece = dec.feed(t) if token is not None else ""
-                    if finish is not None:
-                        piece += dec.finish()
-                    if matcher is not None:
-                        piece, stopped = matcher.feed(piece)
-                        if stopped:
-                            finish = FINISH_STOP
-                        elif finish is not None:
-                            piece += matcher.flush()
-                    if piece:
-                        pieces.append(piece)
-                    events = parser.feed(piece) if parser is not None and piece else ()
+                    piece, events, finish = _commit_text(dec, matcher, parser, pieces, token,
+                                                         finish)
                 if finish is not None:
                     j = i
                     break
