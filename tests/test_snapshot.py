@@ -21,6 +21,7 @@ import os
 
 import numpy as np
 import pytest
+from golden_sessions import MODELS, PAGE, TOKS, bits, model, ref, same  # noqa: F401
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -28,41 +29,12 @@ import ds4py
 from ds4py import ModelError, Snapshot
 from ds4py.session import kv_live_pages, rollback_bytes
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-MODELS = os.path.join(HERE, "golden", "models")
-TOKS = np.load(os.path.join(HERE, "golden", "logits", "sequences.npz"))["s700"]
-PAGE = 256  # DS4_KV_PAGE (csrc/forward/forward.h)
 PAGE_HEADER = 64  # DS4_KV_PAGE_HEADER: the reference count in front of each page
 
 CASES = [("dense-q8_0", "fast"), ("moe-q8_0", "fast"), ("dense-f32", "exact"),
          ("moe-f32", "exact")]
 
-_models: dict = {}
-_refs: dict = {}
 
-
-def model(name: str, precision: str) -> ds4py.Model:
-    if (name, precision) not in _models:
-        _models[name, precision] = ds4py.load(os.path.join(MODELS, name + ".gguf"),
-                                              precision=precision, n_threads=2)
-    return _models[name, precision]
-
-
-def ref(name: str, precision: str):
-    """Logits and hidden of every row of TOKS from one fresh eval."""
-    if (name, precision) not in _refs:
-        with model(name, precision).new_session() as s:
-            lg, hd = s.eval(TOKS, all_logits=True, return_hidden=True)
-            _refs[name, precision] = (np.array(lg), np.array(hd))
-    return _refs[name, precision]
-
-
-def bits(a) -> np.ndarray:
-    return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
-
-
-def same(a, b) -> None:
-    np.testing.assert_array_equal(bits(a), bits(b))
 
 
 def other_tokens(pos: int, n: int, vocab: int) -> np.ndarray:

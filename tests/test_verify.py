@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import os
 
+import golden_sessions
 import numpy as np
 import pytest
+from golden_sessions import MODELS, PAGE, TOKS, bits, model, same  # noqa: F401
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -27,40 +29,15 @@ import ds4py
 from ds4py import ModelError
 from ds4py.session import VERIFY_MAX, rollback_bytes
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-MODELS = os.path.join(HERE, "golden", "models")
-TOKS = np.load(os.path.join(HERE, "golden", "logits", "sequences.npz"))["s700"]
-PAGE = 256  # DS4_KV_PAGE (csrc/forward/forward.h)
-
 CASES = [("dense-q8_0", "fast"), ("moe-q8_0", "fast"), ("dense-f32", "exact"),
          ("moe-f32", "exact")]
-
-_models: dict = {}
-_refs: dict = {}
-
-
-def model(name: str, precision: str) -> ds4py.Model:
-    if (name, precision) not in _models:
-        _models[name, precision] = ds4py.load(os.path.join(MODELS, name + ".gguf"),
-                                              precision=precision, n_threads=2)
-    return _models[name, precision]
 
 
 def ref(name: str, precision: str):
     """Logits and hidden of every row of TOKS[:400] from one fresh eval."""
-    if (name, precision) not in _refs:
-        with model(name, precision).new_session() as s:
-            lg, hd = s.eval(TOKS[:400], all_logits=True, return_hidden=True)
-            _refs[name, precision] = (np.array(lg), np.array(hd))
-    return _refs[name, precision]
+    return golden_sessions.ref(name, precision, 400)
 
 
-def bits(a) -> np.ndarray:
-    return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
-
-
-def same(a, b) -> None:
-    np.testing.assert_array_equal(bits(a), bits(b))
 
 
 def junk(pos: int, n: int, vocab: int, salt: int = 0) -> list[int]:
