@@ -579,8 +579,13 @@ int ds4_dflash_ctx_truncate(ds4_dflash_ctx *c, int64_t n, ds4_error *err);
  * changed (the block rows' K/V are used in this pass only). */
 int ds4_dflash_propose(ds4_dflash_ctx *c, int32_t anchor, int64_t pos, int32_t *drafts,
                        ds4_error *err);
-/* The last propose's logits: (B-1) x n_vocab, owned by the context, valid
- * until its next propose or free. */
+/* The same, but only the first n_drafts (1..B-1) rows go through the LM
+ * head (all B rows still run the layers: the block attends to itself), so
+ * a round that wants k < B-1 drafts does not pay for B-1 logits rows. */
+int ds4_dflash_propose_n(ds4_dflash_ctx *c, int32_t anchor, int64_t pos, int64_t n_drafts,
+                         int32_t *drafts, ds4_error *err);
+/* The last propose's logits: n_drafts x n_vocab (B-1 after ds4_dflash_propose),
+ * owned by the context, valid until its next propose or free. */
 const float *ds4_dflash_logits(const ds4_dflash_ctx *c, int64_t *n_rows);
 
 /* ---------------------------------------------------------------- Metal -- */

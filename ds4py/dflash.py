@@ -155,20 +155,22 @@ class DFlashContext:
         err = new_error()
         _check(lib.ds4_dflash_ctx_truncate(self._ptr, int(n), err), err)
 
-    def propose(self, anchor: int, pos: int) -> tuple[list[int], np.ndarray]:
+    def propose(self, anchor: int, pos: int, n: int | None = None) -> tuple[list[int], np.ndarray]:
         """The block at pos (== n) after the committed token ``anchor``:
-        (B-1 drafts, their logits [B-1, vocab] -- a view valid until the
-        next propose)."""
+        (the first ``n`` drafts (default all B-1), their logits [n, vocab] --
+        a view valid until the next propose). Only those n rows pay for the
+        LM head."""
+        n = self.dflash.config.block_size - 1 if n is None else int(n)
         err = new_error()
-        _check(lib.ds4_dflash_propose(self._ptr, int(anchor), int(pos),
-                                      ffi.cast("int32_t *", ffi.from_buffer(self._drafts)), err),
-               err)
+        _check(lib.ds4_dflash_propose_n(self._ptr, int(anchor), int(pos), n,
+                                        ffi.cast("int32_t *", ffi.from_buffer(self._drafts)),
+                                        err), err)
         rows = ffi.new("int64_t *")
         lp = lib.ds4_dflash_logits(self._ptr, rows)
         V = self.dflash.model.config.vocab_size
         buf = ffi.buffer(lp, int(rows[0]) * V * 4)
         logits = np.frombuffer(buf, dtype=np.float32).reshape(int(rows[0]), V)
-        return [int(x) for x in self._drafts], logits
+        return [int(x) for x in self._drafts[:n]], logits
 
 
 class TapSession:
@@ -419,7 +421,8 @@ class DFlashDrafter(Drafter):
         if self.ctx.n != state.position:
             raise DraftError(f"DFlash context holds [0, {self.ctx.n}); a block at "
                              f"{state.position} needs [0, {state.position})")
-        drafts, _ = self.ctx.propose(state.last_token, state.position)
+        drafts, _ = self.ctx.propose(state.last_token, state.position,
+                                     max(1, min(k, self.max_depth)))
         self.passes += 1
         if k <= len(drafts):
             return drafts[:k]

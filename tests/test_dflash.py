@@ -86,6 +86,55 @@ def test_quantized_drafter_matches_reference_of_its_weights(target, emb, tmp_pat
     _close(logits, ref_propose(cfg, deq, taps, 9, emb, emb))
 
 
+@pytest.fixture(scope="module")
+def fast_target():
+    return ds4py.load(DENSE_F32, precision="fast", n_threads=2)
+
+
+def test_fast_precision_drafter_rounds_like_a_q8_0_matmul(fast_target, emb, drafter_file):
+    """Fast precision runs the drafter's matrices as Q8_0 against Q8_0
+    activation rows (dflash.c): its logits differ from the F32 reference by
+    that rounding only. Per-block int8 rounding of weights and activations
+    (relative step 1/254 each), compounded through the layers' norms and
+    softmax, measured 0.34 on logits of max 13 (2.6%) on this file;
+    5e-2 * (1 + max|ref|) (= 0.71 here) leaves headroom for other ISAs'
+    summation order, while a wrong term (a missing norm, a swapped matrix)
+    moves logits by several units. Drafts agree wherever the reference's
+    top-2 margin exceeds twice that bound."""
+    path, cfg, arrays = drafter_file
+    d = DFlashDrafter.load(fast_target, path)
+    taps = _taps(fast_target, [(3 * i + 2) % 480 for i in range(50)])
+    d.ctx.add(taps, 0)
+    drafts, logits = d.ctx.propose(17, 50)
+    ref = ref_propose(cfg, arrays, taps, 17, emb, emb)
+    tol = 5e-2 * (1.0 + np.abs(ref).max())
+    err = np.abs(logits - ref).max()
+    assert 0 < err <= tol, (err, tol)  # > 0: the quantized path really ran
+    top2 = np.sort(ref, axis=1)[:, -2:]
+    clear = (top2[:, 1] - top2[:, 0]) > 2 * tol
+    assert clear.any()
+    assert (np.array(drafts)[clear] == ref.argmax(1)[clear]).all()
+
+
+@pytest.mark.parametrize("precision", ["exact", "fast"])
+def test_fewer_drafts_are_the_first_rows_of_the_full_block(drafter_file, precision, request):
+    """propose(n) runs the whole block through the layers and only n rows
+    through the LM head: those rows equal the full block's bit for bit."""
+    m = request.getfixturevalue("fast_target" if precision == "fast" else "target")
+    path, cfg, _ = drafter_file
+    d = DFlashDrafter.load(m, path)
+    d.ctx.add(_taps(m, list(range(30))), 0)
+    full_d, full_l = d.ctx.propose(5, 30)
+    full_l = full_l.copy()
+    for n in (1, 3, cfg.block_size - 1):
+        dn, ln = d.ctx.propose(5, 30, n)
+        assert dn == full_d[:n] and ln.shape[0] == n
+        assert np.array_equal(ln, full_l[:n])
+    for bad in (0, cfg.block_size):
+        with pytest.raises(ModelError, match="drafts asked of a block"):
+            d.ctx.propose(5, 30, bad)
+
+
 def test_version0_stores_layers_plus_one(target, drafter_file, tmp_path):
     path, cfg, arrays = drafter_file
     p0 = write(tmp_path / "v0.gguf", cfg, arrays, version=0)

@@ -116,39 +116,47 @@ def samples(model) -> list[dict]:
     return out
 
 
-def speed(model, reps: int = 3) -> dict:
+def speed(model, reps: int = 3, dflash_model=None) -> dict:
+    """Greedy decode tok/s on 3 code prompts x 128 tokens: serial, the bundled
+    MTP head and (``dflash_model``: the target loaded with dflash=FILE) the
+    DFlash drafter, both under the adaptive policy and at their best fixed
+    depth; modes rotate between repetitions (min/median/max of ``reps``)."""
     prompts = [p for k, p in PROMPTS if k == "raw"][:3]
-    res: dict[str, list[float]] = {"serial": [], "mtp": []}
-    accept = []
+    modes = {"serial": (model, dict(draft=False)), "mtp": (model, dict(draft=None)),
+             "mtp_depth2": (model, dict(draft=None, draft_depth=2))}
+    if dflash_model is not None:
+        modes["dflash"] = (dflash_model, dict(draft=None, force_draft=True))
+        modes["dflash_depth7"] = (dflash_model, dict(draft=None, force_draft=True,
+                                                     draft_depth=7))
+    res: dict[str, list[float]] = {m: [] for m in modes}
+    stats: dict[str, dict] = {}
+    names = list(modes)
     for r in range(reps):
-        order = ["serial", "mtp"] if r % 2 == 0 else ["mtp", "serial"]
+        order = names[r % len(names):] + names[:r % len(names)]
         for mode in order:
+            m, kw = modes[mode]
             toks = secs = 0.0
             for p in prompts:
-                g = ds4py.generate(
-                    model,
-                    p,
-                    max_tokens=128,
-                    temperature=0.0,
-                    draft=None if mode == "mtp" else False,
-                )
+                g = ds4py.generate(m, p, max_tokens=128, temperature=0.0, **kw)
                 toks += g.generated_tokens
                 secs += g.generation_s
-                if mode == "mtp" and g.draft:
-                    accept.append(g.draft)
+                if g.draft:
+                    stats[mode] = g.draft
             res[mode].append(toks / secs)
     summary = {
         m: {"min": min(v), "median": statistics.median(v), "max": max(v)} for m, v in res.items()
     }
-    summary["ratio_median"] = summary["mtp"]["median"] / summary["serial"]["median"]
-    summary["draft_stats_last"] = accept[-1] if accept else None
+    for mode in names[1:]:
+        summary[mode]["ratio_median"] = summary[mode]["median"] / summary["serial"]["median"]
+    summary["draft_stats_last"] = stats
     return summary
 
 
-def dflash_acceptance(model, path: str, depths=(1, 3, 7)) -> dict:
+def dflash_acceptance(model, path: str, depths=(1, 3, 7), max_tokens: int = 64) -> dict:
     """Mean accepted drafts per drafting round of the DFlash drafter at fixed
-    depths (7 = its whole block of 8), greedy, 64 tokens each, on the raw
-    prompts and the openings of the held-out sample files."""
+    depths (7 = its whole block of 8), greedy, ``max_tokens`` each, on the raw
+    prompts and the openings of the held-out sample files. Tokens per round
+    (DFlash's "acceptance length" tau) is this + 1, the target's own token."""
     from ds4py.dflash import DFlashDrafter
     from ds4py.spec.loop import speculative_generate
     from ds4py.spec.policy import FixedPolicy
@@ -161,7 +169,7 @@ def dflash_acceptance(model, path: str, depths=(1, 3, 7)) -> dict:
         acc = drafted = rounds = 0
         for p in prompts:
             s = drafter.session(model.new_session())
-            _, st = speculative_generate(model, model.tokenizer.encode(p), 64,
+            _, st = speculative_generate(model, model.tokenizer.encode(p), max_tokens,
                                          policy=FixedPolicy(depth), drafter=drafter, session=s)
             acc += st["accepted"]
             drafted += st["drafted"]
@@ -201,8 +209,10 @@ def main() -> None:
     dfl = HERE.parent / "ds4py" / "models" / "demo-dflash-q8_0.gguf"
     if dfl.exists():
         res["dflash"] = dflash_acceptance(model, str(dfl))
-        print("dflash", json.dumps(res["dflash"]), flush=True)
-    res["speed"] = speed(model)
+        res["dflash_256"] = dflash_acceptance(model, str(dfl), depths=(7,), max_tokens=256)
+        print("dflash", json.dumps(res["dflash"]), json.dumps(res["dflash_256"]), flush=True)
+    res["speed"] = speed(model, dflash_model=ds4py.load(args.model, dflash=str(dfl))
+                         if dfl.exists() else None)
     print(json.dumps(res["speed"], indent=1))
     Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
 

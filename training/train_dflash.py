@@ -47,9 +47,16 @@ from dflash_model import DFlashConfig, DFlashDraftModel, default_target_layers  
 
 
 def load_target(hf_dir: str, device):
-    from transformers import Qwen3_5ForCausalLM
+    """An HF checkpoint folder, or a training/target_pack.py .npz (the Q8_0
+    weights ds4py runs, small enough to carry to the device machine)."""
+    if hf_dir.endswith(".npz"):
+        from target_pack import load_packed
 
-    trunk = Qwen3_5ForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+        trunk = load_packed(hf_dir)
+    else:
+        from transformers import Qwen3_5ForCausalLM
+
+        trunk = Qwen3_5ForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
     trunk.to(device).eval()
     for p in trunk.parameters():
         p.requires_grad_(False)
@@ -86,11 +93,42 @@ def target_pass(trunk, taps: Taps, x: torch.Tensor):
     return taps.cat().float(), g
 
 
-def block_batch(x, labels, n_blocks: int, B: int, mask_id: int, gen: torch.Generator):
-    """Anchors, block tokens/positions/labels and the attention mask."""
+@torch.no_grad()
+def generate_pool(trunk, prompts: np.ndarray, gen_len: int, batch: int, sampled_frac: float,
+                  temperature: float, device, seed: int) -> np.ndarray:
+    """The target's own continuations of corpus prompts: [N, P + gen_len] ids.
+    Drafting happens on text the target generates, whose statistics differ from
+    the corpus (repetition, the target's habits); training contexts drawn from
+    it are what the drafter sees at run time. A fraction of rows is sampled at
+    `temperature` (Gumbel-max, seeded) so that sampled decoding is covered too;
+    the labels stay the target's greedy tokens either way."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    out = []
+    for i in range(0, len(prompts), batch):
+        x = torch.from_numpy(prompts[i:i + batch].astype(np.int64)).to(device)
+        sampled = torch.rand(x.shape[0], generator=g, device=device) < sampled_frac
+        res = trunk(input_ids=x, use_cache=True)
+        past, toks = res.past_key_values, []
+        for _ in range(gen_len):
+            logits = res.logits[:, -1].float()
+            u = torch.rand(logits.shape, generator=g, device=device).clamp_(1e-20, 1.0)
+            noisy = logits / temperature - torch.log(-torch.log(u))
+            nxt = torch.where(sampled, noisy.argmax(-1), logits.argmax(-1))
+            toks.append(nxt)
+            res = trunk(input_ids=nxt[:, None], past_key_values=past, use_cache=True)
+            past = res.past_key_values
+        out.append(torch.cat([x, torch.stack(toks, 1)], 1).cpu().numpy().astype(np.uint16))
+    return np.concatenate(out)
+
+
+def block_batch(x, labels, n_blocks: int, B: int, mask_id: int, gen: torch.Generator,
+                lo: int = 1, hi: int | None = None):
+    """Anchors (in [lo, min(hi, T - B)]), block tokens/positions/labels and the
+    attention mask."""
     b, T = x.shape
     dev = x.device
-    S = torch.randint(1, T - B + 1, (b, n_blocks), generator=gen).to(dev)  # anchors
+    top = T - B if hi is None else min(hi, T - B)
+    S = torch.randint(lo, top + 1, (b, n_blocks), generator=gen).to(dev)  # anchors
     r = torch.arange(B, device=dev)
     pos = (S[..., None] + r).reshape(b, -1)                       # [b, N]
     toks = torch.full_like(pos, mask_id)
@@ -120,18 +158,34 @@ def block_loss(model, trunk, ctx, toks, pos, lab, mask, B: int, gamma: float):
 
 @torch.no_grad()
 def evaluate(model, trunk, taps, data, args, device) -> dict:
+    """Held-out block metrics; on generated continuations also the same over
+    the first 64 generated tokens only ("early"), where the target has not yet
+    settled into the repetition long greedy runs fall into -- closer to what a
+    short generation sees."""
+    res = _evaluate(model, trunk, taps, data, args, device)
+    if data.ndim == 2:
+        early = _evaluate(model, trunk, taps, data, args, device, span=64)
+        res["early"] = {k: early[k] for k in ("row_accuracy", "mean_accepted_drafts")}
+    return res
+
+
+@torch.no_grad()
+def _evaluate(model, trunk, taps, data, args, device, span: int | None = None) -> dict:
     model.eval()
     gen = torch.Generator().manual_seed(1234)
     B = model.c.block_size
     hits = torch.zeros(B - 1)
     acc_len, n = 0.0, 0
-    n_win = max(1, min(args.eval_windows, (data.size - 1) // args.seq))
+    pooled = data.ndim == 2  # generated continuations: anchors after the prompt
+    n_win = len(data) if pooled else max(1, min(args.eval_windows, (data.size - 1) // args.seq))
     for i in range(n_win):
-        win = data[i * args.seq:(i + 1) * args.seq].astype(np.int64)
-        x = torch.from_numpy(win)[None].to(device)
+        win = data[i] if pooled else data[i * args.seq:(i + 1) * args.seq]
+        x = torch.from_numpy(win.astype(np.int64))[None].to(device)
         ctx, g = target_pass(trunk, taps, x)
         labels = g if args.labels == "target" else x
-        toks, pos, lab, mask = block_batch(x, labels, args.blocks, B, args.mask_id, gen)
+        lo = args.prompt_len if pooled else 1
+        hi = None if span is None else lo + span
+        toks, pos, lab, mask = block_batch(x, labels, args.blocks, B, args.mask_id, gen, lo, hi)
         _, logits, tgt = block_loss(model, trunk, ctx, toks, pos, lab, mask, B, args.gamma)
         ok = (logits.argmax(-1) == tgt).float()[0]                # [blocks, B-1]
         hits += ok.sum(0).cpu()
@@ -156,6 +210,13 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--n-ff", type=int, default=768)
     ap.add_argument("--taps", type=int, default=3, help="number of tapped target layers")
+    ap.add_argument("--tap-layers", help="explicit tapped layers, e.g. 3,7,11 (overrides --taps)")
+    ap.add_argument("--prompts", help="an .npz with uint16 prompt arrays 'train' [N, P] and "
+                                      "'heldout' [M, P]: train on the target's continuations "
+                                      "of them (generate_pool) instead of corpus windows")
+    ap.add_argument("--gen-batch", type=int, default=1024)
+    ap.add_argument("--sampled-frac", type=float, default=0.25)
+    ap.add_argument("--temperature", type=float, default=0.8)
     ap.add_argument("--mask-id", type=int, default=8191,
                     help="MASK token (</tool_response>: never in the corpus)")
     ap.add_argument("--labels", choices=["target", "text"], default="target")
@@ -177,10 +238,24 @@ def main() -> None:
     torch.manual_seed(args.seed)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    train = np.fromfile(Path(args.data) / "train.bin", dtype=np.uint16)
-    held = np.fromfile(Path(args.data) / "heldout.bin", dtype=np.uint16)
     trunk = load_target(args.hf, device)
     tc = trunk.config
+    args.prompt_len = 0
+    if args.prompts:
+        z = np.load(args.prompts)
+        args.prompt_len = z["train"].shape[1]
+        gen_len = args.seq - args.prompt_len
+        t0 = time.time()
+        pool = generate_pool(trunk, z["train"], gen_len, args.gen_batch, args.sampled_frac,
+                             args.temperature, device, args.seed)
+        held = generate_pool(trunk, z["heldout"], gen_len, args.gen_batch, 0.0,
+                             args.temperature, device, args.seed + 1)
+        print(f"generated {pool.shape} + held-out {held.shape} in {time.time() - t0:.0f} s",
+              flush=True)
+    else:
+        pool = None
+        train = np.fromfile(Path(args.data) / "train.bin", dtype=np.uint16)
+        held = np.fromfile(Path(args.data) / "heldout.bin", dtype=np.uint16)
     state_path = out / "state.pt"
     src = Path(args.resume) if args.resume else state_path
     st = torch.load(src, map_location=device, weights_only=False) if src.exists() else None
@@ -194,7 +269,9 @@ def main() -> None:
                            rms_eps=tc.rms_norm_eps,
                            rope_base=float(tc.rope_parameters["rope_theta"]),
                            block_size=args.block_size,
-                           target_layers=default_target_layers(tc.num_hidden_layers, args.taps),
+                           target_layers=([int(v) for v in args.tap_layers.split(",")]
+                                          if args.tap_layers else
+                                          default_target_layers(tc.num_hidden_layers, args.taps)),
                            mask_token_id=args.mask_id)
     args.mask_id = cfg.mask_token_id
     model = DFlashDraftModel(cfg).to(device)
@@ -229,12 +306,18 @@ def main() -> None:
             0.5 * (1 + math.cos(math.pi * min(1.0, step / max(1, args.steps))))
         for g_ in opt.param_groups:
             g_["lr"] = lr
-        starts = torch.randint(0, train.size - args.seq - 1, (args.batch,), generator=gen)
-        x = torch.from_numpy(np.stack([train[s:s + args.seq] for s in starts.tolist()])
-                             .astype(np.int64)).to(device)
+        if pool is not None:
+            rows = torch.randint(0, len(pool), (args.batch,), generator=gen)
+            x = torch.from_numpy(pool[rows.numpy()].astype(np.int64)).to(device)
+        else:
+            starts = torch.randint(0, train.size - args.seq - 1, (args.batch,), generator=gen)
+            x = torch.from_numpy(np.stack([train[s:s + args.seq] for s in starts.tolist()])
+                                 .astype(np.int64)).to(device)
+        # The target pass stays float32: its argmax labels must be the tokens
+        # ds4py's float32 forward picks (bf16 flips near-ties).
+        ctx, g = target_pass(trunk, taps, x)
+        labels = g if args.labels == "target" else x
         with torch.autocast(**amp):
-            ctx, g = target_pass(trunk, taps, x)
-            labels = g if args.labels == "target" else x
             toks, pos, lab, mask = block_batch(x, labels, args.blocks, cfg.block_size,
                                                cfg.mask_token_id, gen)
             loss, _, _ = block_loss(model, trunk, ctx.float(), toks, pos, lab, mask,
@@ -244,9 +327,13 @@ def main() -> None:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         step += 1
+        # Time steps 20..60 (the first ones include CUDA warm-up and autotuning).
         if args.fit_steps and st is None and step == 20:
-            per_step = (time.time() - t_run) / 20
-            fit = int((deadline - 60 - t_run) / per_step)
+            t20 = time.time()
+        if args.fit_steps and st is None and step == 60:
+            per_step = (time.time() - t20) / 40
+            evals = max(1, args.steps // args.eval_every)
+            fit = step + int((deadline - 45 - 10 * evals - time.time()) / per_step)
             print(f"{per_step * 1000:.0f} ms/step: schedule {min(fit, args.steps)} steps",
                   flush=True)
             args.steps = min(fit, args.steps)

@@ -9,6 +9,16 @@
  * interact except through attention, so ds4_dflash_ctx_add over n rows in
  * one call equals n one-row calls bit for bit (the context rows' K/V depend
  * only on their own taps and position).
+ *
+ * Fast precision (the target loaded with DS4_PRECISION_FAST, the default):
+ * the drafter rounds like the target's own fast matmuls -- its matrices as
+ * Q8_0 (quantized from the F32 copy when the context is created) against
+ * Q8_0-quantized activation rows through the ISA's int8 dot kernel, and the
+ * LM head in its file type against its paired activation type. A draft only
+ * proposes (the target verifies every token), so this changes acceptance at
+ * most, never output; exact precision keeps the all-F32 path the numpy
+ * reference tests pin (tests/test_dflash.py). Still per row and per output
+ * element in a fixed order: thread-count and batch invariant as above.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -24,6 +34,16 @@
 /* Output rows per pool item of a matmul / the LM head. */
 #define MM_BLOCK 16
 #define HEAD_BLOCK 64
+
+/* A drafter matrix's Q8_0 copy, found by its F32 pointer (mm's key). */
+typedef struct {
+    const float *f;
+    const uint8_t *q;
+} qmat;
+
+/* Activation rows quantized at once in fast precision: the larger of the
+ * block's B rows and a context chunk. */
+#define XQ_ROWS (CTX_CHUNK > 64 ? CTX_CHUNK : 64)
 
 struct ds4_dflash_ctx {
     ds4_dflash *d;
@@ -41,6 +61,12 @@ struct ds4_dflash_ctx {
     float *head_rows;        /* n_threads x n_embd: a dequantized LM-head row (no f32 dot) */
     /* context scratch, CTX_CHUNK rows */
     float *cfc, *cx;
+    /* fast precision: Q8_0 copies of the drafter's matrices (NULL: F32 path) */
+    qmat *qm;
+    int n_qm;
+    uint8_t *qstore;
+    uint8_t *xq;             /* quantized activation rows, xq_row bytes each */
+    size_t xq_row;
 };
 
 /* ---------------------------------------------------------------- math -- */
@@ -89,9 +115,54 @@ static void mm_fn(void *ctx, int64_t i0, int64_t i1, int ith) {
     }
 }
 
+typedef struct {
+    ds4_vec_dot_fn dot;
+    const uint8_t *w;     /* n_out rows of w_rb bytes */
+    size_t w_rb;
+    int64_t n_in, n_out;
+    const uint8_t *x;     /* n_rows quantized rows of x_rb bytes */
+    size_t x_rb;
+    float *y;
+    int64_t y_stride, n_rows;
+} mmq_args;
+
+static void mmq_fn(void *ctx, int64_t i0, int64_t i1, int ith) {
+    (void)ith;
+    const mmq_args *a = ctx;
+    for (int64_t it = i0; it < i1; it++) {
+        int64_t o0 = it * MM_BLOCK, o1 = o0 + MM_BLOCK < a->n_out ? o0 + MM_BLOCK : a->n_out;
+        for (int64_t o = o0; o < o1; o++)
+            for (int64_t r = 0; r < a->n_rows; r++)
+                a->dot(a->n_in, &a->y[r * a->y_stride + o], a->w + (size_t)o * a->w_rb,
+                       a->x + (size_t)r * a->x_rb);
+    }
+}
+
+static const uint8_t *qmat_of(const ds4_dflash_ctx *c, const float *w) {
+    for (int i = 0; i < c->n_qm; i++)
+        if (c->qm[i].f == w)
+            return c->qm[i].q;
+    return NULL;
+}
+
+static size_t q8_row_bytes(int64_t n) { return (size_t)(n / QK8_0) * sizeof(block_q8_0); }
+
 /* y[r][o] = W[o] . x[r]; x rows are n_in long and contiguous. */
 static void mm(ds4_dflash_ctx *c, const float *w, int64_t n_in, int64_t n_out, const float *x,
                float *y, int64_t y_stride, int64_t n_rows) {
+    const uint8_t *wq = c->qm ? qmat_of(c, w) : NULL;
+    if (wq) {
+        for (int64_t r0 = 0; r0 < n_rows; r0 += XQ_ROWS) {
+            int64_t m = n_rows - r0 < XQ_ROWS ? n_rows - r0 : XQ_ROWS;
+            for (int64_t r = 0; r < m; r++)
+                c->k->from_float[DS4_TYPE_Q8_0](x + (r0 + r) * n_in, c->xq + (size_t)r * c->xq_row,
+                                                n_in);
+            mmq_args a = {c->k->vec_dot[DS4_TYPE_Q8_0], wq, q8_row_bytes(n_in), n_in, n_out,
+                          c->xq, c->xq_row, y + r0 * y_stride, y_stride, m};
+            ds4_pool_for(c->pool, (n_out + MM_BLOCK - 1) / MM_BLOCK, mmq_fn, &a);
+        }
+        return;
+    }
     mm_args a = {w, n_in, n_out, x, y, y_stride, n_rows};
     ds4_pool_for(c->pool, (n_out + MM_BLOCK - 1) / MM_BLOCK, mm_fn, &a);
 }
@@ -115,9 +186,68 @@ static void ctx_release(ds4_dflash_ctx *c) {
     free(c->h), free(c->a), free(c->q), free(c->kb), free(c->vb), free(c->o), free(c->t);
     free(c->g), free(c->u), free(c->logits), free(c->scores), free(c->head_rows);
     free(c->cfc), free(c->cx);
+    free(c->qm), free(c->qstore), free(c->xq);
     if (c->pool)
         ds4_pool_free(c->pool);
     free(c);
+}
+
+/* Bytes of n values of the LM head's paired activation type (0: none). */
+static size_t head_act_bytes(const ds4_dflash_ctx *c, int64_t n) {
+    const ds4_tensor *head = ds4_model_head(c->d->target);
+    int vdt = ds4_type_traits_table[head->type].vec_dot_type;
+    if (vdt < 0 || !c->k->vec_dot[head->type] || !c->k->from_float[vdt] ||
+        n % ds4_type_traits_table[vdt].block_size)
+        return 0;
+    return (size_t)(n / ds4_type_traits_table[vdt].block_size) *
+           (size_t)ds4_type_traits_table[vdt].type_size;
+}
+
+/* Fast precision: the Q8_0 copies of every matrix (file comment). A matrix
+ * whose rows are not whole Q8_0 blocks keeps the F32 path. */
+static int quantize_matrices(ds4_dflash_ctx *c, ds4_error *err) {
+    const ds4_dflash *d = c->d;
+    const ds4_dflash_config *cf = &d->cfg;
+    if (!c->k->from_float[DS4_TYPE_Q8_0] || !c->k->vec_dot[DS4_TYPE_Q8_0])
+        return DS4_OK;
+    int64_t E = cf->n_embd, qd = cf->n_head * cf->head_dim, kd = cf->n_head_kv * cf->head_dim;
+    if (cf->n_layer < 1 || cf->n_layer > 64)
+        return DS4_OK; /* no drafter has this many layers; keep F32 rather than overflow */
+    const int n = 1 + 7 * (int)cf->n_layer;
+    const float *ws[1 + 7 * 64];
+    int64_t ins[1 + 7 * 64], outs[1 + 7 * 64];
+    ws[0] = d->fc, ins[0] = cf->n_taps * E, outs[0] = E;
+    for (int64_t l = 0; l < cf->n_layer; l++) {
+        const ds4_dflash_layer *L = &d->layers[l];
+        const float *m[7] = {L->wq, L->wk, L->wv, L->wo, L->gate, L->up, L->down};
+        int64_t in[7] = {E, E, E, qd, E, E, cf->n_ff}, o[7] = {qd, kd, kd, E, cf->n_ff, cf->n_ff, E};
+        for (int j = 0; j < 7; j++)
+            ws[1 + 7 * l + j] = m[j], ins[1 + 7 * l + j] = in[j], outs[1 + 7 * l + j] = o[j];
+    }
+    size_t total = 0, max_row = head_act_bytes(c, E);
+    for (int i = 0; i < n; i++)
+        if (ins[i] % QK8_0 == 0) {
+            total += q8_row_bytes(ins[i]) * (size_t)outs[i];
+            if (q8_row_bytes(ins[i]) > max_row)
+                max_row = q8_row_bytes(ins[i]);
+        }
+    c->qm = calloc((size_t)n, sizeof *c->qm);
+    c->qstore = malloc(total ? total : 1);
+    c->xq_row = max_row;
+    c->xq = malloc((size_t)XQ_ROWS * max_row);
+    if (!c->qm || !c->qstore || !c->xq)
+        return ds4_fail(err, DS4_ERR_NOMEM, "DFlash context: out of memory");
+    uint8_t *q = c->qstore;
+    for (int i = 0; i < n; i++) {
+        if (ins[i] % QK8_0)
+            continue;
+        size_t rb = q8_row_bytes(ins[i]);
+        for (int64_t o = 0; o < outs[i]; o++)
+            c->k->from_float[DS4_TYPE_Q8_0](ws[i] + o * ins[i], q + (size_t)o * rb, ins[i]);
+        c->qm[c->n_qm++] = (qmat){ws[i], q};
+        q += rb * (size_t)outs[i];
+    }
+    return DS4_OK;
 }
 
 int ds4_dflash_ctx_new(ds4_dflash *d, ds4_dflash_ctx **out, ds4_error *err) {
@@ -167,6 +297,13 @@ int ds4_dflash_ctx_new(ds4_dflash *d, ds4_dflash_ctx **out, ds4_error *err) {
         !c->g || !c->u || !c->logits || !c->scores || !c->head_rows || !c->cfc || !c->cx) {
         ctx_release(c);
         return ds4_fail(err, DS4_ERR_NOMEM, "DFlash context: out of memory");
+    }
+    if (ds4_model_precision(d->target) == DS4_PRECISION_FAST) {
+        rc = quantize_matrices(c, err);
+        if (rc != DS4_OK) {
+            ctx_release(c);
+            return rc;
+        }
     }
     *out = c;
     return DS4_OK;
@@ -307,6 +444,7 @@ typedef struct {
     ds4_dflash_ctx *c;
     const float *y;       /* rows x n_embd: the final-normed draft rows */
     int64_t rows;
+    const uint8_t *xq;    /* fast precision: y quantized to the head's paired type */
 } head_args;
 
 static void head_fn(void *ctx, int64_t i0, int64_t i1, int ith) {
@@ -324,7 +462,9 @@ static void head_fn(void *ctx, int64_t i0, int64_t i1, int ith) {
                 c->k->to_float[head->type](w, row, E);
             for (int64_t r = 0; r < a->rows; r++) {
                 float s;
-                if (dotf)
+                if (a->xq)
+                    c->k->vec_dot[head->type](E, &s, w, a->xq + (size_t)r * c->xq_row);
+                else if (dotf)
                     dotf(E, &s, w, a->y + r * E);
                 else
                     s = dot_f32(row, a->y + r * E, E);
@@ -336,10 +476,21 @@ static void head_fn(void *ctx, int64_t i0, int64_t i1, int ith) {
 
 int ds4_dflash_propose(ds4_dflash_ctx *c, int32_t anchor, int64_t pos, int32_t *drafts,
                        ds4_error *err) {
+    if (!c)
+        return ds4_fail(err, DS4_ERR_ARG, "ds4_dflash_propose: context and drafts are required");
+    return ds4_dflash_propose_n(c, anchor, pos, c->d->cfg.block_size - 1, drafts, err);
+}
+
+int ds4_dflash_propose_n(ds4_dflash_ctx *c, int32_t anchor, int64_t pos, int64_t n_drafts,
+                         int32_t *drafts, ds4_error *err) {
     if (!c || !drafts)
         return ds4_fail(err, DS4_ERR_ARG, "ds4_dflash_propose: context and drafts are required");
     const ds4_dflash *d = c->d;
     const ds4_dflash_config *cf = &d->cfg;
+    if (n_drafts < 1 || n_drafts > cf->block_size - 1)
+        return ds4_fail(err, DS4_ERR_ARG, "DFlash: %lld drafts asked of a block of %lld (1..%lld)",
+                        (long long)n_drafts, (long long)cf->block_size,
+                        (long long)(cf->block_size - 1));
     if (pos != c->n)
         return ds4_fail(err, DS4_ERR_ARG, "DFlash: a block at position %lld needs the context of "
                         "[0, %lld), but it holds [0, %lld)", (long long)pos, (long long)pos,
@@ -388,13 +539,22 @@ int ds4_dflash_propose(ds4_dflash_ctx *c, int32_t anchor, int64_t pos, int32_t *
         for (int64_t i = 0; i < B * E; i++)
             c->h[i] += c->t[i];
     }
-    /* rows 1..B-1 are the drafts; the anchor row only feeds attention */
-    for (int64_t r = 1; r < B; r++)
+    /* rows 1..B-1 are the drafts; the anchor row only feeds attention. Every
+     * row ran through the layers (the block attends to itself without a
+     * mask), but only the n_drafts asked for go through the LM head. */
+    for (int64_t r = 1; r <= n_drafts; r++)
         ds4_rmsnorm(c->h + r * E, d->out_norm, c->a + (r - 1) * E, E, cf->rms_eps);
-    head_args ha = {c, c->a, B - 1};
+    head_args ha = {c, c->a, n_drafts, NULL};
+    if (c->qm && head_act_bytes(c, E)) {
+        const ds4_tensor *head = ds4_model_head(d->target);
+        int vdt = ds4_type_traits_table[head->type].vec_dot_type;
+        for (int64_t r = 0; r < n_drafts; r++)
+            c->k->from_float[vdt](c->a + r * E, c->xq + (size_t)r * c->xq_row, E);
+        ha.xq = c->xq;
+    }
     ds4_pool_for(c->pool, (d->n_vocab + HEAD_BLOCK - 1) / HEAD_BLOCK, head_fn, &ha);
-    c->n_logit_rows = B - 1;
-    for (int64_t r = 0; r < B - 1; r++) {
+    c->n_logit_rows = n_drafts;
+    for (int64_t r = 0; r < n_drafts; r++) {
         const float *lg = c->logits + r * d->n_vocab;
         int64_t best = 0;
         for (int64_t v = 1; v < d->n_vocab; v++)
