@@ -7,7 +7,7 @@ LOCK = flock /tmp/ds4py-build.lock
 KERNEL_TESTS = tests/test_quants_scalar.py tests/test_quants_llamacpp.py tests/test_gguf_reader.py
 
 .PHONY: dev build build-fast test test-python test-scalar test-neon test-neon-run test-reference bench bench-spec fuzz lint clean
-.PHONY: test-gpu-emul gpu-emul-bin cuda cuda-test
+.PHONY: test-gpu-emul gpu-emul-bin cuda cuda-test cuda-bench
 
 dev:
 	$(PY) -m pip install -e '.[test]'
@@ -97,6 +97,11 @@ cuda-test: cuda
 	$(NVCC) $(CUDA_FLAGS) build/cuda/test_gpu_emul.o build/cuda/norm.o build/cuda/scalar.o \
 		build/cuda/traits.o build/cuda/error.o build/cuda/kernels.o build/cuda/host.o build/cuda/bind.o \
 		-o build/cuda/test_gpu_cuda
+
+# The matvec microbenchmark (GB/s of weights read; gpu/tools/device_check.sh).
+cuda-bench: cuda
+	$(NVCC) $(CUDA_FLAGS) cuda/bench_matvec.cu build/cuda/kernels.o build/cuda/host.o build/cuda/bind.o \
+		-o build/cuda/bench_matvec
 
 lint:
 	ruff check ds4py tests bench build_core.py setup.py

@@ -20,7 +20,8 @@ import amalgamate  # noqa: E402
 
 # Minimum number of PASS lines per suite, so a suite that silently runs no
 # checks (a loop over an empty shape list) fails instead of passing.
-SUITES = {"tables": 7, "f16": 2, "rmsnorm": 18, "quantize": 4, "matvec": 12, "rope": 4, "attn": 8}
+SUITES = {"tables": 7, "f16": 2, "rmsnorm": 18, "quantize": 5, "matvec": 12, "rope": 4, "attn": 8,
+          "kquant": 20, "gdn": 8, "argmax": 4}
 
 
 def build(tmp_dir, name, defs=""):
@@ -69,6 +70,10 @@ PLANTED = [
     ("PLANT_WRONG_ARG", "matvec", r"slot 1 \(params\) holds \d+ bytes, the params struct is 20"),
     # the same launched without the host check: the kernel's tag check raises
     ("PLANT_WRONG_ARG_UNCHECKED", "matvec", r"raised status 0x1 \(K_ERR_TAG"),
+    # GDN value heads read grouped instead of tiled k heads: caught by the bound
+    ("PLANT_GDN_WRONG_KHEAD", "gdn", r"delta n_k=2 n_v=4 d=64 tg=64: state and output within"),
+    # argmax ties to the highest index: caught by the CPU's rule
+    ("PLANT_ARGMAX_LAST_TIE", "argmax", r"n=1000 rows=6 k=5: argmax = the CPU's"),
 ]
 
 
@@ -106,7 +111,10 @@ def test_amalgamation_expands_every_kernel_from_its_table(tmp_path, target):
     assert r.returncode == 0, r.stderr
     out = r.stdout
     for name, slots in [("matvec_q8_0", ["status", "p", "w", "xq", "y"]),
-                        ("attn_partials", ["status", "p", "q", "kpool", "vpool", "pages", "part"])]:
+                        ("attn_partials", ["status", "p", "q", "kpool", "vpool", "pages", "part"]),
+                        ("matvec_kq", ["status", "p", "w", "xq", "y"]),
+                        ("gdn_delta", ["status", "p", "cv", "z", "ab", "hp", "s", "o"]),
+                        ("argmax_rows", ["status", "p", "x", "idx"])]:
         m = re.search(r"void k_" + name + r"\((.*?)\)\s*\{", out, re.S)
         assert m, name
         params = [re.sub(r"\s*\[\[.*?\]\]", "", a).strip() for a in m.group(1).split(",")]
@@ -115,3 +123,35 @@ def test_amalgamation_expands_every_kernel_from_its_table(tmp_path, target):
         if target == "metal":
             for i, (a, s) in enumerate(zip(m.group(1).split(","), slots, strict=False)):
                 assert f"[[buffer({i})]]" in a, (s, a)
+
+
+def test_metal_source_type_checks_as_cpp(tmp_path):
+    """The Metal amalgamation compiles as C++ against gpu/tools/metal_mock.h
+    (Metal's names declared, address spaces and attributes dropped). Not a
+    Metal compiler, but it catches what breaks only the Metal flavour: a
+    helper using K_TID (a kernel parameter on Metal), a missing dialect name,
+    a type error in code the emulator compiles as C."""
+    src = tmp_path / "k.metal.cpp"
+    src.write_text(amalgamate.amalgamate("metal"))
+    cxx = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+    assert cxx, "a C++ compiler is needed (CI installs g++ with the C toolchain)"
+    mock = os.path.join(ROOT, "gpu", "tools", "metal_mock.h")
+    r = subprocess.run([cxx, "-std=c++17", "-fsyntax-only", "-Wall", "-Werror", "-Wno-attributes",
+                        "-Wno-unknown-attributes", "-Wno-unknown-pragmas", "-Wno-unused-function",
+                        "-Wno-unknown-warning-option", "-DK_PREPROCESS_ONLY",
+                        "-include", mock, str(src)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
+def test_device_check_script_parses_and_its_targets_exist():
+    """gpu/tools/device_check.sh is run on the GPU machine in one go, where a
+    typo costs a whole device call: it must parse, and the make targets it
+    builds must exist (make -n only prints their commands)."""
+    script = os.path.join(ROOT, "gpu", "tools", "device_check.sh")
+    r = subprocess.run(["bash", "-n", script], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run(["make", "-n", "cuda", "cuda-test", "cuda-bench"], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "bench_matvec" in r.stdout and "test_gpu_cuda" in r.stdout

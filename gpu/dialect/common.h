@@ -9,6 +9,8 @@
  *   K_GX, K_GY, K_GZ         threadgroup position in the grid
  *   K_NGX, K_NGY, K_NGZ      threadgroups in the grid
  *   K_BARRIER()              threadgroup barrier (threadgroup memory fence)
+ *   K_UNROLL                 before a loop of constant trip count: unroll it
+ *                            (arrays it indexes stay in registers)
  *   K_TG_ARRAY(T, name, N)   a threadgroup-shared array of N elements
  *   K_LD(p, i), K_ST(p, i, v)  element i of a device or threadgroup array
  *                            (bounds- and race-checked under the emulator)
@@ -16,8 +18,14 @@
  *   k_h2f / k_f2h / k_bf2f   fp16 / bf16 bits <-> float, round to nearest even
  *   K_DEV, K_DEV_IN, K_TGM   address spaces of pointers kept in locals
  *   K_FN                     qualifiers of a helper function
- *   k_exp, k_sqrt, k_rint, k_fmax, k_fabs   float math (no fast math)
+ *   k_exp, k_log, k_sqrt, k_rint, k_fabs, k_bits_f32, k_f32_bits
+ *                            float math (no fast math), bit casts
  *   k_raise(status, bits)    OR bits into the status word
+ *
+ * Helper functions (K_FN) may not use K_TID, K_LANE, K_GX, ... : on Metal
+ * those are the kernel's parameters; pass what a helper needs as arguments.
+ * (The Metal amalgamation is type-checked by a C++ compiler against
+ * gpu/tools/metal_mock.h in tests/test_gpu_emul.py, which catches this.)
  *
  * SIMD-groups are 32 lanes on every target (Apple GPUs and NVIDIA), lanes
  * numbered by K_TID % 32; a threadgroup size is always a multiple of 32.

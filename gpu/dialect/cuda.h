@@ -28,19 +28,24 @@
 #define K_NGZ (gridDim.z)
 
 #define K_BARRIER() __syncthreads()
+#define K_UNROLL _Pragma("unroll")
 #define K_TG_ARRAY(T, name, N) __shared__ T name[N]
 #define K_LD(p, i) ((p)[i])
 #define K_ST(p, i, v) ((p)[i] = (v))
 
 #define k_shfl_xor(v, m) __shfl_xor_sync(0xffffffffu, (v), (int)(m))
 #define k_exp(x) expf(x)
+#define k_log(x) logf(x)
 #define k_sqrt(x) sqrtf(x)
 #define k_rint(x) rintf(x)
 #define k_fabs(x) fabsf(x)
 #define K_NEG_INF (-INFINITY)
 
 K_FN float k_h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
-K_FN uint16_t k_f2h(float f) { return __half_as_ushort(__float2half_rn(f)); }
+K_FN k_u32 k_f32_bits(float f) { return __float_as_uint(f); }
+K_FN float k_bits_f32(k_u32 u) { return __uint_as_float(u); }
+/* k_f2h: integer RNE, not __float2half_rn (f16.h says why) */
+#include "f16.h"
 K_FN float k_bf2f(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
 #define k_raise(status, bits) atomicOr((status), (bits))
 

@@ -28,6 +28,7 @@
 #define K_NGZ (emul_pos.ngroups[2])
 
 #define K_BARRIER() emul_barrier(__LINE__)
+#define K_UNROLL
 #define K_TG_ARRAY(T, name, N) T *name = (T *)emul_tg_array(__LINE__, sizeof(T), (N))
 #define K_LD(p, i) (*(__typeof__(&(p)[i]))emul_chk((p), &(p)[i], sizeof((p)[i]), 0, __LINE__))
 #define K_ST(p, i, v) (*(__typeof__(&(p)[i]))emul_chk((p), &(p)[i], sizeof((p)[i]), 1, __LINE__) = (v))
@@ -35,6 +36,7 @@
 #define k_shfl_xor(v, m) emul_shfl_xor((v), (m), __LINE__)
 #define k_raise(status, bits) emul_raise((status), (bits))
 #define k_exp expf
+#define k_log logf
 #define k_sqrt sqrtf
 #define k_rint rintf /* round to nearest even in the default rounding mode */
 #define k_fabs fabsf
@@ -53,27 +55,8 @@ K_FN float k_h2f(uint16_t h) {
     return sign ? -v : v;
 }
 
-/* float -> binary16, round to nearest even (what Metal's half(x) and
- * CUDA's __float2half_rn do). */
-K_FN uint16_t k_f2h(float f) {
-    const uint32_t u = k_f32_bits(f), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
-    /* NaN: payload truncated, quiet bit set (as F16C, so as the CPU; payloads
-     * are not promised on GPUs) */
-    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
-    if (a == 0x7f800000u) return (uint16_t)(sign | 0x7c00u);
-    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* rounds to >= 65520: Inf */
-    if (a >= 0x38800000u) { /* normal half */
-        const uint32_t r = a + 0xfffu + ((a >> 13) & 1u) - (112u << 23);
-        return (uint16_t)(sign | (r >> 13));
-    }
-    if (a < 0x33000000u) return (uint16_t)sign; /* below half the smallest subnormal */
-    /* subnormal half: round mant * 2^(e-150) to a multiple of 2^-24 */
-    const uint32_t e = a >> 23, mant = (a & 0x7fffffu) | 0x800000u, shift = 126u - e;
-    uint32_t q = mant >> shift;
-    const uint32_t rem = mant & ((1u << shift) - 1u), half = 1u << (shift - 1u);
-    if (rem > half || (rem == half && (q & 1u))) q++;
-    return (uint16_t)(sign | q);
-}
+/* k_f2h, shared by every target */
+#include "f16.h"
 
 K_FN float k_bf2f(uint16_t h) { return k_bits_f32((uint32_t)h << 16); }
 

@@ -35,19 +35,24 @@ using namespace metal;
 #define K_NGZ (k__ngroups.z)
 
 #define K_BARRIER() threadgroup_barrier(mem_flags::mem_threadgroup)
+#define K_UNROLL _Pragma("unroll")
 #define K_TG_ARRAY(T, name, N) threadgroup T name[N]
 #define K_LD(p, i) ((p)[i])
 #define K_ST(p, i, v) ((p)[i] = (v))
 
 #define k_shfl_xor(v, m) simd_shuffle_xor((v), (ushort)(m))
 #define k_exp(x) precise::exp(x)
+#define k_log(x) precise::log(x)
 #define k_sqrt(x) precise::sqrt(x)
 #define k_rint(x) rint(x)
 #define k_fabs(x) fabs(x)
 #define K_NEG_INF (-INFINITY)
 
 K_FN float k_h2f(ushort h) { return float(as_type<half>(h)); }
-K_FN ushort k_f2h(float f) { return as_type<ushort>(half(f)); } /* RNE per the MSL spec */
+K_FN k_u32 k_f32_bits(float f) { return as_type<uint>(f); }
+K_FN float k_bits_f32(k_u32 u) { return as_type<float>(u); }
+/* k_f2h: integer RNE, as on every target (f16.h says why) */
+#include "f16.h"
 K_FN float k_bf2f(ushort h) { return as_type<float>((uint)h << 16); }
 
 K_FN void k_raise_(device atomic_uint *status, uint bits) {

@@ -187,6 +187,13 @@ void *emul_chk(const void *base, const void *addr, size_t size, int write, int l
              r->kind == R_TG ? "threadgroup array" : "buffer", r->name, r->bytes);
         return E.scratch;
     }
+    /* GPUs fault (CUDA) or misbehave on a word access that is not aligned
+     * to its size; x86 would not notice, so the emulator does */
+    if ((size & (size - 1)) == 0 && (uintptr_t)a % size) {
+        fail("line %d: misaligned %zu-byte access at byte offset %td of %s '%s'", line, size, a - r->base,
+             r->kind == R_TG ? "threadgroup array" : "buffer", r->name);
+        return E.scratch;
+    }
     const size_t off = (size_t)(a - r->base);
     if (write && (r->kind == R_IN || r->kind == R_PARAMS)) {
         fail("line %d: write to read-only argument '%s'", line, r->name);

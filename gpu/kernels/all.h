@@ -7,3 +7,6 @@
 #include "quant_q8_0.h"
 #include "rope.h"
 #include "attn.h"
+#include "quant_kq.h"
+#include "gdn.h"
+#include "argmax.h"

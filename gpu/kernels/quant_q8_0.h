@@ -65,24 +65,31 @@ K_KERNEL(matvec_q8_0) {
 #else
     const k_u32 wrow = o;
 #endif
+    /* row loops run to the constant K_MATVEC_MAX_ROWS with a guard so the
+     * compiler unrolls them and keeps acc[] / sumi[] in registers */
+    const k_u32 nr = p.n_rows;
     float acc[K_MATVEC_MAX_ROWS];
-    for (k_u32 r = 0; r < p.n_rows; r++) acc[r] = 0.0f;
+    K_UNROLL for (k_u32 r = 0; r < K_MATVEC_MAX_ROWS; r++) acc[r] = 0.0f;
     for (k_u32 ib = K_LANE; ib < nb; ib += 32u) {
         const k_u32 wo = (wrow * nb + ib) * 34u;
         const float dw = k_ld_f16_at(w, wo);
         int sumi[K_MATVEC_MAX_ROWS];
-        for (k_u32 r = 0; r < p.n_rows; r++) sumi[r] = 0;
+        K_UNROLL for (k_u32 r = 0; r < K_MATVEC_MAX_ROWS; r++) sumi[r] = 0;
         for (k_u32 j = 0; j < 32u; j++) {
             const int wj = k_i8(K_LD(w, wo + 2u + j));
-            for (k_u32 r = 0; r < p.n_rows; r++)
+            K_UNROLL for (k_u32 r = 0; r < K_MATVEC_MAX_ROWS; r++) {
+                if (r >= nr) continue;
                 sumi[r] += wj * k_i8(K_LD(xq, (r * nb + ib) * 34u + 2u + j));
+            }
         }
-        for (k_u32 r = 0; r < p.n_rows; r++) {
+        K_UNROLL for (k_u32 r = 0; r < K_MATVEC_MAX_ROWS; r++) {
+            if (r >= nr) continue;
             const float dx = k_ld_f16_at(xq, (r * nb + ib) * 34u);
             acc[r] += (float)sumi[r] * (dw * dx);
         }
     }
-    for (k_u32 r = 0; r < p.n_rows; r++) {
+    K_UNROLL for (k_u32 r = 0; r < K_MATVEC_MAX_ROWS; r++) {
+        if (r >= nr) continue;
         const float s = k_simd_sum(acc[r]);
         if (K_LANE == 0) K_ST(y, r * p.y_stride + o, s);
     }

@@ -56,7 +56,12 @@ typedef uchar k_u8;
     X(3, matvec_q8_0)    \
     X(4, rope_neox)      \
     X(5, attn_partials)  \
-    X(6, attn_merge)
+    X(6, attn_merge)     \
+    X(7, quantize_q8_K)  \
+    X(8, matvec_kq)      \
+    X(9, gdn_conv)       \
+    X(10, gdn_delta)     \
+    X(11, argmax_rows)
 
 /* A params struct starts with its tag: 0xD5A0 in the high half, the kernel
  * id in the low half. */
@@ -186,6 +191,113 @@ typedef struct {
     X(K, 1, p, k_attn_merge_params, K_PARAMS, 1)                          \
     X(K, 2, part, float, K_IN, p.n_rows * p.n_head * p.n_blocks * (2 + p.head_dim)) \
     X(K, 3, out, float, K_OUT, (p.n_rows - 1) * p.out_stride + p.n_head * p.head_dim)
+
+/* ------------------------------------------------------ quantize_q8_K -- */
+/* Activation rows -> Q8_K blocks (292 bytes: float d, 256 int8, 16 int16
+ * bsums), exactly as the CPU's quant_q8_K. One SIMD-group per block. */
+typedef struct {
+    k_u32 tag;
+    k_u32 n;        /* elements per row, a multiple of 256 */
+    k_u32 n_rows;
+    k_u32 x_stride; /* floats between rows of x */
+} k_quantize_q8_K_params;
+#define K_ARGS_quantize_q8_K(X, K)                                        \
+    X(K, 0, status, k_u32, K_STATUS, 2)                                   \
+    X(K, 1, p, k_quantize_q8_K_params, K_PARAMS, 1)                       \
+    X(K, 2, x, float, K_IN, (p.n_rows - 1) * p.x_stride + p.n)            \
+    X(K, 3, q, k_u8, K_OUT, p.n_rows * (p.n / 256) * 292)
+
+/* ---------------------------------------------------------- matvec_kq -- */
+/* y[r][o] = W_o . xq_r for K-quant weights (wtype: the ggml type id, Q4_K
+ * 12, Q5_K 13, Q6_K 14) and Q8_K activation rows (quantize_q8_K's output),
+ * r < n_rows (1..16, every weight block read once for all rows). One
+ * SIMD-group per output row. */
+#define K_TYPE_Q4_K 12
+#define K_TYPE_Q5_K 13
+#define K_TYPE_Q6_K 14
+#define K_KQ_BLOCK_BYTES(t) ((t) == K_TYPE_Q4_K ? 144u : (t) == K_TYPE_Q5_K ? 176u : (t) == K_TYPE_Q6_K ? 210u : 0u)
+typedef struct {
+    k_u32 tag;
+    k_u32 wtype;
+    k_u32 n_in;     /* a multiple of 256 */
+    k_u32 n_out;
+    k_u32 n_rows;   /* 1..K_MATVEC_MAX_ROWS */
+    k_u32 y_stride; /* floats between rows of y */
+} k_matvec_kq_params;
+#define K_ARGS_matvec_kq(X, K)                                            \
+    X(K, 0, status, k_u32, K_STATUS, 2)                                   \
+    X(K, 1, p, k_matvec_kq_params, K_PARAMS, 1)                           \
+    X(K, 2, w, k_u8, K_IN, p.n_out * (p.n_in / 256) * K_KQ_BLOCK_BYTES(p.wtype)) \
+    X(K, 3, xq, k_u8, K_IN, p.n_rows * (p.n_in / 256) * 292)              \
+    X(K, 4, y, float, K_OUT, (p.n_rows - 1) * p.y_stride + p.n_out)
+
+/* ----------------------------------------------------------- gdn_conv -- */
+/* One token of the GDN causal depthwise conv (decode): out[ch] =
+ * SiLU(sum_k w[ch][k] * seq_k[ch]) over seq = [state rows (K-1, oldest
+ * first) ; x], then the state shifts by one row (state <- last K-1 rows of
+ * seq) in place. One thread per channel. */
+#define K_GDN_MAX_CONV 8
+typedef struct {
+    k_u32 tag;
+    k_u32 n_ch;     /* conv_dim */
+    k_u32 k;        /* taps, 2..K_GDN_MAX_CONV */
+} k_gdn_conv_params;
+#define K_ARGS_gdn_conv(X, K)                                             \
+    X(K, 0, status, k_u32, K_STATUS, 2)                                   \
+    X(K, 1, p, k_gdn_conv_params, K_PARAMS, 1)                            \
+    X(K, 2, x, float, K_IN, p.n_ch)                                       \
+    X(K, 3, cw, float, K_IN, p.n_ch * p.k)                                \
+    X(K, 4, state, float, K_OUT, (p.k - 1) * p.n_ch)                      \
+    X(K, 5, out, float, K_OUT, p.n_ch)
+
+/* ---------------------------------------------------------- gdn_delta -- */
+/* One token of the gated delta rule for every value head (decode), the
+ * CPU's fast precision (csrc/forward/gdn.c): q, k heads L2-normed as
+ * llama.cpp (rms_norm with eps/d then 1/sqrt(d)), beta = sigmoid(b), g =
+ * ssm_a * softplus(alpha + dt_bias) (ggml's softplus), S <- exp(g) S,
+ * delta = (v - S k) beta, S += k (x) delta, o = (S q) / sqrt(d), then the
+ * gated RMSNorm o = rmsnorm(o) * norm_w * SiLU(z). One threadgroup per
+ * value head; thread m owns state row m. cv is the conv output row
+ * (q heads | k heads | v heads); value head j reads k-head j % n_k. */
+#define K_GDN_MAX_D 256
+typedef struct {
+    k_u32 tag;
+    k_u32 n_k;      /* k heads */
+    k_u32 n_v;      /* v heads */
+    k_u32 d;        /* d_k == d_v, <= K_GDN_MAX_D */
+    float eps;      /* rms_eps */
+} k_gdn_delta_params;
+#define K_ARGS_gdn_delta(X, K)                                            \
+    X(K, 0, status, k_u32, K_STATUS, 2)                                   \
+    X(K, 1, p, k_gdn_delta_params, K_PARAMS, 1)                           \
+    X(K, 2, cv, float, K_IN, (2 * p.n_k + p.n_v) * p.d)                   \
+    X(K, 3, z, float, K_IN, p.n_v * p.d)                                  \
+    X(K, 4, ab, float, K_IN, 2 * p.n_v)                                   \
+    X(K, 5, hp, float, K_IN, 2 * p.n_v + p.d)                             \
+    X(K, 6, s, float, K_OUT, p.n_v * p.d * p.d)                           \
+    X(K, 7, o, float, K_OUT, p.n_v * p.d)
+
+/* -------------------------------------------------------- argmax_rows -- */
+/* Greedy decoding without copying logits back: per row, the index of the
+ * largest logit, ties to the LOWEST index (the CPU's strict > scan,
+ * csrc/spec_round.c argmax_row), NaN never chosen (all NaN: index 0, as the
+ * CPU). Also the top-k (k <= K_TOPK_MAX) indices by (value desc, index asc)
+ * when k > 0. One threadgroup per row. */
+#define K_TOPK_MAX 8
+#define K_ARGMAX_NAN 0xFFFFFFFFu  /* the row holds a NaN */
+#define K_ARGMAX_NONE 0xFFFFFFFEu /* fewer than k non-NaN values */
+typedef struct {
+    k_u32 tag;
+    k_u32 n;        /* vocabulary */
+    k_u32 n_rows;
+    k_u32 stride;   /* floats between rows */
+    k_u32 k;        /* top-k wanted, 0..K_TOPK_MAX (0: argmax only) */
+} k_argmax_rows_params;
+#define K_ARGS_argmax_rows(X, K)                                          \
+    X(K, 0, status, k_u32, K_STATUS, 2)                                   \
+    X(K, 1, p, k_argmax_rows_params, K_PARAMS, 1)                         \
+    X(K, 2, x, float, K_IN, (p.n_rows - 1) * p.stride + p.n)              \
+    X(K, 3, idx, k_u32, K_OUT, p.n_rows * (1 + K_TOPK_MAX))
 
 /* ---------------------------------------------------- derived names -- */
 /* K_ID_<kernel>, K_TAG_OF(kernel), K_ARG_<kernel>_<name> (the slot of an

@@ -4,7 +4,7 @@
  * tests/test_gpu_emul.py runs it per suite and with planted faults).
  *
  *   test_gpu_emul [suite ...]     suites: tables f16 rmsnorm quantize matvec
- *                                 rope attn (default: all)
+ *                                 rope attn kquant gdn argmax (default: all)
  *
  * Prints one line per check, "PASS suite: ..." or "FAIL suite: ...", and
  * exits 1 if any check failed. References are the project's own CPU code
@@ -17,7 +17,13 @@
  * the next weight row), PLANT_MISSING_BARRIER (attention drops the barrier
  * after the scores), PLANT_WRONG_ARG (matvec's params and activations
  * bound at each other's slot), PLANT_WRONG_ARG_UNCHECKED (the same, launched
- * without the host check: the kernel's own tag check must raise).
+ * without the host check: the kernel's own tag check must raise),
+ * PLANT_GDN_WRONG_KHEAD (GDN value heads read grouped, not tiled, k heads),
+ * PLANT_ARGMAX_LAST_TIE (argmax ties to the highest index).
+ *
+ * Built with -DK_TEST_CUDA (make cuda-test), every launch goes to the GPU
+ * through cuda/host.cu and every suite checks the GPU's results against
+ * the same CPU references on the same data (gpu/tools/device_check.sh).
  */
 #include <math.h>
 #include <stdarg.h>
@@ -200,6 +206,57 @@ static void suite_rmsnorm(void) {
 }
 
 /* ---------------------------------------------------------- quantize -- */
+/* The scale's bytes where fp16 rounding is decided by the last bit: amax
+ * chosen so d = amax/127 lands on (or 1..2 float ulps beside) the midpoint
+ * of two fp16 neighbours (round-to-nearest-even ties, normal and subnormal
+ * halves), plus exact scales 1, 2, 0.5, 1/64 (the H200's miscompiled store
+ * wrote d = 1.0 as 01 3c: a value-converted low byte; dialect/f16.h). Lane
+ * (b % 32) holds +-amax, the others smaller values. */
+static void quantize_scale_cases(void) {
+    const uint16_t halves[] = {0x3c00, 0x3bff, 0x4000, 0x3800, 0x2400, 0x0400, 0x03ff, 0x0001,
+                               0x0200, 0x5640, 0x7bfe, 0x1234, 0x2abc};
+    const int nh = (int)(sizeof halves / 2), per = 7; /* 5 around the midpoint, 2 exact */
+    const uint32_t nblk = (uint32_t)(nh * per), n = nblk * 32;
+    float *x = malloc(sizeof(float) * n);
+    uint32_t b = 0;
+    for (int i = 0; i < nh; i++) {
+        const double lo = k_h2f(halves[i]), hi = k_h2f((uint16_t)(halves[i] + 1));
+        const float mid = (float)((lo + hi) / 2); /* exact: 12 significant bits */
+        uint32_t mbits;
+        const float a0 = (float)((double)mid * 127.0);
+        memcpy(&mbits, &a0, 4);
+        float amax[7];
+        for (int k = 0; k < 5; k++) {
+            const uint32_t u = mbits + (uint32_t)(k - 2);
+            memcpy(&amax[k], &u, 4);
+        }
+        amax[5] = (float)(lo * 127.0), amax[6] = (float)(hi * 127.0); /* d exactly representable */
+        for (int k = 0; k < per; k++, b++)
+            for (uint32_t j = 0; j < 32; j++)
+                x[b * 32 + j] = j == b % 32 ? (b & 1 ? -amax[k] : amax[k]) : amax[k] * frand(-0.99f, 0.99f);
+    }
+    uint8_t *q = malloc(nblk * 34), *ref = malloc(nblk * 34);
+    memset(q, 0xAB, nblk * 34);
+    k_quantize_q8_0_params p = {K_TAG_OF(quantize_q8_0), n, 1, n};
+    k_binding bd[] = {K_BIND(quantize_q8_0, status, status, 8), K_BIND(quantize_q8_0, p, &p, sizeof p),
+                      K_BIND(quantize_q8_0, x, x, sizeof(float) * n), K_BIND(quantize_q8_0, q, q, nblk * 34)};
+    if (!launch(K_ID_quantize_q8_0, (nblk + 3) / 4, 1, 1, 128, bd, 4, EMUL_REVERSE, "quantize scales")) {
+        scalar.from_float[DS4_TYPE_Q8_0](x, ref, n);
+        int bad = 0, first = -1;
+        for (uint32_t i = 0; i < nblk; i++)
+            if (memcmp(q + i * 34, ref + i * 34, 34)) {
+                bad++;
+                if (first < 0) first = (int)i;
+            }
+        if (first >= 0)
+            fprintf(stderr, "  scale case block %d: got %02x %02x want %02x %02x\n", first, q[first * 34],
+                    q[first * 34 + 1], ref[first * 34], ref[first * 34 + 1]);
+        check(bad == 0, "%u blocks with fp16-tie and exact scales (normal and subnormal): bit-identical "
+              "to the CPU's (%d differ)", nblk, bad);
+    }
+    free(x), free(q), free(ref);
+}
+
 static void suite_quantize(void) {
     const uint32_t ns[] = {32, 96, 320, 1056};
     for (size_t in = 0; in < sizeof ns / 4; in++) {
@@ -243,6 +300,7 @@ static void suite_quantize(void) {
         }
         free(x), free(q), free(ref);
     }
+    quantize_scale_cases();
 }
 
 /* ------------------------------------------------------------ matvec -- */
@@ -533,6 +591,422 @@ static void suite_attn(void) {
     check(plan_ok, "split plan covers every block with no empty split (n_blocks 1..299, kv heads 1..8)");
 }
 
+/* ------------------------------------------------------------ kquant -- */
+/* The test's own decoding of a K-quant super-block (from quants.h's block
+ * structs, not the kernel's byte offsets): codes a[256], per-16 scales
+ * sc[16], per-16 mins mn[16] (0 for Q6_K), d, dmin. */
+static void kq_decode(int type, const uint8_t *blk, int *a, int *sc, int *mn, float *d, float *dmin) {
+    if (type == DS4_TYPE_Q6_K) {
+        const block_q6_K *b = (const block_q6_K *)blk;
+        for (int j = 0; j < 256; j++) {
+            const int h = j / 128, q = (j % 128) / 32, l = j % 32;
+            const uint8_t ql = b->ql[64 * h + l + (q & 1) * 32], qh = b->qh[32 * h + l];
+            a[j] = (int)(((q < 2 ? ql & 15 : ql >> 4)) | (((qh >> (2 * q)) & 3) << 4)) - 32;
+        }
+        for (int s = 0; s < 16; s++) sc[s] = b->scales[s], mn[s] = 0;
+        *d = ds4_fp16_to_f32(b->d), *dmin = 0;
+        return;
+    }
+    const uint8_t *scales = type == DS4_TYPE_Q4_K ? ((const block_q4_K *)blk)->scales : ((const block_q5_K *)blk)->scales;
+    const uint8_t *qs = type == DS4_TYPE_Q4_K ? ((const block_q4_K *)blk)->qs : ((const block_q5_K *)blk)->qs;
+    for (int j = 0; j < 256; j++) {
+        const int c = j / 64, hi = (j % 64) >= 32, l = j % 32;
+        a[j] = hi ? qs[32 * c + l] >> 4 : qs[32 * c + l] & 15;
+        if (type == DS4_TYPE_Q5_K && (((const block_q5_K *)blk)->qh[l] >> (2 * c + hi) & 1)) a[j] += 16;
+    }
+    for (int s = 0; s < 8; s++) { /* ggml get_scale_min_k4 */
+        const int scv = s < 4 ? scales[s] & 63 : (scales[s + 4] & 15) | ((scales[s - 4] >> 6) << 4);
+        const int mv = s < 4 ? scales[s + 4] & 63 : (scales[s + 4] >> 4) | ((scales[s] >> 6) << 4);
+        sc[2 * s] = sc[2 * s + 1] = scv, mn[2 * s] = mn[2 * s + 1] = mv;
+    }
+    *d = ds4_fp16_to_f32(((const uint16_t *)blk)[0]), *dmin = ds4_fp16_to_f32(((const uint16_t *)blk)[1]);
+}
+
+/* Sum over super-blocks of |d d_x| sum|sc a q8| + |dmin d_x| sum|bsums mn|:
+ * at least the sum of the magnitudes of the float terms both sides add. */
+static double kq_abs_terms(int type, const uint8_t *w, const uint8_t *x, uint32_t nb, size_t bs) {
+    double s = 0;
+    int a[256], sc[16], mn[16];
+    float d, dmin;
+    for (uint32_t ib = 0; ib < nb; ib++) {
+        const block_q8_K *y = (const block_q8_K *)(x + ib * 292);
+        kq_decode(type, w + ib * bs, a, sc, mn, &d, &dmin);
+        double t = 0, tm = 0;
+        for (int j = 0; j < 256; j++) t += fabs((double)sc[j / 16] * a[j] * y->qs[j]);
+        for (int j = 0; j < 16; j++) tm += fabs((double)y->bsums[j] * mn[j]);
+        s += fabs((double)d * y->d) * t + fabs((double)dmin * y->d) * tm;
+    }
+    return s;
+}
+
+static void suite_kquant(void) {
+    /* quantize_q8_K: bit-identical to the CPU's quant_q8_K, with an
+     * all-zero block and |max| ties (the first one must win) */
+    const uint32_t qns[] = {256, 768};
+    for (size_t in = 0; in < 2; in++) {
+        const uint32_t n = qns[in], rows = 3, stride = n + 7, nb = n / 256;
+        float *x = malloc(sizeof(float) * rows * stride);
+        for (uint32_t i = 0; i < rows * stride; i++) x[i] = rnd() % 9 == 0 ? (float)(int)(rnd() % 61) - 30.0f : frand(-20, 20);
+        for (uint32_t i = 256; i < 512 && i < n; i++) x[i] = 0.0f;           /* row 0 block 1: zeros */
+        x[stride + 3] = -40.0f, x[stride + 77] = 40.0f;                       /* row 1 block 0: tie, - first */
+        x[2 * stride + 9] = 35.0f, x[2 * stride + 200] = -35.0f;              /* row 2 block 0: tie, + first */
+        uint8_t *q = malloc(rows * nb * 292), *ref = malloc(rows * nb * 292);
+        memset(q, 0xAB, rows * nb * 292);
+        k_quantize_q8_K_params p = {K_TAG_OF(quantize_q8_K), n, rows, stride};
+        k_binding b[] = {K_BIND(quantize_q8_K, status, status, 8), K_BIND(quantize_q8_K, p, &p, sizeof p),
+                         K_BIND(quantize_q8_K, x, x, sizeof(float) * rows * stride),
+                         K_BIND(quantize_q8_K, q, q, rows * nb * 292)};
+        if (!launch(K_ID_quantize_q8_K, (rows * nb + 1) / 2, 1, 1, 64, b, 4, (int)in & 1, "quantize_q8_K")) {
+            for (uint32_t r = 0; r < rows; r++)
+                scalar.from_float[DS4_TYPE_Q8_K](x + r * stride, ref + r * nb * 292, n);
+            int bad = -1;
+            for (uint32_t i = 0; i < rows * nb * 292 && bad < 0; i++)
+                if (q[i] != ref[i]) bad = (int)i;
+            if (bad >= 0) fprintf(stderr, "  first difference: block %d byte %d: got 0x%02x want 0x%02x\n",
+                                  bad / 292, bad % 292, q[bad], ref[bad]);
+            check(bad < 0, "quantize_q8_K n=%u rows=%u: blocks bit-identical to the CPU's (zero block, "
+                  "|max| ties)", n, rows);
+        }
+        free(x), free(q), free(ref);
+    }
+    /* matvec_kq for each K-quant type */
+    const int types[] = {DS4_TYPE_Q4_K, DS4_TYPE_Q5_K, DS4_TYPE_Q6_K};
+    const char *tnames[] = {"Q4_K", "Q5_K", "Q6_K"};
+    const size_t tbytes[] = {sizeof(block_q4_K), sizeof(block_q5_K), sizeof(block_q6_K)};
+    const uint32_t n_ins[] = {256, 1280, 2304};
+    const uint32_t n_outs[] = {1, 7};
+    for (int it = 0; it < 3; it++)
+        for (size_t ii = 0; ii < 3; ii++)
+            for (size_t io = 0; io < 2; io++) {
+                const int type = types[it];
+                const size_t bs = tbytes[it];
+                const uint32_t n_in = n_ins[ii], n_out = n_outs[io], nb = n_in / 256, R = K_MATVEC_MAX_ROWS;
+                uint8_t *w = malloc(n_out * nb * bs), *xq = malloc(R * nb * 292);
+                for (size_t i = 0; i < n_out * nb * bs; i++) w[i] = (uint8_t)rnd();
+                for (uint32_t blk = 0; blk < n_out * nb; blk++) { /* finite scales */
+                    uint16_t *dd = (uint16_t *)(w + blk * bs + (type == DS4_TYPE_Q6_K ? 208 : 0));
+                    dd[0] = ds4_f32_to_fp16(frand(0.001f, 0.03f));
+                    if (type != DS4_TYPE_Q6_K) dd[1] = ds4_f32_to_fp16(frand(0.0f, 0.02f));
+                }
+                float *xf = malloc(sizeof(float) * R * n_in);
+                for (uint32_t i = 0; i < R * n_in; i++) xf[i] = frand(-3, 3);
+                for (uint32_t r = 0; r < R; r++)
+                    scalar.from_float[DS4_TYPE_Q8_K](xf + r * n_in, xq + r * nb * 292, n_in);
+                float *y1 = malloc(sizeof(float) * R * n_out), *yw = malloc(sizeof(float) * R * n_out);
+                int ok = 1, inv = 1;
+                double worst = 0;
+                for (uint32_t width = 1; width <= R; width++) {
+                    if (ii + io > 0 && width != 1 && width != 3 && width != 16) continue;
+                    const uint32_t reps = width == 1 ? R : 1;
+                    for (uint32_t rep = 0; rep < reps; rep++) {
+                        float *y = width == 1 ? y1 + rep * n_out : yw;
+                        fill_nan(y, width * n_out);
+                        k_matvec_kq_params p = {K_TAG_OF(matvec_kq), (uint32_t)type, n_in, n_out, width, n_out};
+                        k_binding b[] = {K_BIND(matvec_kq, status, status, 8), K_BIND(matvec_kq, p, &p, sizeof p),
+                                         K_BIND(matvec_kq, w, w, n_out * nb * bs),
+                                         K_BIND(matvec_kq, xq, xq + (width == 1 ? rep * nb * 292 : 0), width * nb * 292),
+                                         K_BIND(matvec_kq, y, y, sizeof(float) * width * n_out)};
+                        if (launch(K_ID_matvec_kq, (n_out + 1) / 2, 1, 1, 64, b, 5, (int)(width & 1), "matvec_kq"))
+                            goto next;
+                    }
+                    if (width == 1) {
+                        /* Tolerance (docs/gpu.md "K-quant matvec"): the same
+                         * float terms (8 per super-block and lane, plus the
+                         * min term) in two orders: the CPU's 8 serial lane
+                         * sums and serial min sum, then 8 adds, within
+                         * (nb + 8)u sum|t|; ours within (2 ceil(nb/4) + 5)u
+                         * sum|t| (per-lane serial, butterfly). */
+                        const double k = (nb + 8) + 2 * ((nb + 3) / 4) + 5;
+                        for (uint32_t r = 0; r < R; r++)
+                            for (uint32_t o = 0; o < n_out; o++) {
+                                float ref;
+                                scalar.vec_dot[type](n_in, &ref, w + o * nb * bs, xq + r * nb * 292);
+                                const double tol = k * U * kq_abs_terms(type, w + o * nb * bs, xq + r * nb * 292, nb, bs) * 1.0000001 + 1e-37;
+                                const double e = fabs((double)y1[r * n_out + o] - ref);
+                                if (!(e <= tol)) ok = 0;
+                                if (e / tol > worst) worst = e / tol;
+                            }
+                    } else if (memcmp(yw, y1, sizeof(float) * width * n_out)) {
+                        inv = 0;
+                    }
+                }
+                check(ok && inv, "matvec %s n_in=%u n_out=%u: within the reordering bound (worst %.2f of it); "
+                      "verify widths bit-identical to width 1 per row", tnames[it], n_in, n_out, worst);
+            next:
+                free(w), free(xq), free(xf), free(y1), free(yw);
+            }
+}
+
+/* --------------------------------------------------------------- gdn -- */
+/* The conv step: the tap sum is the CPU's (csrc/forward/gdn.c conv_step)
+ * operation for operation; SiLU's exp is the target's. */
+static void suite_gdn_conv(void) {
+    const uint32_t shapes[][2] = {{40, 4}, {97, 2}, {300, 4}, {64, 8}}; /* channels, taps */
+    for (size_t k = 0; k < 4; k++) {
+        const uint32_t nc = shapes[k][0], K = shapes[k][1];
+        float *x = malloc(sizeof(float) * nc), *cw = malloc(sizeof(float) * nc * K);
+        float *st = malloc(sizeof(float) * (K - 1) * nc), *st0 = malloc(sizeof(float) * (K - 1) * nc);
+        float *out = malloc(sizeof(float) * nc), *ref = malloc(sizeof(float) * nc);
+        for (uint32_t i = 0; i < nc; i++) x[i] = frand(-3, 3);
+        for (uint32_t i = 0; i < nc * K; i++) cw[i] = frand(-1, 1);
+        for (uint32_t i = 0; i < (K - 1) * nc; i++) st[i] = st0[i] = frand(-3, 3);
+        fill_nan(out, nc);
+        k_gdn_conv_params p = {K_TAG_OF(gdn_conv), nc, K};
+        k_binding b[] = {K_BIND(gdn_conv, status, status, 8), K_BIND(gdn_conv, p, &p, sizeof p),
+                         K_BIND(gdn_conv, x, x, sizeof(float) * nc), K_BIND(gdn_conv, cw, cw, sizeof(float) * nc * K),
+                         K_BIND(gdn_conv, state, st, sizeof(float) * (K - 1) * nc),
+                         K_BIND(gdn_conv, out, out, sizeof(float) * nc)};
+        if (launch(K_ID_gdn_conv, (nc + 63) / 64, 1, 1, 64, b, 6, (int)k & 1, "gdn_conv")) goto next;
+        double worst = 0;
+        int shift_ok = 1;
+        for (uint32_t ch = 0; ch < nc; ch++) {
+            float acc = 0.0f;
+            for (uint32_t kk = 0; kk < K; kk++) acc += cw[ch * K + kk] * (kk + 1 < K ? st0[kk * nc + ch] : x[ch]);
+            ref[ch] = ds4_silu(acc);
+            /* Tolerance: SiLU = a / (1 + exp(-a)); CUDA's expf is within
+             * 2 ulp, glibc's within 1, Metal's precise::exp within 4 (MSL
+             * spec): exp's relative difference <= 5u carries at most 1:1
+             * into 1 + exp(-a) and the quotient, plus 2 roundings. */
+            const double tol = 8 * U * fabs(ref[ch]) + 1e-37, e = fabs((double)out[ch] - ref[ch]);
+            if (!(e <= tol)) worst = INFINITY;
+            else if (e / tol > worst) worst = e / tol;
+            for (uint32_t s = 0; s + 1 < K; s++) {
+                const float want = s + 2 < K ? st0[(s + 1) * nc + ch] : x[ch];
+                if (memcmp(&st[s * nc + ch], &want, 4)) shift_ok = 0;
+            }
+        }
+        check(worst <= 1.0 && shift_ok, "conv channels=%u taps=%u: SiLU(tap sum) within 8u of the CPU's (worst "
+              "%.2f of it), state shifted bit-exactly", nc, K, worst);
+    next:
+        free(x), free(cw), free(st), free(st0), free(out), free(ref);
+    }
+}
+
+/* The CPU's fast-precision GDN step for one value head (csrc/forward/gdn.c
+ * delta_heads, ds4_l2norm_ggml, ds4_rmsnorm, ds4_silu, ggml's softplus;
+ * the dots are the scalar kernel set's, summed in double), and beside it
+ * the same step in double with a first-order error bound carried along
+ * (docs/gpu.md "GDN step"): returns the bound for each output and state
+ * element; ref_o / ref_s get the CPU's values, ex_o / ex_s the double ones. */
+typedef struct {
+    uint32_t nk, nv, d;
+    float eps;
+    const float *cv, *z, *ab, *hp;
+} gdn_case;
+
+static void gdn_reference(const gdn_case *c, uint32_t j, const float *S0, float *ref_s, float *ref_o,
+                          double *ex_s, double *ex_o, double *tol_s, double *tol_o) {
+    const uint32_t d = c->d, kh = j % c->nk;
+    float *q = malloc(sizeof(float) * d), *k = malloc(sizeof(float) * d);
+    memcpy(q, c->cv + kh * d, sizeof(float) * d);
+    memcpy(k, c->cv + (c->nk + kh) * d, sizeof(float) * d);
+    ds4_l2norm_ggml(q, d, c->eps);
+    ds4_l2norm_ggml(k, d, c->eps);
+    const float *v = c->cv + (2 * c->nk + j) * d;
+    const float beta = ds4_sigmoid(c->ab[j]);
+    const float g = c->hp[j] * ds4_softplus_ggml(c->ab[c->nv + j] + c->hp[c->nv + j]);
+    const float decay = expf(g);
+    memcpy(ref_s, S0, sizeof(float) * d * d);
+    float *o = malloc(sizeof(float) * d);
+    for (uint32_t m = 0; m < d; m++) {
+        float *Sm = ref_s + m * d, u = 0, s = 0;
+        for (uint32_t i = 0; i < d; i++) Sm[i] *= decay;
+        scalar.vec_dot_f32[DS4_TYPE_F32](d, &u, Sm, k);
+        const float dm = (v[m] - u) * beta;
+        for (uint32_t i = 0; i < d; i++) Sm[i] += k[i] * dm;
+        scalar.vec_dot_f32[DS4_TYPE_F32](d, &s, Sm, q);
+        o[m] = s * (1.0f / sqrtf((float)d));
+    }
+    memcpy(ref_o, o, sizeof(float) * d);
+    ds4_rmsnorm(ref_o, c->hp + 2 * c->nv, ref_o, d, c->eps);
+    for (uint32_t m = 0; m < d; m++) ref_o[m] *= ds4_silu(c->z[j * d + m]);
+
+    /* The step in double, with first-order bounds. Relative errors (in
+     * units of u) of the recurrence's inputs, on either side: normed q, k:
+     * a sum of d squares (depth <= d, relative d u), mean, +eps, sqrt, 1/x
+     * and two multiplies, the sum's part halved by the square root: d/2 + 8.
+     * beta: exp (<= 5u between targets), 1 + e, 1/x: 8. decay = exp(g): an
+     * absolute error of at most 2|g|u + 8u in g (softplus' exp, 1 + e, log
+     * and the product with ssm_a) becomes that relative error of exp(g),
+     * plus exp's own 5u: (13 + 2|g|) u. */
+    double *qd = malloc(sizeof(double) * d), *kd = malloc(sizeof(double) * d);
+    double sq = 0, sk = 0;
+    for (uint32_t i = 0; i < d; i++) {
+        sq += (double)c->cv[kh * d + i] * c->cv[kh * d + i];
+        sk += (double)c->cv[(c->nk + kh) * d + i] * c->cv[(c->nk + kh) * d + i];
+    }
+    for (uint32_t i = 0; i < d; i++) {
+        qd[i] = c->cv[kh * d + i] / sqrt(sq + c->eps);
+        kd[i] = c->cv[(c->nk + kh) * d + i] / sqrt(sk + c->eps);
+    }
+    const double en = (d / 2.0 + 8) * U, eb = 8 * U;
+    const double bd = 1 / (1 + exp(-(double)c->ab[j]));
+    const double ad = (double)c->ab[c->nv + j] + c->hp[c->nv + j];
+    const double gd = c->hp[j] * (ad > 20 ? ad : log1p(exp(ad)));
+    const double dd = exp(gd), edec = (13 + 2 * fabs(gd)) * U;
+    double *od = malloc(sizeof(double) * d), *eo = malloc(sizeof(double) * d);
+    for (uint32_t m = 0; m < d; m++) {
+        double u = 0, uabs = 0;
+        double *Sx = ex_s + m * d, *Tx = tol_s + m * d;
+        for (uint32_t i = 0; i < d; i++) {
+            Sx[i] = S0[m * d + i] * dd;
+            u += Sx[i] * kd[i];
+            uabs += fabs(Sx[i] * kd[i]);
+        }
+        /* the dot: each term off by (edec + en + u) relative, the float sum
+         * of depth d by d u sum|terms| */
+        const double eu = uabs * (edec + en + (d + 2) * U);
+        const double dm = (v[m] - u) * bd;
+        const double edm = (eu + 2 * U * (fabs(v[m]) + fabs(u))) * bd + fabs(dm) * (eb + U);
+        double o2 = 0, oabs = 0, eo2 = 0;
+        for (uint32_t i = 0; i < d; i++) {
+            const double s0 = Sx[i];
+            Sx[i] = s0 + kd[i] * dm;
+            Tx[i] = fabs(s0) * (edec + U) + fabs(kd[i]) * edm + fabs(kd[i] * dm) * (en + U) + 2 * U * fabs(Sx[i]);
+            o2 += Sx[i] * qd[i];
+            oabs += fabs(Sx[i] * qd[i]);
+            eo2 += Tx[i] * fabs(qd[i]);
+        }
+        od[m] = o2 / sqrt((double)d);
+        eo[m] = (eo2 + oabs * (en + (d + 3) * U)) / sqrt((double)d);
+    }
+    /* gated norm: y_m = o_m w_m silu(z_m) / r, r = sqrt(mean(o^2) + eps);
+     * an error e_i in each o_i moves y_m by |w_m silu_m| (e_m + |o_m|
+     * sum|o_i| e_i / (d r^2)) / r; the norm's own roundings (rmsnorm bound,
+     * depth <= d) and SiLU (8u) add relatively. */
+    double ss = 0, cross = 0;
+    for (uint32_t m = 0; m < d; m++) ss += od[m] * od[m], cross += fabs(od[m]) * eo[m];
+    const double r = sqrt(ss / d + c->eps);
+    for (uint32_t m = 0; m < d; m++) {
+        const double zm = c->z[j * d + m], sl = zm / (1 + exp(-zm)), wm = c->hp[2 * c->nv + m];
+        ex_o[m] = od[m] * wm * sl / r;
+        tol_o[m] = fabs(wm * sl) * (eo[m] + fabs(od[m]) * cross / (d * r * r)) / r +
+                   fabs(ex_o[m]) * (d / 2.0 + 8 + 8 + 2) * U;
+    }
+    free(q), free(k), free(o), free(qd), free(kd), free(od), free(eo);
+}
+
+static void suite_gdn(void) {
+    suite_gdn_conv();
+    const uint32_t shapes[][4] = {{1, 1, 32, 32}, {2, 4, 64, 64}, {2, 3, 48, 32}, {1, 2, 128, 128}}; /* nk nv d tg */
+    for (size_t sh = 0; sh < 4; sh++) {
+        gdn_case c = {shapes[sh][0], shapes[sh][1], shapes[sh][2], 1e-6f, NULL, NULL, NULL, NULL};
+        const uint32_t d = c.d, tg = shapes[sh][3], ncv = (2 * c.nk + c.nv) * d;
+        float *cv = malloc(sizeof(float) * ncv), *z = malloc(sizeof(float) * c.nv * d);
+        float *ab = malloc(sizeof(float) * 2 * c.nv), *hp = malloc(sizeof(float) * (2 * c.nv + d));
+        for (uint32_t i = 0; i < ncv; i++) cv[i] = frand(-2, 2);
+        for (uint32_t i = 0; i < c.nv * d; i++) z[i] = frand(-3, 3);
+        for (uint32_t i = 0; i < 2 * c.nv; i++) ab[i] = frand(-3, 3);
+        for (uint32_t i = 0; i < c.nv; i++) hp[i] = -expf(frand(-2, 1)), hp[c.nv + i] = frand(-1, 1);
+        for (uint32_t i = 0; i < d; i++) hp[2 * c.nv + i] = frand(0.5f, 1.5f);
+        c.cv = cv, c.z = z, c.ab = ab, c.hp = hp;
+        const size_t ns = (size_t)c.nv * d * d;
+        float *S = malloc(sizeof(float) * ns), *S0 = malloc(sizeof(float) * ns), *S1 = malloc(sizeof(float) * ns);
+        float *o = malloc(sizeof(float) * c.nv * d), *o1 = malloc(sizeof(float) * c.nv * d);
+        for (size_t i = 0; i < ns; i++) S[i] = S0[i] = frand(-0.5f, 0.5f);
+        fill_nan(o, c.nv * d);
+        k_gdn_delta_params p = {K_TAG_OF(gdn_delta), c.nk, c.nv, d, c.eps};
+        k_binding b[] = {K_BIND(gdn_delta, status, status, 8), K_BIND(gdn_delta, p, &p, sizeof p),
+                         K_BIND(gdn_delta, cv, cv, sizeof(float) * ncv),
+                         K_BIND(gdn_delta, z, z, sizeof(float) * c.nv * d),
+                         K_BIND(gdn_delta, ab, ab, sizeof(float) * 2 * c.nv),
+                         K_BIND(gdn_delta, hp, hp, sizeof(float) * (2 * c.nv + d)),
+                         K_BIND(gdn_delta, s, S, sizeof(float) * ns),
+                         K_BIND(gdn_delta, o, o, sizeof(float) * c.nv * d)};
+        if (launch(K_ID_gdn_delta, c.nv, 1, 1, tg, b, 8, (int)sh & 1, "gdn_delta")) goto next;
+        /* the same step with another threadgroup size: the same bits (a
+         * thread's rows are summed serially whatever the size) except the
+         * norms' float sums, which depend on it; so compare per tg only */
+        memcpy(S1, S0, sizeof(float) * ns);
+        fill_nan(o1, c.nv * d);
+        b[6] = K_BIND(gdn_delta, s, S1, sizeof(float) * ns);
+        b[7] = K_BIND(gdn_delta, o, o1, sizeof(float) * c.nv * d);
+        if (launch(K_ID_gdn_delta, c.nv, 1, 1, tg, b, 8, EMUL_REVERSE, "gdn_delta again")) goto next;
+        const int repeat_ok = !memcmp(S, S1, sizeof(float) * ns) && !memcmp(o, o1, sizeof(float) * c.nv * d);
+        double worst = 0, worst_cpu = 0;
+        float *rs = malloc(sizeof(float) * d * d), *ro = malloc(sizeof(float) * d);
+        double *es = malloc(sizeof(double) * d * d), *eo = malloc(sizeof(double) * d);
+        double *ts = malloc(sizeof(double) * d * d), *to = malloc(sizeof(double) * d);
+        for (uint32_t j = 0; j < c.nv; j++) {
+            gdn_reference(&c, j, S0 + (size_t)j * d * d, rs, ro, es, eo, ts, to);
+            for (uint32_t i = 0; i < d * d; i++) {
+                const double t = ts[i] + 1e-30, e = fabs(S[(size_t)j * d * d + i] - es[i]), ec = fabs(rs[i] - es[i]);
+                worst = e == e && e / t < worst ? worst : (e == e ? e / t : INFINITY);
+                if (ec / t > worst_cpu) worst_cpu = ec / t;
+            }
+            for (uint32_t m = 0; m < d; m++) {
+                const double t = to[m] + 1e-30, e = fabs(o[j * d + m] - eo[m]), ec = fabs(ro[m] - eo[m]);
+                if (!(e == e) || e / t > worst) worst = e == e ? e / t : INFINITY;
+                if (ec / t > worst_cpu) worst_cpu = ec / t;
+            }
+        }
+        check(worst <= 1.0 && worst_cpu <= 1.0 && repeat_ok,
+              "delta n_k=%u n_v=%u d=%u tg=%u: state and output within the first-order bound of the exact "
+              "step (worst %.3f of it; the CPU's worst %.3f), a rerun bit-identical", c.nk, c.nv, d, tg,
+              worst, worst_cpu);
+        free(rs), free(ro), free(es), free(eo), free(ts), free(to);
+    next:
+        free(cv), free(z), free(ab), free(hp), free(S), free(S0), free(S1), free(o), free(o1);
+    }
+}
+
+/* ------------------------------------------------------------ argmax -- */
+static void suite_argmax(void) {
+    const uint32_t ns[] = {1, 31, 1000, 151936 / 16};
+    for (size_t in = 0; in < 4; in++) {
+        const uint32_t n = ns[in], rows = 6, stride = n + 3, K = 5, W = 1 + K_TOPK_MAX;
+        float *x = malloc(sizeof(float) * rows * stride);
+        for (uint32_t i = 0; i < rows * stride; i++) x[i] = frand(-10, 10);
+        /* row 1: ties at the maximum (the lowest index must win), and a
+         * tie inside the top-k; row 2: all -inf; row 3: a NaN (refused);
+         * row 4: few distinct values (integers) */
+        if (n > 5) x[stride + n - 1] = 50.0f, x[stride + 2] = 50.0f, x[stride + n / 2] = 50.0f, x[stride + 4] = 40.0f, x[stride + 1] = 40.0f;
+        for (uint32_t i = 0; i < n; i++) x[2 * stride + i] = -INFINITY;
+        x[3 * stride + n / 2] = NAN;
+        for (uint32_t i = 0; i < n; i++) x[4 * stride + i] = (float)(rnd() % 4);
+        uint32_t *idx = malloc(4 * rows * W);
+        memset(idx, 0x5A, 4 * rows * W);
+        k_argmax_rows_params p = {K_TAG_OF(argmax_rows), n, rows, stride, K};
+        k_binding b[] = {K_BIND(argmax_rows, status, status, 8), K_BIND(argmax_rows, p, &p, sizeof p),
+                         K_BIND(argmax_rows, x, x, sizeof(float) * rows * stride),
+                         K_BIND(argmax_rows, idx, idx, 4 * rows * W)};
+        if (launch(K_ID_argmax_rows, rows, 1, 1, in == 3 ? 256 : 64, b, 4, (int)in & 1, "argmax_rows")) {
+            free(x), free(idx);
+            continue;
+        }
+        int ok = 1;
+        for (uint32_t r = 0; r < rows; r++) {
+            const float *xr = x + r * stride;
+            /* the CPU's rule (csrc/spec_round.c argmax_row): strict > scan, NaN refused */
+            int has_nan = 0;
+            uint32_t best = 0;
+            for (uint32_t i = 0; i < n; i++) has_nan |= xr[i] != xr[i];
+            for (uint32_t i = 1; i < n; i++) if (xr[i] > xr[best]) best = i;
+            if (has_nan) {
+                for (uint32_t s = 0; s <= K; s++) ok &= idx[r * W + s] == K_ARGMAX_NAN;
+                continue;
+            }
+            ok &= idx[r * W] == best;
+            /* top-k: selection by (value desc, index asc), K passes */
+            uint32_t prev = UINT32_MAX;
+            for (uint32_t s = 0; s < K; s++) {
+                uint32_t bi = UINT32_MAX;
+                for (uint32_t i = 0; i < n; i++) {
+                    if (prev != UINT32_MAX && !(xr[i] < xr[prev] || (xr[i] == xr[prev] && i > prev))) continue;
+                    if (bi == UINT32_MAX || xr[i] > xr[bi]) bi = i;
+                }
+                const uint32_t want = bi == UINT32_MAX ? K_ARGMAX_NONE : bi;
+                if (idx[r * W + 1 + s] != want) ok = 0;
+                if (bi != UINT32_MAX) prev = bi;
+                else break;
+            }
+        }
+        check(ok, "n=%u rows=%u k=%u: argmax = the CPU's (ties to the lowest index, all -inf -> 0, NaN "
+              "refused), top-k in (value desc, index asc) order", n, rows, K);
+        free(x), free(idx);
+    }
+}
+
 int main(int argc, char **argv) {
     ds4_kernels_init_scalar(&scalar);
     static const struct {
@@ -540,7 +1014,8 @@ int main(int argc, char **argv) {
         void (*fn)(void);
     } suites[] = {{"tables", suite_tables}, {"f16", suite_f16},   {"rmsnorm", suite_rmsnorm},
                   {"quantize", suite_quantize}, {"matvec", suite_matvec}, {"rope", suite_rope},
-                  {"attn", suite_attn}};
+                  {"attn", suite_attn}, {"kquant", suite_kquant}, {"gdn", suite_gdn},
+                  {"argmax", suite_argmax}};
     const int n_suites = (int)(sizeof suites / sizeof suites[0]);
     for (int i = 1; i < argc; i++) {
         int found = 0;

@@ -1,0 +1,123 @@
+/*
+ * gdn.h — one decode token of the gated DeltaNet mixer (csrc/forward/gdn.c,
+ * the CPU's fast precision): the causal conv with its state shift, then the
+ * gated delta rule and the gated RMSNorm per value head. The projections
+ * before (attn_qkv, attn_gate, ssm_beta, ssm_alpha) and ssm_out after are
+ * matvecs.
+ */
+
+/* One thread per channel: the taps oldest -> newest summed in the CPU's
+ * order (bit-identical sum), SiLU as x / (1 + exp(-x)) (exp is the GPU's:
+ * the only difference, docs/gpu.md), then the channel's state column shifts
+ * by one row. A thread touches only its own channel. */
+K_KERNEL(gdn_conv) {
+    K_CHECK_TAG(gdn_conv);
+    if (p.k < 2u || p.k > K_GDN_MAX_CONV) {
+        k_raise(status, K_ERR_SHAPE);
+        return;
+    }
+    const k_u32 ch = K_GX * K_TG_SIZE + K_TID;
+    if (ch >= p.n_ch) return; /* no barriers here */
+    /* loops to the constant K_GDN_MAX_CONV with guards: seq[] stays in registers */
+    float seq[K_GDN_MAX_CONV];
+    K_UNROLL for (k_u32 kk = 0; kk < K_GDN_MAX_CONV; kk++)
+        seq[kk] = kk + 1u < p.k ? K_LD(state, kk * p.n_ch + ch) : kk + 1u == p.k ? K_LD(x, ch) : 0.0f;
+    float acc = 0.0f;
+    K_UNROLL for (k_u32 kk = 0; kk < K_GDN_MAX_CONV; kk++)
+        if (kk < p.k) acc += K_LD(cw, ch * p.k + kk) * seq[kk];
+    K_ST(out, ch, acc / (1.0f + k_exp(-acc)));
+    K_UNROLL for (k_u32 kk = 0; kk + 1u < K_GDN_MAX_CONV; kk++)
+        if (kk + 1u < p.k) K_ST(state, kk * p.n_ch + ch, seq[kk + 1u]);
+}
+
+/* Sum over a threadgroup of one value per thread: butterfly per SIMD-group,
+ * then the SIMD-group partials in ascending order (every thread gets the
+ * same bits). Called by all threads; uses `part` (tgs/32 floats) between
+ * two barriers. Helpers take the thread position as arguments (tid,
+ * tgs = K_TID, K_TG_SIZE): on Metal those are kernel parameters. */
+K_FN float k_tg_sum(float v, K_TGM float *part, k_u32 tid, k_u32 tgs) {
+    v = k_simd_sum(v);
+    if ((tid & 31u) == 0u) K_ST(part, tid >> 5, v);
+    K_BARRIER();
+    float s = 0.0f;
+    for (k_u32 g = 0; g < (tgs >> 5); g++) s += K_LD(part, g);
+    K_BARRIER(); /* part is free again */
+    return s;
+}
+
+/* llama.cpp's GDN L2 norm of `d` values in threadgroup memory, in place:
+ * rms_norm with eps/d (mean in float, 1/sqrt), then * 1/sqrt(d); the CPU's
+ * ds4_l2norm_ggml, with a float sum where the CPU sums in double. */
+K_FN void k_gdn_l2norm(K_TGM float *a, k_u32 d, float eps, K_TGM float *part, k_u32 tid, k_u32 tgs) {
+    float s = 0.0f;
+    for (k_u32 i = tid; i < d; i += tgs) s += K_LD(a, i) * K_LD(a, i);
+    const float nf = (float)d;
+    const float mean = k_tg_sum(s, part, tid, tgs) / nf;
+    const float scale = 1.0f / k_sqrt(mean + eps / nf), s2 = 1.0f / k_sqrt(nf);
+    for (k_u32 i = tid; i < d; i += tgs) K_ST(a, i, (K_LD(a, i) * scale) * s2);
+    K_BARRIER();
+}
+
+/* One threadgroup per value head j (K_GX); thread m owns state rows m,
+ * m + K_TG_SIZE, ...: decay, S.k, the rank-1 update and S.q run serially
+ * over the row in the CPU's order, in float (the CPU's dot sums in double:
+ * the tolerance is derived in docs/gpu.md). */
+K_KERNEL(gdn_delta) {
+    K_CHECK_TAG(gdn_delta);
+    if (p.d == 0u || p.d > K_GDN_MAX_D || p.n_k == 0u) {
+        k_raise(status, K_ERR_SHAPE);
+        return;
+    }
+    K_TG_ARRAY(float, qn, K_GDN_MAX_D);
+    K_TG_ARRAY(float, kn, K_GDN_MAX_D);
+    K_TG_ARRAY(float, on, K_GDN_MAX_D);
+    K_TG_ARRAY(float, part, 32);
+#ifdef PLANT_GDN_WRONG_KHEAD
+    /* planted fault (tests must turn red): grouped instead of tiled v -> k heads */
+    const k_u32 j = K_GX, d = p.d, kh = j / ((p.n_v + p.n_k - 1u) / p.n_k);
+#else
+    const k_u32 j = K_GX, d = p.d, kh = j % p.n_k; /* tiled (spec §3.8, pitfall 3) */
+#endif
+    if (j >= p.n_v) return; /* a whole threadgroup */
+    for (k_u32 i = K_TID; i < d; i += K_TG_SIZE) {
+        K_ST(qn, i, K_LD(cv, kh * d + i));
+        K_ST(kn, i, K_LD(cv, (p.n_k + kh) * d + i));
+    }
+    K_BARRIER();
+    k_gdn_l2norm(qn, d, p.eps, part, K_TID, K_TG_SIZE);
+    k_gdn_l2norm(kn, d, p.eps, part, K_TID, K_TG_SIZE);
+    const float beta = 1.0f / (1.0f + k_exp(-K_LD(ab, j)));
+    const float a = K_LD(ab, p.n_v + j) + K_LD(hp, p.n_v + j);
+    const float sp = a > 20.0f ? a : k_log(1.0f + k_exp(a)); /* ggml's softplus */
+    const float decay = k_exp(K_LD(hp, j) * sp);
+    const float oscale = 1.0f / k_sqrt((float)d);
+    K_DEV float *S = s + j * d * d;
+    for (k_u32 m = K_TID; m < d; m += K_TG_SIZE) {
+        K_DEV float *Sm = S + m * d;
+        float u = 0.0f;
+        for (k_u32 i = 0; i < d; i++) {
+            const float sv = K_LD(Sm, i) * decay;
+            K_ST(Sm, i, sv);
+            u += sv * K_LD(kn, i);
+        }
+        const float dm = (K_LD(cv, (2u * p.n_k + j) * d + m) - u) * beta;
+        float o = 0.0f;
+        for (k_u32 i = 0; i < d; i++) {
+            const float sv = K_LD(Sm, i) + K_LD(kn, i) * dm;
+            K_ST(Sm, i, sv);
+            o += sv * K_LD(qn, i);
+        }
+        K_ST(on, m, o * oscale);
+    }
+    K_BARRIER();
+    /* gated RMSNorm: rmsnorm(o) * norm_w * SiLU(z) (ds4_rmsnorm, ds4_silu) */
+    float ss = 0.0f;
+    for (k_u32 m = K_TID; m < d; m += K_TG_SIZE) ss += K_LD(on, m) * K_LD(on, m);
+    const float mean = k_tg_sum(ss, part, K_TID, K_TG_SIZE) / (float)d;
+    const float scale = 1.0f / k_sqrt(mean + p.eps);
+    for (k_u32 m = K_TID; m < d; m += K_TG_SIZE) {
+        const float zm = K_LD(z, j * d + m);
+        const float y = (K_LD(on, m) * scale) * K_LD(hp, 2u * p.n_v + m);
+        K_ST(o, j * d + m, y * (zm / (1.0f + k_exp(-zm))));
+    }
+}
