@@ -67,6 +67,8 @@ struct ds4_dflash_ctx {
     uint8_t *qstore;
     uint8_t *xq;             /* quantized activation rows, xq_row bytes each */
     size_t xq_row;
+    uint8_t *xp;             /* the same packed for a multi-row kernel, xp_row bytes each */
+    size_t xp_row;
 };
 
 /* ---------------------------------------------------------------- math -- */
@@ -115,26 +117,72 @@ static void mm_fn(void *ctx, int64_t i0, int64_t i1, int ith) {
     }
 }
 
+/* Multi-row kernel calls take at most this many activation rows. */
+#define ROWS_CALL 8
+
+/* Activation rows prepared for one weight type: quantized to its paired
+ * type and, where the ISA has a multi-row kernel for the type, in that
+ * kernel's layout (each weight block then read once for all rows; the
+ * kernel is bit-identical to vec_dot per row, quants.h). */
 typedef struct {
     ds4_vec_dot_fn dot;
+    ds4_dot_rows_fn rows;        /* NULL: dot row by row */
+    const void *ptr[XQ_ROWS];
+    int64_t nr;
+} qrows;
+
+static void prep_rows(ds4_dflash_ctx *c, int type, const float *x, int64_t n, int64_t nr,
+                      qrows *q) {
+    const ds4_kernel_set *k = c->k;
+    int vdt = ds4_type_traits_table[type].vec_dot_type;
+    q->dot = k->vec_dot[type];
+    q->rows = k->dot_rows[type] && ds4_rows_act_bytes(k, type, n) <= c->xp_row ? k->dot_rows[type]
+                                                                               : NULL;
+    q->nr = nr;
+    for (int64_t r = 0; r < nr; r++) {
+        uint8_t *xr = c->xq + (size_t)r * c->xq_row;
+        k->from_float[vdt](x + r * n, xr, n);
+        q->ptr[r] = xr;
+        if (q->rows && k->pack_rows[type]) {
+            uint8_t *pr = c->xp + (size_t)r * c->xp_row;
+            k->pack_rows[type](xr, pr, n);
+            q->ptr[r] = pr;
+        }
+    }
+}
+
+/* s[r] = w . row r, for every prepared row. */
+static void dot_all(const qrows *q, int64_t n, const uint8_t *w, float *s) {
+    if (q->rows) {
+        for (int64_t r0 = 0; r0 < q->nr; r0 += ROWS_CALL)
+            q->rows(n, (int)(q->nr - r0 < ROWS_CALL ? q->nr - r0 : ROWS_CALL), s + r0, w,
+                    q->ptr + r0);
+        return;
+    }
+    for (int64_t r = 0; r < q->nr; r++)
+        q->dot(n, &s[r], w, q->ptr[r]);
+}
+
+typedef struct {
+    const qrows *q;
     const uint8_t *w;     /* n_out rows of w_rb bytes */
     size_t w_rb;
     int64_t n_in, n_out;
-    const uint8_t *x;     /* n_rows quantized rows of x_rb bytes */
-    size_t x_rb;
     float *y;
-    int64_t y_stride, n_rows;
+    int64_t y_stride;
 } mmq_args;
 
 static void mmq_fn(void *ctx, int64_t i0, int64_t i1, int ith) {
     (void)ith;
     const mmq_args *a = ctx;
+    float s[XQ_ROWS];
     for (int64_t it = i0; it < i1; it++) {
         int64_t o0 = it * MM_BLOCK, o1 = o0 + MM_BLOCK < a->n_out ? o0 + MM_BLOCK : a->n_out;
-        for (int64_t o = o0; o < o1; o++)
-            for (int64_t r = 0; r < a->n_rows; r++)
-                a->dot(a->n_in, &a->y[r * a->y_stride + o], a->w + (size_t)o * a->w_rb,
-                       a->x + (size_t)r * a->x_rb);
+        for (int64_t o = o0; o < o1; o++) {
+            dot_all(a->q, a->n_in, a->w + (size_t)o * a->w_rb, s);
+            for (int64_t r = 0; r < a->q->nr; r++)
+                a->y[r * a->y_stride + o] = s[r];
+        }
     }
 }
 
@@ -154,11 +202,9 @@ static void mm(ds4_dflash_ctx *c, const float *w, int64_t n_in, int64_t n_out, c
     if (wq) {
         for (int64_t r0 = 0; r0 < n_rows; r0 += XQ_ROWS) {
             int64_t m = n_rows - r0 < XQ_ROWS ? n_rows - r0 : XQ_ROWS;
-            for (int64_t r = 0; r < m; r++)
-                c->k->from_float[DS4_TYPE_Q8_0](x + (r0 + r) * n_in, c->xq + (size_t)r * c->xq_row,
-                                                n_in);
-            mmq_args a = {c->k->vec_dot[DS4_TYPE_Q8_0], wq, q8_row_bytes(n_in), n_in, n_out,
-                          c->xq, c->xq_row, y + r0 * y_stride, y_stride, m};
+            qrows q;
+            prep_rows(c, DS4_TYPE_Q8_0, x + r0 * n_in, n_in, m, &q);
+            mmq_args a = {&q, wq, q8_row_bytes(n_in), n_in, n_out, y + r0 * y_stride, y_stride};
             ds4_pool_for(c->pool, (n_out + MM_BLOCK - 1) / MM_BLOCK, mmq_fn, &a);
         }
         return;
@@ -186,7 +232,7 @@ static void ctx_release(ds4_dflash_ctx *c) {
     free(c->h), free(c->a), free(c->q), free(c->kb), free(c->vb), free(c->o), free(c->t);
     free(c->g), free(c->u), free(c->logits), free(c->scores), free(c->head_rows);
     free(c->cfc), free(c->cx);
-    free(c->qm), free(c->qstore), free(c->xq);
+    free(c->qm), free(c->qstore), free(c->xq), free(c->xp);
     if (c->pool)
         ds4_pool_free(c->pool);
     free(c);
@@ -224,18 +270,25 @@ static int quantize_matrices(ds4_dflash_ctx *c, ds4_error *err) {
         for (int j = 0; j < 7; j++)
             ws[1 + 7 * l + j] = m[j], ins[1 + 7 * l + j] = in[j], outs[1 + 7 * l + j] = o[j];
     }
+    const ds4_tensor *head = ds4_model_head(d->target);
     size_t total = 0, max_row = head_act_bytes(c, E);
+    size_t max_packed = ds4_rows_act_bytes(c->k, head->type, E);
     for (int i = 0; i < n; i++)
         if (ins[i] % QK8_0 == 0) {
             total += q8_row_bytes(ins[i]) * (size_t)outs[i];
             if (q8_row_bytes(ins[i]) > max_row)
                 max_row = q8_row_bytes(ins[i]);
+            size_t pb = ds4_rows_act_bytes(c->k, DS4_TYPE_Q8_0, ins[i]);
+            if (pb > max_packed)
+                max_packed = pb;
         }
     c->qm = calloc((size_t)n, sizeof *c->qm);
     c->qstore = malloc(total ? total : 1);
     c->xq_row = max_row;
     c->xq = malloc((size_t)XQ_ROWS * max_row);
-    if (!c->qm || !c->qstore || !c->xq)
+    c->xp_row = max_packed;
+    c->xp = malloc((size_t)XQ_ROWS * max_packed + 1);
+    if (!c->qm || !c->qstore || !c->xq || !c->xp)
         return ds4_fail(err, DS4_ERR_NOMEM, "DFlash context: out of memory");
     uint8_t *q = c->qstore;
     for (int i = 0; i < n; i++) {
@@ -444,7 +497,7 @@ typedef struct {
     ds4_dflash_ctx *c;
     const float *y;       /* rows x n_embd: the final-normed draft rows */
     int64_t rows;
-    const uint8_t *xq;    /* fast precision: y quantized to the head's paired type */
+    const qrows *q;       /* fast precision: y prepared for the head's type */
 } head_args;
 
 static void head_fn(void *ctx, int64_t i0, int64_t i1, int ith) {
@@ -460,11 +513,16 @@ static void head_fn(void *ctx, int64_t i0, int64_t i1, int ith) {
             const uint8_t *w = head->data + (size_t)v * head->row_bytes;
             if (!dotf)
                 c->k->to_float[head->type](w, row, E);
+            if (a->q) {
+                float s[XQ_ROWS];
+                dot_all(a->q, E, w, s);
+                for (int64_t r = 0; r < a->rows; r++)
+                    c->logits[r * V + v] = s[r];
+                continue;
+            }
             for (int64_t r = 0; r < a->rows; r++) {
                 float s;
-                if (a->xq)
-                    c->k->vec_dot[head->type](E, &s, w, a->xq + (size_t)r * c->xq_row);
-                else if (dotf)
+                if (dotf)
                     dotf(E, &s, w, a->y + r * E);
                 else
                     s = dot_f32(row, a->y + r * E, E);
@@ -545,12 +603,10 @@ int ds4_dflash_propose_n(ds4_dflash_ctx *c, int32_t anchor, int64_t pos, int64_t
     for (int64_t r = 1; r <= n_drafts; r++)
         ds4_rmsnorm(c->h + r * E, d->out_norm, c->a + (r - 1) * E, E, cf->rms_eps);
     head_args ha = {c, c->a, n_drafts, NULL};
+    qrows hq;
     if (c->qm && head_act_bytes(c, E)) {
-        const ds4_tensor *head = ds4_model_head(d->target);
-        int vdt = ds4_type_traits_table[head->type].vec_dot_type;
-        for (int64_t r = 0; r < n_drafts; r++)
-            c->k->from_float[vdt](c->a + r * E, c->xq + (size_t)r * c->xq_row, E);
-        ha.xq = c->xq;
+        prep_rows(c, ds4_model_head(d->target)->type, c->a, E, n_drafts, &hq);
+        ha.q = &hq;
     }
     ds4_pool_for(c->pool, (d->n_vocab + HEAD_BLOCK - 1) / HEAD_BLOCK, head_fn, &ha);
     c->n_logit_rows = n_drafts;
