@@ -60,7 +60,11 @@ Bytes charged (the budget)
   with head priming keeps it for positions [1, n)) is charged the same way:
   its pages (one K and one V allocation of the head's one attention layer,
   ``head_page_bytes``, counted from the head's first position) are tracked
-  by identity like the trunk's and charged once. When the total
+  by identity like the trunk's and charged once. A snapshot taken through a
+  DFlash drafter's TapSession carries the taps of its history (n x n_taps x
+  n_embd floats: the drafter's context, so a hit keeps drafting); the
+  snapshots of one history share one buffer, which is charged once, whole
+  (its spare capacity is memory held too). When the total
   exceeds ``budget_bytes`` the least recently used entries (an entry is used
   when it is taken or restored from) are evicted, which closes their
   snapshots; a page is freed when no entry or session holds it any more.
@@ -112,14 +116,16 @@ class _Node:
 
 
 class _Entry:
-    __slots__ = ("node", "snap", "pages", "head_pages", "own")
+    __slots__ = ("node", "snap", "pages", "head_pages", "own", "taps")
 
-    def __init__(self, node: _Node, snap: Snapshot, pages: tuple, head_pages: tuple, own: int):
+    def __init__(self, node: _Node, snap: Snapshot, pages: tuple, head_pages: tuple, own: int,
+                 taps=None):
         self.node = node
         self.snap = snap
         self.pages = pages  # the ids of KV pages [0, ceil(n / BLOCK)) it holds
         self.head_pages = head_pages  # the ids of the nextn head's KV pages
         self.own = own      # Snapshot.nbytes
+        self.taps = taps    # the DFlash tap buffer its snapshot records (or None)
 
 
 class _Track:
@@ -158,6 +164,9 @@ class PrefixCache:
         self._head_refs: dict[int, int] = {}  # nextn head page id -> entries holding it
         self._next_page = 0
         self._own_bytes = 0
+        # id(DFlash tap buffer) -> [buffer, entries holding it]
+        self._tap_refs: dict[int, list] = {}
+        self._tap_bytes = 0
         cfg = model.config
         n_attn = cfg.layer_kinds[:cfg.n_layers].count("attn")
         elem = 4 if model.precision == "exact" else 2  # KV type: session.c ds4_session_new
@@ -196,9 +205,10 @@ class PrefixCache:
     @property
     def nbytes(self) -> int:
         """Bytes charged against the budget: the entries' own bytes plus their
-        distinct KV pages, trunk and head (module doc)."""
+        distinct KV pages, trunk and head, and distinct DFlash tap buffers
+        (module doc)."""
         return (self._own_bytes + len(self._page_refs) * self.page_bytes
-                + len(self._head_refs) * self.head_page_bytes)
+                + len(self._head_refs) * self.head_page_bytes + self._tap_bytes)
 
     def __len__(self) -> int:
         return len(self._lru)
@@ -329,10 +339,17 @@ class PrefixCache:
         pages = tuple(track.pages)
         assert len(pages) == -(-len(key) // BLOCK)
         head_pages = self._head_track(track)
-        e = _Entry(node, snap, pages, head_pages, snap.nbytes)
+        from .dflash import snapshot_tap_buffer  # here: dflash imports the spec package
+
+        e = _Entry(node, snap, pages, head_pages, snap.nbytes, snapshot_tap_buffer(snap))
         node.entry = e
         self._lru[e] = None
         self._own_bytes += e.own
+        if e.taps is not None:
+            ref = self._tap_refs.setdefault(id(e.taps), [e.taps, 0])
+            if ref[1] == 0:
+                self._tap_bytes += e.taps.nbytes
+            ref[1] += 1
         for p in pages:
             self._page_refs[p] = self._page_refs.get(p, 0) + 1
         for p in head_pages:
@@ -347,6 +364,12 @@ class PrefixCache:
     def _remove(self, e: _Entry) -> None:
         del self._lru[e]
         self._own_bytes -= e.own
+        if e.taps is not None:
+            ref = self._tap_refs[id(e.taps)]
+            ref[1] -= 1
+            if ref[1] == 0:
+                del self._tap_refs[id(e.taps)]
+                self._tap_bytes -= e.taps.nbytes
         for refs, pages in ((self._page_refs, e.pages), (self._head_refs, e.head_pages)):
             for p in pages:
                 c = refs[p] - 1

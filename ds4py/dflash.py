@@ -32,8 +32,9 @@ that asks every eval and verify for the tapped layers' rows:
   carries no taps: the session is then not drafting-ready until
   :meth:`TapSession.rebuild` re-evaluates the prefix for its taps (what
   ds4py.generate does with a prefix-cache hit) -- ``admit`` says why
-  otherwise. Exactness never depends on any of it. The recorded taps are
-  not charged to a PrefixCache budget (n_taps x n_embd floats a position).
+  otherwise. Exactness never depends on any of it. A PrefixCache charges
+  the recorded taps (n_taps x n_embd floats a position) to its budget, each
+  shared history buffer once (:func:`snapshot_tap_buffer`).
 
 Rejected drafts never enter the context, so rollback is "context = committed
 positions" (``DFlashContext.truncate`` for anything else).
@@ -66,6 +67,17 @@ _SNAPSHOT_TAPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 # row's taps are needed, so the eval keeps every row's logits too; pieces
 # bound that to PIECE x vocab floats (batch invariance: same results).
 PIECE = 256
+
+
+def snapshot_tap_buffer(snap) -> np.ndarray | None:
+    """The array holding ``snap``'s recorded taps (None: it carries none).
+    The snapshots of one history share it (they record views of it), so a
+    memory account charges each distinct buffer once (ds4py.cache)."""
+    rec = _SNAPSHOT_TAPS.get(snap)
+    if rec is None:
+        return None
+    taps = rec[1]
+    return taps if taps.base is None else taps.base
 
 
 def _check(status: int, err) -> None:

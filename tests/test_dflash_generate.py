@@ -171,6 +171,32 @@ def test_prefix_cache_hit_keeps_drafting(target, kw, monkeypatch):
         assert d["drafting"] and d["drafted"] > 0, d["refused"]
 
 
+def test_prefix_cache_charges_the_tap_history_once(target):
+    """Entries cached by a drafting request carry the DFlash taps of their
+    history (n_taps x n_embd floats a position) and the cache charges them:
+    the same entries cost more than a non-drafting request's by one history
+    buffer -- at least the longest entry's rows, and under the TapSession's
+    growth bound (capacity max(2 * rows, 64) when it last grew, so < 2 x the
+    rows + 64) rather than once per entry (3 entries would be ~3x). Clearing
+    the cache releases it."""
+    ids = [(7 * i + 3) % 480 for i in range(300)]
+    plain_cache, drafted_cache = PrefixCache(target), PrefixCache(target)
+    _cached_calls(target, ids, plain_cache, 1, draft=False, **GREEDY)
+    _cached_calls(target, ids, drafted_cache, 1, draft_depth=3, force_draft=True, **GREEDY)
+    entries = drafted_cache.entries()
+    assert entries == plain_cache.entries() and len(entries) >= 2
+    row = len(target.dflash.config.target_layers) * target.dflash.config.n_embd * 4
+    longest = max(n for n, _ in entries)
+    extra = drafted_cache.nbytes - plain_cache.nbytes
+    assert longest * row <= extra < (2 * longest + 64) * row, (extra / row, longest)
+    # a second identical request hits and adds no entry: nothing more charged
+    _cached_calls(target, ids, drafted_cache, 1, draft_depth=3, force_draft=True, **GREEDY)
+    assert drafted_cache.entries() == entries
+    assert drafted_cache.nbytes - plain_cache.nbytes == extra
+    drafted_cache.clear()
+    assert drafted_cache.nbytes == 0
+
+
 def test_prefix_cache_hit_on_a_snapshot_without_taps(target):
     """An entry cached by a request that did not draft carries no taps: the
     DFlash request rebuilds its context from the prefix and still drafts."""
