@@ -240,6 +240,8 @@ def test_paths_report(force_scalar, on):
         assert any(kind in ln for ln in mine), mine
     assert any(ln.startswith("head") for ln in lines)
     assert any("split-K decode" in ln for ln in lines)
+    # matmul.c names its weight prefetch with the kernel (every ISA)
+    assert all("prefetch 4096 B" in ln for ln in lines if "matvec" in ln or "gemm" in ln)
     if force_scalar:
         assert "scalar vec_dot" in r.stderr
         assert "q8x rows" not in r.stderr and "gdn_row (SIMD)" not in r.stderr

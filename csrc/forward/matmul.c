@@ -46,6 +46,23 @@
 #define MM_ROWS_CALL 8
 /* Values quantized per piece before packing (whole Q8_0 block pairs). */
 #define MM_PACK_PIECE 256
+/* Software prefetch distance in weight bytes. A decode step streams every
+ * weight once, and the hardware prefetcher alone does not keep a thread's
+ * stream ahead of the kernels: timing one decode step's matvecs over the
+ * real weights of the 0.8B Q4_K_M bench model (2 threads, AVX-512, 2-core
+ * Xeon VM whose read bandwidth measures 21.5 GB/s), they ran at 13-16 GB/s
+ * without, ~20 GB/s with the lines 1 KiB ahead and ~22.7 GB/s with 4 KiB
+ * (8 KiB: no better) requested while the current row is computed.
+ * Prefetches never fault and never change a value. */
+#define MM_PREFETCH_BYTES 4096
+
+/* Ask for the cache lines of [row, row + row_bytes) MM_PREFETCH_BYTES ahead,
+ * clipped to the matrix end (nothing past the job's weights is touched). */
+static inline void prefetch_ahead(const uint8_t *row, size_t row_bytes, const uint8_t *end) {
+    const uint8_t *p = row + MM_PREFETCH_BYTES, *q = p + row_bytes;
+    if (q > end) q = end;
+    for (; p < q; p += 64) __builtin_prefetch(p, 0, 3);
+}
 
 ds4_mm_job ds4_mm(const ds4_tensor *t, int64_t expert, int64_t row0, int64_t n_out,
                   const float *x, int64_t x_stride, float *y, int64_t y_stride,
@@ -147,7 +164,10 @@ static void mm_rows_tile(const mm_ctx *c, int j, int64_t o0, int64_t o1) {
             const int64_t xr = jb->x_idx ? jb->x_idx[r0 + r] : r0 + r;
             ptr[r] = c->act[j] + (size_t)xr * c->act_stride[j];
         }
+        const uint8_t *end = jb->w + (size_t)jb->n_out * jb->row_bytes;
         for (int64_t o = o0; o < o1; o++) {
+            /* later row chunks find the tile's weights in cache */
+            if (r0 == 0) prefetch_ahead(jb->w + (size_t)o * jb->row_bytes, jb->row_bytes, end);
             c->rows[j](jb->n_in, nr, s, jb->w + (size_t)o * jb->row_bytes, ptr);
             for (int r = 0; r < nr; r++) {
                 const int64_t yr = jb->y_idx ? jb->y_idx[r0 + r] : r0 + r;
@@ -172,8 +192,10 @@ static void mm_items(void *vctx, int64_t i0, int64_t i1, int ith) {
             mm_rows_tile(c, j, o0, o1);
             continue;
         }
+        const uint8_t *end = jb->w + (size_t)jb->n_out * jb->row_bytes;
         for (int64_t o = o0; o < o1; o++) {
             const uint8_t *w = jb->w + (size_t)o * jb->row_bytes;
+            prefetch_ahead(w, jb->row_bytes, end);
             for (int64_t r = 0; r < jb->n_rows; r++) {
                 const int64_t xr = jb->x_idx ? jb->x_idx[r] : r;
                 const void *x = act ? (const void *)(act + (size_t)xr * c->act_stride[j])
@@ -260,10 +282,11 @@ static void note_paths(const ds4_fwd *f, const mm_ctx *c) {
         snprintf(op, sizeof op, "%s %s%s", jb->n_rows > 1 ? "gemm" : "matvec",
                  ds4_type_traits_table[jb->type].name, jb->x_idx ? " (experts)" : "");
         if (c->rows[j])
-            snprintf(var, sizeof var, "%s", f->k->dot_rows_name[jb->type]);
+            snprintf(var, sizeof var, "%s, prefetch %d B", f->k->dot_rows_name[jb->type],
+                     MM_PREFETCH_BYTES);
         else
-            snprintf(var, sizeof var, "%s %s, one row per call", f->k->isa_name,
-                     f->fast ? "vec_dot" : "vec_dot_f32");
+            snprintf(var, sizeof var, "%s %s, one row per call, prefetch %d B", f->k->isa_name,
+                     f->fast ? "vec_dot" : "vec_dot_f32", MM_PREFETCH_BYTES);
         ds4_path_note(f->path_layer, op, var);
     }
 }

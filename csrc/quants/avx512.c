@@ -10,9 +10,13 @@
  *  - 32-wide blocks x Q8_0/Q8_1: one ymm vpdpbusd per block for the integer
  *    dot (unsigned codes directly; signed codes through the |x| * sign(x)*y
  *    trick, as in avx2.c);
- *  - Q4_K/Q5_K/Q6_K x Q8_K: 64 codes per zmm, vpmaddubsw then vpdpwssd
- *    applies the sub-block scales and accumulates in one instruction;
- *    IQ4_XS the same on ymm;
+ *  - Q4_K/Q6_K x Q8_K: 64 codes per zmm, vpdpbusd sums of 4 products,
+ *    two vectors' sums narrowed to int16 (exact) and vpdpwssd applies the
+ *    scales (k_pair); one kernel per type serves one row and groups of up
+ *    to 8 activation rows (the GEMM), so a row's bits never depend on the
+ *    batch;
+ *  - Q5_K x Q8_K: vpmaddubsw then vpdpwssd applies the sub-block scales
+ *    and accumulates in one instruction; IQ4_XS the same on ymm;
  *  - Q4_64A/Q2_64A x Q8_0: a whole 64-wide block per zmm, vpdpbusd for
  *    sum(q*a) and sum(a).
  * to_float, from_float and the quantized x f32 dots stay AVX2 (they are
@@ -392,81 +396,114 @@ static inline __m512i k4_scale_idx0(void) {
     return _mm512_mask_blend_epi16(UPPER16, _mm512_setzero_si512(), _mm512_set1_epi16(1));
 }
 
-static void dot_q4_k(int64_t n, float *s, const void *vx, const void *vy) {
-    const block_q4_K *x = vx;
-    const block_q8_K *y = vy;
-    const __m512i m4 = _mm512_set1_epi8(0x0F), two = _mm512_set1_epi16(2);
-    __m512 acc = _mm512_setzero_ps();
-    __m256 accm = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n / QK_K; i++) {
-        uint8_t sm[16];
-        k4_scales(x[i].scales, sm);
-        const __m512i sc = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sm)));
-        __m512i idx = k4_scale_idx0();
-        __m512i isum = _mm512_setzero_si512(); /* per lane <= 4 * 63 * 2*3810 < 2^21 */
-        for (int c = 0; c < 4; c++) {
-            /* [q | q]: low nibbles in the lower half, high nibbles in the upper */
-            __m512i q = _mm512_broadcast_i64x4(load32(x[i].qs + 32 * c));
-            __m512i codes = _mm512_and_si512(_mm512_mask_srli_epi16(q, UPPER16, q, 4), m4);
-            __m512i p16 = _mm512_maddubs_epi16(codes, _mm512_loadu_si512(y[i].qs + 64 * c));
-            isum = _mm512_dpwssd_epi32(isum, p16, _mm512_permutexvar_epi16(idx, sc));
-            idx = _mm512_add_epi16(idx, two);
-        }
-        const float dy = y[i].d;
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(dy * h2f(x[i].d)), _mm512_cvtepi32_ps(isum), acc);
-        accm = _mm256_fnmadd_ps(_mm256_set1_ps(dy * h2f(x[i].dmin)),
-                                _mm256_cvtepi32_ps(k4_min_terms(sm, y[i].bsums)), accm);
-    }
-    *s = hsum256(_mm256_add_ps(fold512(acc), accm));
+/* Q4_K scales and mins (as k4_scales) decoded in a register: 32-bit lanes
+ * [r0, r1, r2, r3], i.e. bytes 0..7 the eight 6-bit scales, 8..15 the mins.
+ * The 16-byte load covers scales[12] and the first 4 bytes of qs (inside
+ * the block); those 4 bytes are never used. No round trip through memory
+ * (a store of four words then an 8-byte reload defeats store forwarding). */
+static inline __m128i k4_scales_reg(const uint8_t *q) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)q);
+    const __m128i a = _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 1, 0, 0));  /* w0 w0 w1 w1 */
+    const __m128i w2 = _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 2, 2, 2));
+    const __m128i lo = _mm_and_si128(a, _mm_set1_epi8(0x3f));          /* r0, r2 */
+    /* ((w >> 6) & 3) << 4 per byte == (w >> 2) & 0x30 */
+    const __m128i hi = _mm_and_si128(_mm_srli_epi32(a, 2), _mm_set1_epi8(0x30));
+    const __m128i m = _mm_and_si128(_mm_srlv_epi32(w2, _mm_set_epi32(4, 0, 0, 0)),
+                                    _mm_set1_epi8(0x0f));
+    return _mm_blend_epi32(lo, _mm_or_si128(m, hi), 0xA);             /* r1, r3 */
 }
 
-/* The multi-row twin of dot_q4_k: per block the weight side (scales and
- * mins unpacked, the 64-code zmm of each 64-chunk, each chunk's scale
- * lanes, the min weights) is built once for up to ROWS_GROUP rows of Q8_K
- * (plain rows: its scale is already a float); per row the same vpmaddubsw /
- * vpdpwssd chain into isum, the same FMA into acc and FNMADD into accm, and
- * the same final fold: bit-identical to dot_q4_k row by row. */
+/* The integer core of the K-quant kernels below. Per 64-code vector v a
+ * vpdpbusd gives 16 int32 lanes, lane k the sum of codes 4k..4k+3 times
+ * their activations: |.| <= 4 * 63 * 128 < 2^15, so vpackssdw of two such
+ * vectors is exact (never saturates). Per 128-bit lane L the pack holds
+ * [4 lanes of v | 4 lanes of v+1], 16 codes each, and vpdpwssd multiplies
+ * each pair of them by the scale of its codes (the idx vectors below) and
+ * adds into the int32 sum. So a pair of 64-code vectors costs 2 vpdpbusd,
+ * 1 vpackssdw, 1 vpdpwssd per row instead of 2 x (vpmaddubsw + vpdpwssd):
+ * fewer port-0 multiplies. The integer result is exact whatever the order;
+ * the lane partition is what dot and rows kernels must share, and they do
+ * (one function, k_pair). */
+static inline __m512i k_pair(__m512i isum, __m512i c0, __m512i c1, const int8_t *y, __m512i scl) {
+    const __m512i z = _mm512_setzero_si512();
+    const __m512i p0 = _mm512_dpbusd_epi32(z, c0, _mm512_loadu_si512(y));
+    const __m512i p1 = _mm512_dpbusd_epi32(z, c1, _mm512_loadu_si512(y + 64));
+    return _mm512_dpwssd_epi32(isum, _mm512_packs_epi32(p0, p1), scl);
+}
+
+/* vpermw indices for k_pair's scale lanes: int16 lane 8L + p (L the 128-bit
+ * lane, p < 8) takes the scale of vector v (p < 4) or v + 1 (p >= 4), codes
+ * 16L.. of it. Q4_K (32 codes per scale; vector v = [sub-block 2v in L 0,1
+ * | 2v+1 in L 2,3]): scale 2v + (L >= 2) + 2(p >= 4), for v = 0 and 2.
+ * Q6_K (16 codes per scale; vector v = groups 4v..4v+3): scale
+ * 4v + L + 4(p >= 4), for v = 0 and 2. */
+static const int16_t k_idx_q4k[2][32] = {
+    {0, 0, 0, 0, 2, 2, 2, 2, 0, 0, 0, 0, 2, 2, 2, 2, 1, 1, 1, 1, 3, 3, 3, 3, 1, 1, 1, 1, 3, 3, 3, 3},
+    {4, 4, 4, 4, 6, 6, 6, 6, 4, 4, 4, 4, 6, 6, 6, 6, 5, 5, 5, 5, 7, 7, 7, 7, 5, 5, 5, 5, 7, 7, 7, 7}};
+static const int16_t k_idx_q6k[2][32] = {
+    {0, 0, 0, 0, 4, 4, 4, 4, 1, 1, 1, 1, 5, 5, 5, 5, 2, 2, 2, 2, 6, 6, 6, 6, 3, 3, 3, 3, 7, 7, 7, 7},
+    {8, 8, 8, 8, 12, 12, 12, 12, 9, 9, 9, 9, 13, 13, 13, 13,
+     10, 10, 10, 10, 14, 14, 14, 14, 11, 11, 11, 11, 15, 15, 15, 15}};
+
+/* isum's 16 lanes folded to 8 (exact int32 adds: lane j + lane j+8) in
+ * lanes 0..7, `other`'s lanes 8..15 kept: one vector holding the scaled
+ * code sums and the K-quant's 8-lane offset term (mins, or Q6_K's -32),
+ * so one convert and one FMA per row and block serve both. */
+static inline __m512i k_fold_with(__m512i isum, __m512i other) {
+    return _mm512_mask_add_epi32(other, 0x00FF, isum, _mm512_shuffle_i64x2(isum, isum, 0xEE));
+}
+
+/* Q4_K x Q8_K for g <= ROWS_GROUP activation rows (g = 1: the one-row dot
+ * dot_q4_k, the same function, so every row's result is the same for any
+ * g). Per block the weight side (codes of the four 64-code vectors, the two
+ * pairs' scale lanes, the min weights, [d x8 | -dmin x8]) is built once;
+ * per row two k_pair steps give the 16-lane isum, k_fold_with puts
+ * [isum folded to 8 | min_j * (bsums[2j] + bsums[2j+1])] in one vector,
+ * converted and FMA'd with d_y * [d | -dmin] (one rounding each, as the
+ * scalar products) into acc in block order; at the end fold512(acc) and
+ * one fixed-order hsum. */
 static inline __attribute__((always_inline)) void q4k_rows_group(
     int64_t n, int g, float *s, const block_q4_K *x, const void *const *vy) {
-    const __m512i m4 = _mm512_set1_epi8(0x0F), two = _mm512_set1_epi16(2);
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i idx01 = _mm512_loadu_si512(k_idx_q4k[0]), idx23 = _mm512_loadu_si512(k_idx_q4k[1]);
     __m512 acc[ROWS_GROUP];
-    __m256 accm[ROWS_GROUP];
     const block_q8_K *y[ROWS_GROUP];
     _Pragma("GCC unroll 8") for (int r = 0; r < g; r++) {
         acc[r] = _mm512_setzero_ps();
-        accm[r] = _mm256_setzero_ps();
         y[r] = vy[r];
     }
     for (int64_t i = 0; i < n / QK_K; i++) {
-        uint8_t sm[16];
-        k4_scales(x[i].scales, sm);
-        const __m512i sc = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sm)));
-        __m512i idx = k4_scale_idx0();
-        __m512i codes[4], scl[4];
+        const __m128i sm = k4_scales_reg(x[i].scales);
+        const __m512i sc = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(sm));
+        const __m512i scl01 = _mm512_permutexvar_epi16(idx01, sc);
+        const __m512i scl23 = _mm512_permutexvar_epi16(idx23, sc);
+        __m512i codes[4];
         for (int c = 0; c < 4; c++) {
-            __m512i q = _mm512_broadcast_i64x4(load32(x[i].qs + 32 * c));
+            /* [q | q]: low nibbles in the lower half, high nibbles in the upper */
+            const __m512i q = _mm512_broadcast_i64x4(load32(x[i].qs + 32 * c));
             codes[c] = _mm512_and_si512(_mm512_mask_srli_epi16(q, UPPER16, q, 4), m4);
-            scl[c] = _mm512_permutexvar_epi16(idx, sc);
-            idx = _mm512_add_epi16(idx, two);
         }
-        __m128i m16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(sm + 8)));
-        const __m256i mm = _mm256_set_m128i(_mm_unpackhi_epi16(m16, m16), _mm_unpacklo_epi16(m16, m16));
-        const float xd = h2f(x[i].d), xm = h2f(x[i].dmin);
+        /* upper 256 bits: int16 [m0 m0 m1 m1 .. m7 m7] against bsums[0..15] */
+        const __m128i m16 = _mm_cvtepu8_epi16(_mm_srli_si128(sm, 8));
+        const __m512i mm = _mm512_broadcast_i64x4(
+            _mm256_set_m128i(_mm_unpackhi_epi16(m16, m16), _mm_unpacklo_epi16(m16, m16)));
+        const __m512 xdm = _mm512_insertf32x8(_mm512_set1_ps(h2f(x[i].d)),
+                                              _mm256_set1_ps(-h2f(x[i].dmin)), 1);
         _Pragma("GCC unroll 8") for (int r = 0; r < g; r++) {
             const block_q8_K *b = &y[r][i];
-            __m512i isum = _mm512_setzero_si512();
-            for (int c = 0; c < 4; c++) {
-                __m512i p16 = _mm512_maddubs_epi16(codes[c], _mm512_loadu_si512(b->qs + 64 * c));
-                isum = _mm512_dpwssd_epi32(isum, p16, scl[c]);
-            }
-            const float dy = b->d;
-            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(dy * xd), _mm512_cvtepi32_ps(isum), acc[r]);
-            const __m256i mt = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)b->bsums), mm);
-            accm[r] = _mm256_fnmadd_ps(_mm256_set1_ps(dy * xm), _mm256_cvtepi32_ps(mt), accm[r]);
+            __m512i isum = k_pair(_mm512_setzero_si512(), codes[0], codes[1], b->qs, scl01);
+            isum = k_pair(isum, codes[2], codes[3], b->qs + 128, scl23);
+            const __m512i mt = _mm512_madd_epi16(
+                _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)b->bsums)), mm);
+            acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(b->d), xdm),
+                                     _mm512_cvtepi32_ps(k_fold_with(isum, mt)), acc[r]);
         }
     }
-    _Pragma("GCC unroll 8") for (int r = 0; r < g; r++)
-        s[r] = hsum256(_mm256_add_ps(fold512(acc[r]), accm[r]));
+    _Pragma("GCC unroll 8") for (int r = 0; r < g; r++) s[r] = hsum256(fold512(acc[r]));
+}
+
+static void dot_q4_k(int64_t n, float *s, const void *vx, const void *vy) {
+    q4k_rows_group(n, 1, s, vx, &vy);
 }
 
 ROWS_DISPATCH(dot_rows_q4_k, block_q4_K, q4k_rows_group, dot_q4_k)
@@ -505,113 +542,61 @@ static void dot_q5_k(int64_t n, float *s, const void *vx, const void *vy) {
     *s = hsum256(_mm256_add_ps(fold512(acc), accm));
 }
 
-static void dot_q6_k(int64_t n, float *s, const void *vx, const void *vy) {
-    const block_q6_K *x = vx;
-    const block_q8_K *y = vy;
-    /* int16 lane L of a 64-code zmm covers codes 2L, 2L+1, i.e. 16-group L/8:
-     * these pick scale (base + L/8) out of the 16 sign-extended scales. */
-    const __m512i idx0 = _mm512_set_epi64(0x0003000300030003LL, 0x0003000300030003LL,
-                                          0x0002000200020002LL, 0x0002000200020002LL,
-                                          0x0001000100010001LL, 0x0001000100010001LL,
-                                          0x0000000000000000LL, 0x0000000000000000LL);
-    const __m512i four = _mm512_set1_epi16(4);
-    const __m512i m4 = _mm512_set1_epi8(0x0F), m3 = _mm512_set1_epi8(3);
-    __m512 acc = _mm512_setzero_ps();
-    __m256 accc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n / QK_K; i++) {
-        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
-        const __m512i sc512 = _mm512_castsi256_si512(sc16);
-        /* Unsigned codes 0..63 (per lane <= 4 * 128 * 2*16002 < 2^24); the
-         * -32 offset comes back through the activation's 16-element sums. */
-        __m512i isum = _mm512_setzero_si512();
-        __m512i idx = idx0;
-        for (int c = 0; c < 2; c++) {
-            /* A 128-chunk: l = ql[0..63], h = [qh | qh] (32 bytes twice).
-             * Codes 0..63:   (l & 15) | ((h >> {0 | 2}) & 3) << 4
-             * Codes 64..127: (l >> 4) | ((h >> {4 | 6}) & 3) << 4
-             * ({lower | upper} half shifts; 16-bit shifts <= 6 never bring a
-             * neighbour byte's bits into the 2 or 4 bits kept). */
-            const __m512i l = _mm512_loadu_si512(x[i].ql + 64 * c);
-            const __m512i h = _mm512_broadcast_i64x4(load32(x[i].qh + 32 * c));
-            __m512i ha = _mm512_mask_srli_epi16(h, UPPER16, h, 2);
-            __m512i hb = _mm512_mask_srli_epi16(_mm512_srli_epi16(h, 4), UPPER16, h, 6);
-            __m512i qa = _mm512_or_si512(_mm512_and_si512(l, m4),
-                                         _mm512_slli_epi16(_mm512_and_si512(ha, m3), 4));
-            __m512i qb = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
-                                         _mm512_slli_epi16(_mm512_and_si512(hb, m3), 4));
-            __m512i p16 = _mm512_maddubs_epi16(qa, _mm512_loadu_si512(y[i].qs + 128 * c));
-            isum = _mm512_dpwssd_epi32(isum, p16, _mm512_permutexvar_epi16(idx, sc512));
-            idx = _mm512_add_epi16(idx, four);
-            p16 = _mm512_maddubs_epi16(qb, _mm512_loadu_si512(y[i].qs + 128 * c + 64));
-            isum = _mm512_dpwssd_epi32(isum, p16, _mm512_permutexvar_epi16(idx, sc512));
-            idx = _mm512_add_epi16(idx, four);
-        }
-        /* 32 * sum_g sc_g * bsum_g, exact int32 in 8 lanes */
-        __m256i corr = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)y[i].bsums));
-        const float d = y[i].d * h2f(x[i].d);
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(isum), acc);
-        accc = _mm256_fnmadd_ps(_mm256_set1_ps(d),
-                                _mm256_cvtepi32_ps(_mm256_slli_epi32(corr, 5)), accc);
-    }
-    *s = hsum256(_mm256_add_ps(fold512(acc), accc));
-}
-
-/* The multi-row twin of dot_q6_k: the 4 code zmm and 4 scale-lane zmm of
- * a block are decoded once for up to ROWS_GROUP rows; per row the same
- * integer chain (order of the vpdpwssd accumulations included), the same
- * FMA / FNMADD and final fold as dot_q6_k: bit-identical row by row. */
+/* Q6_K x Q8_K for g <= ROWS_GROUP rows (g = 1: dot_q6_k, the same function,
+ * so a row's result does not depend on g). Unsigned codes 0..63 (k_pair's
+ * bound holds); the -32 offset comes back through the activation's
+ * 16-element sums: sum_g (32 sc_g) * bsum_g, exact int32 (|32 sc| <= 4096,
+ * |bsum| <= 16 * 128), which k_fold_with puts beside the folded isum and
+ * one FMA with d_y * [d x8 | -d x8] applies. Per block the four 64-code
+ * vectors (codes 0..63 of each 128-chunk: (l & 15) | ((h >> {0|2}) & 3) << 4,
+ * codes 64..127: (l >> 4) | ((h >> {4|6}) & 3) << 4, {lower|upper} 32
+ * bytes, h = [qh | qh] of the chunk; 16-bit shifts <= 6 never bring a
+ * neighbour byte's bits into the bits kept) and the pairs' scale lanes are
+ * built once for all rows. */
 static inline __attribute__((always_inline)) void q6k_rows_group(
     int64_t n, int g, float *s, const block_q6_K *x, const void *const *vy) {
-    const __m512i idx0 = _mm512_set_epi64(0x0003000300030003LL, 0x0003000300030003LL,
-                                          0x0002000200020002LL, 0x0002000200020002LL,
-                                          0x0001000100010001LL, 0x0001000100010001LL,
-                                          0x0000000000000000LL, 0x0000000000000000LL);
-    const __m512i four = _mm512_set1_epi16(4);
     const __m512i m4 = _mm512_set1_epi8(0x0F), m3 = _mm512_set1_epi8(3);
+    const __m512i idx01 = _mm512_loadu_si512(k_idx_q6k[0]), idx23 = _mm512_loadu_si512(k_idx_q6k[1]);
     __m512 acc[ROWS_GROUP];
-    __m256 accc[ROWS_GROUP];
     const block_q8_K *y[ROWS_GROUP];
     _Pragma("GCC unroll 8") for (int r = 0; r < g; r++) {
         acc[r] = _mm512_setzero_ps();
-        accc[r] = _mm256_setzero_ps();
         y[r] = vy[r];
     }
     for (int64_t i = 0; i < n / QK_K; i++) {
         const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
         const __m512i sc512 = _mm512_castsi256_si512(sc16);
-        __m512i codes[4], scl[4]; /* in dot_q6_k's order: qa, qb of chunk 0, then chunk 1 */
-        __m512i idx = idx0;
+        const __m512i scl01 = _mm512_permutexvar_epi16(idx01, sc512);
+        const __m512i scl23 = _mm512_permutexvar_epi16(idx23, sc512);
+        const __m512i sc32 = _mm512_broadcast_i64x4(_mm256_slli_epi16(sc16, 5));
+        __m512i codes[4];
         for (int c = 0; c < 2; c++) {
             const __m512i l = _mm512_loadu_si512(x[i].ql + 64 * c);
             const __m512i h = _mm512_broadcast_i64x4(load32(x[i].qh + 32 * c));
-            __m512i ha = _mm512_mask_srli_epi16(h, UPPER16, h, 2);
-            __m512i hb = _mm512_mask_srli_epi16(_mm512_srli_epi16(h, 4), UPPER16, h, 6);
+            const __m512i ha = _mm512_mask_srli_epi16(h, UPPER16, h, 2);
+            const __m512i hb = _mm512_mask_srli_epi16(_mm512_srli_epi16(h, 4), UPPER16, h, 6);
             codes[2 * c] = _mm512_or_si512(_mm512_and_si512(l, m4),
                                            _mm512_slli_epi16(_mm512_and_si512(ha, m3), 4));
             codes[2 * c + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
                                                _mm512_slli_epi16(_mm512_and_si512(hb, m3), 4));
-            scl[2 * c] = _mm512_permutexvar_epi16(idx, sc512);
-            idx = _mm512_add_epi16(idx, four);
-            scl[2 * c + 1] = _mm512_permutexvar_epi16(idx, sc512);
-            idx = _mm512_add_epi16(idx, four);
         }
         const float xd = h2f(x[i].d);
+        const __m512 xdd = _mm512_insertf32x8(_mm512_set1_ps(xd), _mm256_set1_ps(-xd), 1);
         _Pragma("GCC unroll 8") for (int r = 0; r < g; r++) {
             const block_q8_K *b = &y[r][i];
-            __m512i isum = _mm512_setzero_si512();
-            for (int c = 0; c < 4; c++) {
-                __m512i p16 = _mm512_maddubs_epi16(codes[c], _mm512_loadu_si512(b->qs + 64 * c));
-                isum = _mm512_dpwssd_epi32(isum, p16, scl[c]);
-            }
-            __m256i corr = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)b->bsums));
-            const float d = b->d * xd;
-            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(isum), acc[r]);
-            accc[r] = _mm256_fnmadd_ps(_mm256_set1_ps(d),
-                                       _mm256_cvtepi32_ps(_mm256_slli_epi32(corr, 5)), accc[r]);
+            __m512i isum = k_pair(_mm512_setzero_si512(), codes[0], codes[1], b->qs, scl01);
+            isum = k_pair(isum, codes[2], codes[3], b->qs + 128, scl23);
+            const __m512i corr = _mm512_madd_epi16(
+                _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)b->bsums)), sc32);
+            acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(b->d), xdd),
+                                     _mm512_cvtepi32_ps(k_fold_with(isum, corr)), acc[r]);
         }
     }
-    _Pragma("GCC unroll 8") for (int r = 0; r < g; r++)
-        s[r] = hsum256(_mm256_add_ps(fold512(acc[r]), accc[r]));
+    _Pragma("GCC unroll 8") for (int r = 0; r < g; r++) s[r] = hsum256(fold512(acc[r]));
+}
+
+static void dot_q6_k(int64_t n, float *s, const void *vx, const void *vy) {
+    q6k_rows_group(n, 1, s, vx, &vy);
 }
 
 ROWS_DISPATCH(dot_rows_q6_k, block_q6_K, q6k_rows_group, dot_q6_k)
