@@ -42,7 +42,8 @@ typedef enum {
     DS4_ERR_BAD_OFFSET = 22,     /* misaligned, outside data, wrapping */
     DS4_ERR_OVERLAP = 23,        /* two tensors share bytes */
     DS4_ERR_DUPLICATE_TENSOR = 24,
-    DS4_ERR_NOT_FOUND = 25
+    DS4_ERR_NOT_FOUND = 25,
+    DS4_ERR_INTERNAL = 26        /* a self-check found the core inconsistent (ds4_pool_check) */
 } ds4_status;
 
 typedef struct {
@@ -168,6 +169,12 @@ const char *ds4_matmul_rows_kernel(int isa, int type);
  * CPU benchmark's bandwidth bound (bench/bench_cpu.py). */
 enum { DS4_MEMBW_READ = 0, DS4_MEMBW_TRIAD = 1 };
 int ds4_membw(int n_threads, int kind, size_t bytes, int reps, double *gbps, ds4_error *err);
+
+/* The thread pool under stress (csrc/pool.c, for tests): n_jobs jobs of
+ * 1..max_items items on n_threads threads, item i of job j writing j into
+ * slot i; fails, naming the job and item, unless every item of every job
+ * ran exactly once and before its job returned. */
+int ds4_pool_check(int n_threads, int n_jobs, int64_t max_items, ds4_error *err);
 
 /* DS4PY_PATHS=1 (read once, at the core's first check): the forward pass
  * records which kernel variant each layer's matvec / GEMM, attention, GDN
