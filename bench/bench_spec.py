@@ -30,7 +30,9 @@ MTP head). ``make bench-spec`` runs this.
    (process time: on a loaded machine the least noisy figure with one
    thread), acceptance (accepted / drafted), mean accepted length (tokens
    per drafting round) and, for adaptive, the depth histogram of the last
-   repetition.
+   repetition, with the costs adaptive measured (verify per width, draft
+   step, round overhead, in plain steps) and the acceptance per draft
+   position at depth 4 -- the breakdown of what limits the speed-up.
 
 Not a test: numbers depend on the machine and its load.
 """
@@ -98,6 +100,8 @@ def run_workload(model, prompts, n, reps) -> dict:
             toks = secs = cpu = 0.0
             drafted = accepted = rounds = round_tokens = 0
             depth_counts: dict = {}
+            tried: dict = {}
+            ok: dict = {}
             for text, chat in prompts:
                 c0 = time.process_time()
                 g = ds4py.generate(model, text, max_tokens=n, temperature=0, chat=chat, **kw)
@@ -117,6 +121,10 @@ def run_workload(model, prompts, n, reps) -> dict:
                 round_tokens += d.get("mean_accepted_length", 0.0) * dr
                 for k, v in (d.get("depth_counts") or {}).items():
                     depth_counts[k] = depth_counts.get(k, 0) + v
+                for k, v in (d.get("depth_tried") or {}).items():
+                    tried[k] = tried.get(k, 0) + v
+                for k, v in (d.get("depth_accepted") or {}).items():
+                    ok[k] = ok.get(k, 0) + v
             if rep:
                 r = res[name]
                 r["tps"].append(toks / secs if secs else 0.0)
@@ -124,6 +132,8 @@ def run_workload(model, prompts, n, reps) -> dict:
                 r["last"] = {"acceptance": accepted / drafted if drafted else None,
                              "mean_accepted_length": round_tokens / rounds if rounds else None,
                              "depth_counts": dict(sorted(depth_counts.items())),
+                             "acceptance_per_depth": {k: ok.get(k, 0) / v
+                                                      for k, v in sorted(tried.items())},
                              "policy": d.get("policy")}
     return res
 
@@ -155,8 +165,9 @@ def main() -> None:
     base_v = statistics.median(vt[1])
     for w, v in vt.items():
         med = statistics.median(v)
+        # one verify + accept of w rows in width-1 steps: w * (tok/s at 1) / (tok/s at w)
         print(f"  width {w:2d}: {min(v):8.0f} {med:8.0f} {max(v):8.0f}   x{med / base_v:.2f} "
-              f"vs width 1")
+              f"vs width 1   verify({w}) = {w * base_v / med:.2f} width-1 steps")
         report["verify"][w] = {"min": min(v), "median": med, "max": max(v)}
 
     for wl in args.workload or list(WORKLOADS):
@@ -184,10 +195,22 @@ def main() -> None:
                                             "depth_counts")}}
             if mode == "adaptive" and last.get("policy") and "costs" in last["policy"]:
                 c = last["policy"]["costs"]
-                print(f"            adaptive's costs: plain {c['plain_s'] * 1e3:.3f} ms, "
+                pl = c["plain_s"]
+                per_w = ", ".join(f"{w}: {t / pl:.2f}" for w, t in
+                                  (c.get("verify_s_per_width") or {}).items())
+                print(f"            adaptive's costs: plain {pl * 1e3:.3f} ms, "
                       f"verify(w) = {c['verify_a_s'] * 1e3:.3f} + {c['verify_b_s'] * 1e3:.3f} w"
                       f" ms, draft step {c['draft_step_s'] * 1e3:.3f} ms, round overhead "
                       f"{c['overhead_s'] * 1e3:.3f} ms")
+                print(f"            in plain steps: verify per width {{{per_w}}}, draft step "
+                      f"{c['draft_step_s'] / pl:.2f}, overhead {c['overhead_s'] / pl:.2f}")
+        # acceptance per draft position d (P(d accepted | 1..d-1 were)), from
+        # the deepest fixed depth: what limits the deeper rounds
+        apd = (res["depth 4"]["last"] or {}).get("acceptance_per_depth") or {}
+        if apd:
+            print("  acceptance per draft position (depth 4): "
+                  + ", ".join(f"{k}: {v:.3f}" for k, v in apd.items()))
+            report["workloads"][wl]["acceptance_per_position"] = apd
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(report, f, indent=1)

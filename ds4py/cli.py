@@ -95,6 +95,9 @@ def _sampling_opts() -> argparse.ArgumentParser:
                    help="a DFlash drafter GGUF to draft with (instead of the nextn head)")
     d.add_argument("--force-draft", action="store_true",
                    help="draft with a pairing the table does not know (REFUSE_UNKNOWN)")
+    d.add_argument("--spec-sampling", choices=("exact", "rejection"), default=None,
+                   help="sampled drafting: exact = output identical to no drafting (default); "
+                        "rejection = sampled drafts, standard speculative (rejection) sampling")
     g.add_argument("--no-think", action="store_true",
                    help="ask the chat template for no reasoning block")
     return p
@@ -295,7 +298,7 @@ def _draft_kwargs(args) -> dict:
     if args.draft_depth is not None and args.draft_depth < 0:
         raise CliError(f"--draft-depth must be >= 0, got {args.draft_depth}")
     return dict(draft=False if args.no_draft else None, draft_depth=args.draft_depth,
-                force_draft=args.force_draft)
+                force_draft=args.force_draft, spec_sampling=args.spec_sampling)
 
 
 def _sampling_kwargs(args) -> dict:

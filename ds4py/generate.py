@@ -334,7 +334,8 @@ def stream_generate(model, prompt, *, max_tokens: int = 256,
                     return_prompt_logits: bool = False,
                     cache=None, draw: str | None = None, draft: bool | None = None,
                     draft_depth: int | None = None, force_draft: bool = False,
-                    draft_policy=None, drafter=None) -> Iterator[GenerationChunk]:
+                    draft_policy=None, drafter=None,
+                    spec_sampling: str | None = None) -> Iterator[GenerationChunk]:
     """Generate from ``prompt``, yielding a :class:`GenerationChunk` per sampled
     token (and one final chunk for an end-of-generation token). The last chunk
     carries ``finish_reason`` and the whole :class:`Generation`. Arguments as
@@ -358,7 +359,8 @@ def generate(model, prompt, *, max_tokens: int = 256, sampling: SamplingParams |
              parse_special: bool = True, parse_output: bool | None = None,
              return_prompt_logits: bool = False, cache=None, draw: str | None = None,
              draft: bool | None = None, draft_depth: int | None = None,
-             force_draft: bool = False, draft_policy=None, drafter=None) -> Generation:
+             force_draft: bool = False, draft_policy=None, drafter=None,
+             spec_sampling: str | None = None) -> Generation:
     """Generate a reply to ``prompt`` (messages, text or token ids; see the module
     docstring) and return a :class:`Generation`.
 
@@ -381,7 +383,10 @@ def generate(model, prompt, *, max_tokens: int = 256, sampling: SamplingParams |
     seed and position). Speculative decoding (module doc): ``draft``
     None = auto, False = off; ``draft_depth`` fixes the depth;
     ``force_draft`` overrides an unknown pairing; ``draft_policy`` /
-    ``drafter`` replace the adaptive policy / the nextn head.
+    ``drafter`` replace the adaptive policy / the nextn head;
+    ``spec_sampling``: how sampled rounds decide, "exact" (default: output
+    identical to undrafted) or "rejection" (stochastic drafting with
+    standard speculative sampling; ds4py.spec.runner).
     """
     kw = locals()
     gen = _run(model, prompt, max_tokens, sampling, kw, stop, chat, system,
@@ -447,7 +452,8 @@ def _run(model, prompt, max_tokens, sampling, kw, stop, chat, system, enable_thi
     if sampler is not None and params.penalties_on:
         sampler.accept_many(ids[-params.repeat_last_n:])
     plan = draft_plan(model, kw.get("draft"), kw.get("draft_depth"),
-                      bool(kw.get("force_draft")), kw.get("draft_policy"), kw.get("drafter"))
+                      bool(kw.get("force_draft")), kw.get("draft_policy"), kw.get("drafter"),
+                      sampling=kw.get("spec_sampling"))
     if plan.active:
         return _spec_loop(model, ids, text, session, own, max_tokens, params, sampler, matcher,
                           tok, eog, parser, n_logprobs, return_prompt_logits, cache, emit,
@@ -651,7 +657,7 @@ def _spec_loop(model, ids, text, session, own, max_tokens, params, sampler, matc
         dflash = isinstance(plan.drafter, DFlashDrafter)
         s = plan.drafter.session(base) if dflash else base
         run = SpecRunner(model, s, plan.policy, plan.drafter, pick,
-                         greedy=sampler is None)
+                         greedy=sampler is None, sampler=sampler, sampling=plan.sampling)
 
         def prepare():
             # a restored snapshot that carries no taps (taken by a request

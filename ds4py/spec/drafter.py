@@ -86,6 +86,18 @@ class Drafter:
     def propose(self, state: DraftState, k: int) -> list[int]:
         raise NotImplementedError
 
+    # a drafter that can sample its drafts (stochastic drafting, rejection
+    # sampling: ds4py.spec.runner sampling="rejection") overrides this
+    can_sample = False
+
+    def propose_dist(self, state: DraftState, k: int, dist, uniforms) -> tuple[list, list]:
+        """k drafts *sampled* from the drafter's own distribution q under the
+        target's sampling transform: ``dist(logits)`` gives q (a probability
+        vector over the vocabulary, float64) for a row of the drafter's
+        logits, and draft j is drawn from it with ``uniforms[j]``
+        (:func:`ds4py.spec.rejection.draw_from`). Returns (drafts, q rows)."""
+        raise DraftError(f"{self.name}: this drafter cannot sample its drafts")
+
     def finish(self, session) -> None:
         """The generation ended."""
 
@@ -145,6 +157,31 @@ class NextnDrafter(Drafter):
             out.append(tok)
         self.draft_steps += k
         return out
+
+    can_sample = True
+
+    def propose_dist(self, state: DraftState, k: int, dist, uniforms) -> tuple[list, list]:
+        """The chained head steps of :meth:`propose`, each draft drawn from
+        q = dist(head logits) instead of the argmax."""
+        from .rejection import draw_from
+
+        s = state.session
+        if not s.nextn_covered:
+            raise DraftError(f"the nextn head is not primed: drafting at {state.position} "
+                             f"needs rows 1..{state.position - 1}")
+        hid = state.last_hidden if state.last_hidden is not None else s.last_hidden()
+        toks: list[int] = []
+        qs: list = []
+        tok, pos = int(state.last_token), state.position
+        for j in range(k):
+            lg, hd = self.model.nextn_eval(s, [tok], np.asarray(hid)[None], [pos + j])
+            q = dist(lg[0])
+            tok = draw_from(q, uniforms[j])
+            hid = hd[0]
+            toks.append(tok)
+            qs.append(q)
+        self.draft_steps += k
+        return toks, qs
 
     def __repr__(self) -> str:
         return f"NextnDrafter({self.model.path!r})"

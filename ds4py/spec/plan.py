@@ -18,7 +18,10 @@ policy; each generation gets its own drafting context
 (:class:`ds4py.dflash.DFlashDrafter`, whose TapSession the loop uses).
 ``draft=False`` (``--no-draft``) turns it off, ``draft_depth=K``
 (``--draft-depth K``) fixes the depth (0 is off), ``force_draft``
-(``--force-draft``) overrides REFUSE_UNKNOWN only.
+(``--force-draft``) overrides REFUSE_UNKNOWN only, ``sampling``
+(``--spec-sampling``) picks how sampled rounds decide: "exact" (default,
+output identical to undrafted) or "rejection" (stochastic drafting,
+ds4py.spec.runner).
 
 A draft that the classifier refuses on structure raises PairingError (the
 core refuses the same file at load anyway). A refused verdict just means no
@@ -50,9 +53,11 @@ def model_costs(model) -> CostModel:
 
 
 def model_acceptance(model) -> list[float]:
-    """The per-depth acceptance EMA the default adaptive policies of
+    """The per-depth acceptance estimates the default adaptive policies of
     ``model`` share for its own drafter (its DFlash drafter when it has one,
-    else its head): one list per drafter, updated in place by each policy."""
+    else its head): one list per drafter, updated in place by each policy;
+    a request starts from it (weighted as AdaptivePolicy's prior_weight
+    observations) and learns its own text in its first rounds."""
     key = None if getattr(model, "dflash", None) is None else model.dflash.path
     per_model = _ACCEPTANCE.setdefault(model, {})
     if key not in per_model:
@@ -66,6 +71,7 @@ class DraftPlan:
     drafter: Drafter | None
     report: PairingReport | None
     reason: str | None           # why not drafting (None when drafting)
+    sampling: str = "exact"      # sampled rounds: "exact" or "rejection" (ds4py.spec.runner)
 
     @property
     def active(self) -> bool:
@@ -93,7 +99,21 @@ def pairing_report(model, force: bool = False, pairs_file: str | None = None):
 
 def draft_plan(model, draft: bool | None = None, draft_depth: int | None = None,
                force_draft: bool = False, policy: Policy | None = None,
-               drafter: Drafter | None = None, pairs_file: str | None = None) -> DraftPlan:
+               drafter: Drafter | None = None, pairs_file: str | None = None,
+               sampling: str | None = None) -> DraftPlan:
+    plan = _draft_plan(model, draft, draft_depth, force_draft, policy, drafter, pairs_file)
+    if sampling is not None:
+        from .runner import SAMPLING_MODES
+
+        if sampling not in SAMPLING_MODES:
+            raise ValueError(f"spec_sampling must be one of {', '.join(SAMPLING_MODES)}, "
+                             f"got {sampling!r}")
+        plan.sampling = sampling
+    return plan
+
+
+def _draft_plan(model, draft, draft_depth, force_draft, policy, drafter,
+                pairs_file) -> DraftPlan:
     if draft_depth is not None and (isinstance(draft_depth, bool) or
                                     not isinstance(draft_depth, int) or draft_depth < 0):
         raise ValueError(f"draft_depth must be an int >= 0, got {draft_depth!r}")

@@ -15,33 +15,61 @@ loop skip priming the drafter (prefill and decode take the same decision).
 AdaptivePolicy (ds4-notes §4 "Adaptive depth", a port of ds4's / mlx.fast's
 ``costModelDepth``, with the verify cost measured instead of guessed):
 
-* Acceptance: a per-position EMA ``p[d]`` (d = 1..max_depth: the chance
-  that draft d is accepted given drafts 1..d-1 were), initialised to
-  ``0.85 * 0.98**d``, alpha 0.15. After a round of depth k with m drafts
-  accepted, positions 1..m observe success, position m+1 (when m < k)
-  observes failure, deeper positions observe nothing. A round that ended the
-  generation (a stop/EOS token, or the budget) observes no failure, and its
-  successes count only up to the stop token (stop tokens don't update the
-  statistics).
+* Acceptance: a per-position estimate ``p[d]`` (d = 1..max_depth: the
+  chance that draft d is accepted given drafts 1..d-1 were), initialised to
+  ``0.85 * 0.98**d`` (or a list shared by earlier requests). After a round
+  of depth k with m drafts accepted -- every drafting round: chosen, probe
+  or burst --, positions 1..m observe success, position m+1 (when m < k)
+  observes failure, deeper positions observe nothing. An observation moves
+  p by ``max(rate, 1/(prior_weight + n + 1))`` (n: the position's earlier
+  observations): a running mean in which the starting estimate weighs
+  ``prior_weight`` (2) observations, then an EMA -- so a session learns its
+  real acceptance in a few rounds instead of the ~1/rate that a pure EMA
+  needs (``prior_weight=None``: the plain EMA). The rate is ``alpha``
+  (0.25) for a probe's observation and ``steady_alpha`` (0.05) for one of a
+  drafting round: the estimate's memory should span a similar number of
+  *rounds* either way, and drafting rounds observe every round while probes
+  come every 4..256 rounds. (ds4's single 0.15 made a session at 0.94
+  acceptance fall below the break-even of depth 2 (~0.82 on the demo model)
+  after two unlucky rejections, and climbing back took a probe per 4, 8,
+  16, 32.. rounds.) A position this policy has not observed is priced at least at the
+  one before it times 0.98 (:meth:`AdaptivePolicy.acceptance`). A round
+  that ended the generation (a stop/EOS token, or the budget) observes no
+  failure, and its successes count only up to the stop token (stop tokens
+  don't update the statistics).
+* Cold start: the first ``burst`` (3) rounds draft at least ``burst_depth``
+  (2) whatever the cost model says: the measurements a choice needs
+  (acceptance of positions 1-2, verify widths) arrive in the first rounds.
+  At most 3 rounds of a loss where drafting never pays.
 * Cost, in seconds measured in this session (:class:`CostModel`):
   ``cost(0)`` = a plain one-token decode, ``cost(d)`` = verify(d+1) +
-  d x draft_step + round overhead (the head's catch-up), with verify(w) the
-  median of width w's recent verifies once there are 3, else a + b*w fitted
-  online by least squares over the last ``window`` verifies.
+  d x draft_step + round overhead (the head's catch-up), each the lower
+  quartile of recent samples (robust to the scheduler stalls of a shared
+  machine, see CostModel), verify(w) of width w's own samples once there
+  are 3, else the line a + b*w fitted online through the measured widths.
   Until there is data the costs come from ds4's measured ratios (priors
   below), scaled by the measured plain step. That one is always measured:
-  the first round of a policy whose costs hold no plain step is a plain
-  decode (calibration), and so is one round after every ``recalibrate``
-  (32) drafting rounds in a row -- a policy that keeps drafting would
-  otherwise price depth 0 from one old sample forever (a stall measured
-  once would keep it drafting at a loss). A calibration round costs
-  nothing against plain decoding; it forgoes one round's drafting gain.
+  the first ``calibrate`` (3) rounds of a policy whose costs hold fewer plain
+  steps are plain decodes (calibration), and so is one round after every
+  ``recalibrate`` (32) drafting rounds in a row -- a policy that keeps
+  drafting would otherwise price depth 0 from old samples forever. The
+  runner times every plain round (two clock reads), and the policy
+  re-prices only when the plain cost moves by more than 1%. A calibration
+  round costs nothing against plain decoding.
 * Choice: the depth in 0..min(cap, max_depth) maximising expected tokens per
   second, E(d) / cost(d), with E(d) = 1 + sum_{j<=d} prod_{i<=j} p[i] (the
   target's own token always comes). Ties go to the shallower depth; depth 0
   is always a candidate, and a drafting depth must beat it by ``margin``
-  (5%): at break-even drafting has nothing to gain and the estimates' noise
-  to lose.
+  (5%) to start drafting: at break-even drafting has nothing to gain and
+  the estimates' noise to lose. Once the cost model drafts, it goes on while
+  drafting beats depth 0 at all (hysteresis: without it, every small dip of
+  the estimates flipped a session with a ~10% gain back to depth 0).
+  ``quiet`` after a depth-0 choice: the rounds until the next probe (the
+  runner defers the head's priming over long stretches, ds4py.spec.defer).
+  Cost exploration: one chosen drafting round (depth d) in ``explore`` (16)
+  drafts d + 1 while width d + 2 has fewer than 3 measured verifies, so
+  the next deeper depth is priced by its own measurement, not by the line's
+  extrapolation (``explore=0``: never).
 * Probes (ds4-notes §4 "Probe, fixing the EMA latch"; pitfall 7): a round of
   depth 0 carries no evidence, so a policy that has chosen 0 would never
   learn that drafting started to pay. After ``interval`` consecutive
@@ -79,13 +107,30 @@ PRIOR_VERIFY_B = 8.74 / 37.4
 PRIOR_DRAFT_H = 0.18
 # ds4-notes §4: EMA init 0.85 * 0.98^d, alpha 0.15; chooser cap 7; probe
 # interval starts at 4 and is capped at 256.
-P_INIT, P_DECAY, ALPHA = 0.85, 0.98, 0.15
+P_INIT, P_DECAY, DS4_ALPHA = 0.85, 0.98, 0.15
 MAX_DEPTH = 7
 # The expected rate of a drafting depth must exceed plain decoding's by this
 # fraction for the cost model to choose it (probes aside). The issue's bar is
 # "never below 0.95x serial"; a choice at break-even risks that for nothing.
 MARGIN = 0.05
 PROBE_INTERVAL, PROBE_CAP = 4, 256
+# Learning a session's acceptance fast: the starting estimate weighs
+# PRIOR_WEIGHT observations (a running mean until it is as slow as the EMA);
+# the first BURST rounds draft at least BURST_DEPTH (cold start); depth 0 is
+# priced from CALIBRATE measured plain steps at least.
+PRIOR_WEIGHT = 2.0
+# EMA rates (module doc "Acceptance"): an observation of a probe moves the
+# estimate by ALPHA, one of a drafting round by STEADY_ALPHA. ds4 used 0.15
+# for both; simulated on the demo model's measured costs (tests/test_policy.py
+# demo_cost, acceptance 0.94, 12 seeds x 300 tokens) that gave 0.92 plain
+# steps per token (worst seed 1.01: a few unlucky rejections latched it at
+# depth 0), these 0.855 (worst 0.91; the best fixed depth gives 0.82).
+ALPHA, STEADY_ALPHA = 0.25, 0.05
+BURST, BURST_DEPTH = 3, 2
+CALIBRATE = 3
+# one chosen drafting round in EXPLORE drafts one deeper when that width's
+# verify cost is not measured yet (AdaptivePolicy.choose)
+EXPLORE = 16
 
 
 class Policy:
@@ -95,15 +140,26 @@ class Policy:
     enabled = False
     last_was_probe = False   # the last choose() was a probe (stats)
     needs_plain = False      # the last choose() was 0 to measure a plain step: time it
+    # after a choose() of 0: how many more rounds will be 0 unless new
+    # evidence arrives (the runner defers head priming over long stretches)
+    quiet = 0
 
     def choose(self, cap: int) -> int:
         return 0
+
+    def pass_quiet(self, n: int) -> None:
+        """n more depth-0 rounds passed without choose() calls (n <= the
+        ``quiet`` the last choose() promised): the runner's fast path."""
 
     def observe(self, depth: int, accepted: int, stopped: bool = False) -> None:
         pass
 
     def record_plain(self, seconds: float) -> None:
         pass
+
+    def record_plain_many(self, samples) -> None:
+        for t in samples:
+            self.record_plain(t)
 
     def record_verify(self, width: int, seconds: float) -> None:
         pass
@@ -143,143 +199,176 @@ NO_DRAFT = FixedPolicy(0)
 class CostModel:
     """Round costs measured in this session (seconds).
 
-    plain(): median of the last ``recent`` one-token decode times.
-    draft_step(): median of the last seconds per chained draft step.
-    overhead(): median of the last extra work of a drafting round (argmaxes,
-    accept with the head's catch-up, bookkeeping). verify(w): a + b*w by
-    least squares over the last ``window`` (width, seconds) samples once
-    they span two widths; with one width, the prior slope (in plain units)
-    through that width's mean; with none, the prior line. ``unit()``, the
-    plain-decode time the priors are scaled by: measured, else inferred from
-    the verifies, else 1.0.
+    Every estimate is the lower quartile (:func:`low_quartile`) of recent
+    samples: plain() of the last ``recent`` one-token decodes, draft_step()
+    of the seconds per chained draft step, overhead() of the extra work of a
+    drafting round (argmaxes, accept with the head's catch-up, bookkeeping),
+    and verify_cost(w) of width w's samples among the last ``window``
+    verifies once there are 3. verify(w) = a + b*w is the line fitted by
+    least squares through the per-width estimates (it prices the widths not
+    measured yet): with one width, through it and the plain step (a
+    measured width-1 pass), or with the prior slope (in plain units) when
+    no plain step is measured; with none, the prior line. ``unit()``, the plain-decode time the
+    priors are scaled by: measured, else inferred from the verifies, else 1.0.
 
-    Robust to stalls: on a shared machine a wall-clock sample is now and
-    then many times the true cost (the process was descheduled). Medians
-    ignore such samples, and a verify sample is clipped to ``clip`` times
-    the current line's prediction once the line rests on ``window // 4``
-    samples. (An EMA of plain steps, the first design, let one stall make
-    depth 0 look expensive; the policy then drafted at a loss until the next
-    plain measurement.) Sums are kept incrementally: O(1) per verify sample,
-    O(recent) per query (the policy asks only when something changed).
+    Why a low quantile: on a shared 2-core machine a wall-clock sample is
+    often a whole scheduler tick (~4 ms) or more above the true cost (one of
+    the two threads was descheduled): measured on the demo model, 9 of 20
+    plain samples of ~0.9 ms steps read 3-10 ms, so the median of 9 priced
+    a plain step at 4.8 ms and the policy drafted depth 6 at 0.58x serial.
+    Stalls only ever add time; they hit plain steps and verifies alike (in
+    proportion to their length), so the same quantile of each is a fair
+    comparison and the quartile sits on the un-stalled cost. (The first
+    design, an EMA of plain steps, let one stall make depth 0 look
+    expensive; the median needs a majority of clean samples, which a loaded
+    machine does not give.)
+
+    Estimates are cached and recomputed only for what a record changed, so
+    pricing a round is O(widths) (the policy re-prices when a cost moves).
     """
 
-    def __init__(self, window: int = 64, recent: int = 9, clip: float = 3.0):
+    def __init__(self, window: int = 64, recent: int = 16):
         if window < 2:
             raise ValueError("window must be >= 2")
         if recent < 1:
             raise ValueError("recent must be >= 1")
-        self._verify: deque[tuple[int, float]] = deque()
         self._window = window
-        self._clip = clip
+        self._recent = recent
+        self._verify: deque[tuple[int, float]] = deque()   # the window, oldest first
+        # the newest (at most `recent`) samples of each width still in the window
+        self._by_width: dict[int, deque] = {}
+        self._in_window: dict[int, int] = {}
         self._plain: deque[float] = deque(maxlen=recent)
         self.plain_samples = 0
         self._draft: deque[float] = deque(maxlen=recent)
         self._over: deque[float] = deque(maxlen=recent)
-        # running sums over the window: n, w, t, w*w, w*t, t / prior(w)
-        self._s = [0, 0.0, 0.0, 0.0, 0.0, 0.0]
-        self._widths: dict[int, int] = {}
-        self._line: tuple[float, float] | None = None
-        # recent samples per width: a width the session has measured is priced
-        # by its own median, the line only extrapolates to unmeasured widths
-        # (a least-squares line over two noisy widths, clamped to a >= 0,
-        # over-priced the 2-row verify by ~25% on the demo model and kept the
-        # policy at depth 0 where depth 1-2 measured 1.1-1.2x serial)
-        self._recent = recent
-        self._by_width: dict[int, deque] = {}
+        self._est: dict = {}      # cached estimates: "plain", "draft", "over", ("w", w), "line"
 
-    @staticmethod
-    def _median(xs: deque) -> float:
-        v = sorted(xs)
-        n = len(v)
-        return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
-
+    # -- samples -------------------------------------------------------------
     def record_plain(self, seconds: float) -> None:
         self._plain.append(float(seconds))
         self.plain_samples += 1
-        self._line = None
-
-    def _add(self, w: int, t: float, sign: int) -> None:
-        s = self._s
-        s[0] += sign
-        s[1] += sign * w
-        s[2] += sign * t
-        s[3] += sign * w * w
-        s[4] += sign * w * t
-        s[5] += sign * t / (PRIOR_VERIFY_A + PRIOR_VERIFY_B * w)
-        c = self._widths.get(w, 0) + sign
-        if c:
-            self._widths[w] = c
-        else:
-            del self._widths[w]
+        self._est.pop("plain", None)
+        self._est.pop("line", None)   # the priors are scaled by the plain step
 
     def record_verify(self, width: int, seconds: float) -> None:
         w, t = int(width), float(seconds)
-        if self._s[0] >= max(2, self._window // 4) and len(self._widths) > 1:
-            t = min(t, self._clip * self.verify(w))  # a stall, not the cost
         if len(self._verify) == self._window:
-            self._add(*self._verify.popleft(), -1)
+            ow, _ = self._verify.popleft()
+            left = self._in_window[ow] - 1
+            xs = self._by_width[ow]
+            if len(xs) > left:     # the sample leaving the window is still in its deque
+                xs.popleft()
+            if left:
+                self._in_window[ow] = left
+            else:
+                del self._in_window[ow], self._by_width[ow]
+            self._est.pop(("w", ow), None)
         self._verify.append((w, t))
-        self._add(w, t, 1)
-        self._by_width.setdefault(w, deque(maxlen=self._recent)).append(t)
-        self._line = None
+        self._in_window[w] = self._in_window.get(w, 0) + 1
+        xs = self._by_width.setdefault(w, deque())
+        xs.append(t)
+        if len(xs) > self._recent:
+            xs.popleft()
+        self._est.pop(("w", w), None)
+        self._est.pop("line", None)
 
     def record_draft(self, steps: int, seconds: float) -> None:
         if steps > 0:
             self._draft.append(float(seconds) / steps)
+            self._est.pop("draft", None)
 
     def record_overhead(self, seconds: float) -> None:
         self._over.append(float(seconds))
+        self._est.pop("over", None)
+
+    # -- estimates -------------------------------------------------------------
+    def _width(self, w: int) -> float:
+        key = ("w", w)
+        v = self._est.get(key)
+        if v is None:
+            v = self._est[key] = low_quartile(self._by_width[w])
+        return v
 
     def unit(self) -> float:
         if self._plain:
-            return self._median(self._plain)
-        if self._s[0]:
-            return self._s[5] / self._s[0]
+            v = self._est.get("plain")
+            if v is None:
+                v = self._est["plain"] = low_quartile(self._plain)
+            return v
+        if self._by_width:   # no plain step yet: what the verifies imply under the prior ratios
+            return sum(self._width(w) / (PRIOR_VERIFY_A + PRIOR_VERIFY_B * w)
+                       for w in self._by_width) / len(self._by_width)
         return 1.0
 
     def verify_line(self) -> tuple[float, float]:
         """(a, b) of verify(w) = a + b*w."""
-        if self._line is None:
-            self._line = self._fit()
-        return self._line
+        line = self._est.get("line")
+        if line is None:
+            line = self._est["line"] = self._fit()
+        return line
 
     def _fit(self) -> tuple[float, float]:
         u = self.unit()
-        n, sw, st, sww, swt, _ = self._s
-        if n == 0:
+        pts = [(w, self._width(w)) for w in self._by_width]
+        if not pts:
             return PRIOR_VERIFY_A * u, PRIOR_VERIFY_B * u
-        mw, mt = sw / n, st / n
-        if len(self._widths) == 1:
+        if len(pts) == 1 and pts[0][0] != 1 and self._plain:
+            # one width measured: a plain step is this session's measured
+            # width-1 pass, a better second point than the prior slope (ds4's
+            # GPU ratio, which kept a CPU session that had measured only
+            # width 3 from ever trying deeper)
+            pts.append((1, u))
+        n = len(pts)
+        mw = sum(w for w, _ in pts) / n
+        mt = sum(t for _, t in pts) / n
+        if n == 1:
             b = PRIOR_VERIFY_B * u
             return max(0.0, mt - b * mw), b
-        b = (swt - sw * mt) / (sww - sw * mw)
+        sxx = sum((w - mw) ** 2 for w, _ in pts)
+        b = sum((w - mw) * (t - mt) for w, t in pts) / sxx
         a = mt - b * mw
         if b < 0:  # noise on a flat curve: a flat line through the mean
             return mt, 0.0
         if a < 0:  # a line through the origin instead
-            return 0.0, swt / sww
+            return 0.0, sum(w * t for w, t in pts) / sum(w * w for w, _ in pts)
         return a, b
 
     def verify(self, width: int) -> float:
         a, b = self.verify_line()
         return a + b * width
 
+    def width_samples(self, width: int) -> int:
+        """How many samples of this width the window holds (kept ones)."""
+        xs = self._by_width.get(width)
+        return 0 if xs is None else len(xs)
+
     def verify_cost(self, width: int, min_samples: int = 3) -> float:
-        """What a verify of ``width`` rows costs: the median of this width's
-        recent samples once there are ``min_samples``, else the line."""
+        """What a verify of ``width`` rows costs: this width's own estimate
+        once it has ``min_samples``, else the line."""
         xs = self._by_width.get(width)
         if xs is not None and len(xs) >= min_samples:
-            return self._median(xs)
+            return self._width(width)
         return self.verify(width)
 
     def plain(self) -> float:
         return self.unit()
 
     def draft_step(self) -> float:
-        return self._median(self._draft) if self._draft else PRIOR_DRAFT_H * self.unit()
+        if not self._draft:
+            return PRIOR_DRAFT_H * self.unit()
+        v = self._est.get("draft")
+        if v is None:
+            v = self._est["draft"] = low_quartile(self._draft)
+        return v
 
     def overhead(self) -> float:
-        return self._median(self._over) if self._over else 0.0
+        if not self._over:
+            return 0.0
+        v = self._est.get("over")
+        if v is None:
+            v = self._est["over"] = low_quartile(self._over)
+        return v
 
     def round_costs(self, cap: int) -> list[float]:
         """cost(d) for d = 0..cap."""
@@ -293,8 +382,16 @@ class CostModel:
     def summary(self) -> dict:
         a, b = self.verify_line()
         return {"plain_s": self.plain(), "verify_a_s": a, "verify_b_s": b,
+                "verify_s_per_width": {w: self._width(w) for w in sorted(self._by_width)},
                 "draft_step_s": self.draft_step(), "overhead_s": self.overhead(),
-                "verify_samples": self._s[0]}
+                "verify_samples": len(self._verify), "plain_samples": self.plain_samples}
+
+
+def low_quartile(xs) -> float:
+    """The lower quartile of the samples (the minimum up to 4 of them): the
+    cost estimator of :class:`CostModel` (why: its doc)."""
+    v = sorted(xs)
+    return v[(len(v) - 1) // 4]
 
 
 class AdaptivePolicy(Policy):
@@ -306,33 +403,52 @@ class AdaptivePolicy(Policy):
                  probe_interval: int = PROBE_INTERVAL, probe_cap: int = PROBE_CAP,
                  cost: Callable[[int], float] | None = None, window: int = 64,
                  recalibrate: int = 32, costs: CostModel | None = None,
-                 margin: float = MARGIN, acceptance: list[float] | None = None):
+                 margin: float = MARGIN, acceptance: list[float] | None = None,
+                 prior_weight: float | None = PRIOR_WEIGHT, burst: int = BURST,
+                 burst_depth: int = BURST_DEPTH, calibrate: int = CALIBRATE,
+                 steady_alpha: float = STEADY_ALPHA, explore: int = EXPLORE):
         if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 1:
             raise ValueError(f"max_depth must be an int >= 1, got {max_depth!r}")
         if probe_interval < 0 or (probe_interval and probe_cap < probe_interval):
             raise ValueError("need probe_interval >= 0 and probe_cap >= probe_interval")
+        if prior_weight is not None and prior_weight < 0:
+            raise ValueError("prior_weight must be >= 0 (or None: a plain EMA)")
+        if burst < 0 or burst_depth < 1 or calibrate < 1:
+            raise ValueError("need burst >= 0, burst_depth >= 1, calibrate >= 1")
         self.max_depth = max_depth
         self.alpha = alpha
+        self.steady_alpha = steady_alpha
         # acceptance per depth: a caller may pass a list that outlives this
         # policy (draft_plan shares one per model and drafter, so a request
-        # starts from what earlier requests measured instead of the prior --
-        # with rare probes the EMA otherwise stays near its prior for
-        # hundreds of rounds); it is updated in place
+        # starts from what earlier requests measured instead of the prior);
+        # it is updated in place
         if acceptance is None:
             acceptance = [P_INIT * P_DECAY ** d for d in range(1, max_depth + 1)]
         elif len(acceptance) != max_depth:
             raise ValueError(f"acceptance must have {max_depth} entries, got {len(acceptance)}")
         self.p = acceptance
+        # observations per position in this policy's life: the starting
+        # estimate (the prior, or what earlier requests left in a shared
+        # list) weighs `prior_weight` observations, so each request learns
+        # its own text's acceptance in its first rounds (requests differ: on
+        # the bench, math after prose started from prose's 0.6 and, with the
+        # shared estimate weighted as measured evidence, never drafted where
+        # depth 2 measured 1.17x)
+        self.n = [0] * max_depth
+        self.prior_weight = prior_weight
         self.probe_interval0 = probe_interval
         self.probe_cap = probe_cap
         self.interval = probe_interval
         self.idle = 0            # consecutive evidence-free rounds
+        self.burst_left = burst
+        self.burst_depth = burst_depth
         # a caller may share one CostModel between policies (ds4py.spec.plan
         # keeps one per model: the costs belong to the model and the machine,
         # the acceptance to the text being generated)
         self.costs = CostModel(window=window) if costs is None else costs
         self._cost = cost
         self.recalibrate = recalibrate
+        self.calibrate = calibrate
         if margin < 0:
             raise ValueError("margin must be >= 0")
         self.margin = margin
@@ -340,13 +456,34 @@ class AdaptivePolicy(Policy):
         self.last_was_probe = False
         self.needs_plain = False
         self.n_rounds = self.n_probes = self.n_chosen = self.n_calibration = 0
-        # (cap, model_depth(cap)) until new evidence or a new cost arrives:
+        self.n_burst = 0
+        self.n_explore = 0
+        self.explore = explore
+        # ((cap, drafting), model_depth(cap)) until new evidence or a new cost arrives:
         # a run of plain rounds would otherwise re-price every depth per token
         self._memo: tuple[int, int] | None = None
+        self._memo_plain = 0.0   # the plain cost the memo was priced with
+        self._drafting = False   # the cost model chose to draft last time (hysteresis)
 
     # -- cost model --------------------------------------------------------
     def round_cost(self, depth: int) -> float:
         return self._cost(depth) if self._cost is not None else self.costs.round_cost(depth)
+
+    def acceptance(self) -> list[float]:
+        """The acceptance the cost model prices with, per position: the
+        estimate of each position this policy has observed; a position it
+        has not observed yet is priced at least as well as the one before
+        it times the prior decay (0.98) -- optimism under uncertainty: a
+        session whose position 1 measured 0.95 tries depth 2 instead of
+        pricing it at the prior 0.82 forever (a depth the policy never
+        chooses is never observed)."""
+        out, prev = [], 1.0
+        for j, pj in enumerate(self.p):
+            if j and not self.n[j]:
+                pj = max(pj, prev * P_DECAY)
+            out.append(pj)
+            prev = pj
+        return out
 
     def model_depth(self, cap: int) -> int:
         """The cost model's own choice (no probe)."""
@@ -355,12 +492,19 @@ class AdaptivePolicy(Policy):
             cost = [self._cost(d) for d in range(cap + 1)]
         else:
             cost = self.costs.round_costs(cap)
-        # drafting must beat plain decoding by `margin`: at break-even it has
-        # nothing to gain and the estimates' noise to lose
-        best, best_rate = 0, (1.0 + self.margin) / cost[0]
+            self._memo_plain = cost[0]
+        p = self.acceptance()
+        # drafting must beat plain decoding by `margin` to start: at
+        # break-even it has nothing to gain and the estimates' noise to
+        # lose; to go on drafting it must only beat it (hysteresis: on the
+        # demo model depth 2 gains ~10% on code, and a 5% margin on every
+        # round flipped the policy to depth 0 at each small dip of the
+        # estimates, half of the rounds)
+        margin = 0.0 if self._drafting else self.margin
+        best, best_rate = 0, (1.0 + margin) / cost[0]
         expected, reach = 1.0, 1.0
         for d in range(1, cap + 1):
-            reach *= self.p[d - 1]
+            reach *= p[d - 1]
             expected += reach
             rate = expected / cost[d]
             if rate > best_rate:
@@ -372,7 +516,8 @@ class AdaptivePolicy(Policy):
             return 0
         self.n_rounds += 1
         self.last_was_probe = False
-        if self._cost is None and (self.costs.plain_samples == 0 or
+        self.quiet = 0
+        if self._cost is None and (self.costs.plain_samples < self.calibrate or
                                    self.since_plain >= self.recalibrate):
             # Calibration: the price of depth 0 is a measured plain step, never
             # an inference from verify times (which would carry ds4's GPU
@@ -383,18 +528,40 @@ class AdaptivePolicy(Policy):
             return 0
         self.needs_plain = False
         memo = self._memo
-        if memo is not None and memo[0] == cap:
+        key = (cap, self._drafting)
+        if memo is not None and memo[0] == key:
             d = memo[1]
         else:
             d = self.model_depth(cap)
             if self._cost is None:  # an injected cost may change behind our back
-                self._memo = (cap, d)
+                self._memo = (key, d)
+        self._drafting = d > 0
+        if self.burst_left:
+            # cold start: the first rounds draft at least burst_depth, so the
+            # acceptance of this text is measured in its first few rounds
+            # (depth-1 probes after 4, 8, 16.. idle rounds took ~30 rounds to
+            # move the estimate off its prior). Evidence, not a probe of the
+            # latch: the interval is left alone.
+            self.burst_left -= 1
+            self.n_burst += 1
+            self.since_plain += 1
+            self.last_was_probe = d < self.burst_depth
+            return max(d, min(self.burst_depth, cap))
         if d > 0:
             # the cost model itself drafts: the only thing that resets the probe interval
             self.n_chosen += 1
             self.idle = 0
             self.interval = self.probe_interval0
             self.since_plain += 1
+            if (self.explore and self._cost is None and d < min(cap, self.max_depth)
+                    and self.n_chosen % self.explore == 0
+                    and self.costs.width_samples(d + 2) < 3):
+                # the next deeper width is priced by extrapolation only: one
+                # round at d + 1 measures it (a line through the plain step
+                # and width 2 over-priced width 3 by ~30% on the demo model
+                # and kept a session at depth 1 where depth 2 paid more)
+                self.n_explore += 1
+                return d + 1
             return d
         if self.probe_interval0 and self.idle >= self.interval:
             self.n_probes += 1
@@ -405,22 +572,56 @@ class AdaptivePolicy(Policy):
             return 1
         self.idle += 1
         self.since_plain = 0
+        self.quiet = self.interval - self.idle if self.probe_interval0 else 1 << 30
         return 0
 
+    def pass_quiet(self, n: int) -> None:
+        if not 0 <= n <= self.quiet:
+            raise ValueError(f"pass_quiet({n}): only {self.quiet} quiet rounds were promised")
+        # exactly what n choose() calls answering 0 would have done
+        self.n_rounds += n
+        self.idle += n
+        self.quiet -= n
+
     # -- evidence ------------------------------------------------------------
+    def _update(self, j: int, x: float) -> None:
+        # a probe's observation moves the estimate by alpha; one of a
+        # drafting round by the smaller steady_alpha (module doc: memory in
+        # rounds, not in observations)
+        a = self.alpha if self.last_was_probe else self.steady_alpha
+        if self.prior_weight is not None:
+            # a running mean (the start weighing prior_weight observations)
+            # until it is no faster than the EMA, then the EMA
+            a = max(a, 1.0 / (self.prior_weight + self.n[j] + 1))
+        self.p[j] += a * (x - self.p[j])
+        self.n[j] += 1
+
     def observe(self, depth: int, accepted: int, stopped: bool = False) -> None:
+        """Every drafting round is evidence (probe, burst or chosen): after a
+        round of depth k with m drafts accepted, positions 1..m observe
+        success, position m+1 (when m < k) failure, deeper ones nothing; a
+        round that ended the generation observes no failure."""
         self._memo = None
         depth = min(depth, self.max_depth)
         accepted = min(accepted, depth)
-        a = self.alpha
         for j in range(accepted):
-            self.p[j] += a * (1.0 - self.p[j])
+            self._update(j, 1.0)
         if not stopped and accepted < depth:
-            self.p[accepted] -= a * self.p[accepted]
+            self._update(accepted, 0.0)
 
     def record_plain(self, seconds: float) -> None:
-        self._memo = None
         self.costs.record_plain(seconds)
+        # the runner times every plain step: re-price only when the price of
+        # depth 0 moved by more than 1% (the rest of the choice is unchanged)
+        if self._memo is not None and abs(self.costs.plain() - self._memo_plain) \
+                > 0.01 * self._memo_plain:
+            self._memo = None
+
+    def record_plain_many(self, samples) -> None:
+        """Several plain-step times at once (the runner's fast path)."""
+        for t in samples:
+            self.costs.record_plain(t)
+        self._memo = None
 
     def record_verify(self, width: int, seconds: float) -> None:
         self._memo = None
@@ -436,8 +637,10 @@ class AdaptivePolicy(Policy):
 
     def summary(self) -> dict:
         out = {"policy": "adaptive", "p": [round(x, 4) for x in self.p],
-               "rounds": self.n_rounds, "probes": self.n_probes,
+               "observations": list(self.n),
+               "rounds": self.n_rounds, "probes": self.n_probes, "burst_rounds": self.n_burst,
                "chosen_drafting_rounds": self.n_chosen, "probe_interval": self.interval,
+               "explore_rounds": self.n_explore,
                "calibration_rounds": self.n_calibration}
         if self._cost is None:
             out["costs"] = self.costs.summary()

@@ -94,3 +94,34 @@ def speculative_sample(p_rows: Sequence, q_rows: Sequence, drafts: Sequence[int]
             return out
     out.append(_draw(_probs(p_rows[k], "p"), rng.random()))
     return out
+
+
+# -- the speculative round's side (ds4py.spec.runner, sampling="rejection") --
+
+# Independent keyed uniforms per (seed, purpose, position): the draft's draw,
+# the acceptance test and the residual draw at a position each get their own
+# stream, none of them the target's own draw (ds4py.sampling.keyed_uniform
+# with the bare seed). Each decision that commits a token uses its uniform
+# once: a draft drawn in a round whose earlier rejection discarded it is
+# drawn again in the next round with the same uniform, but nothing committed
+# depended on the discarded draw.
+SALT_DRAFT, SALT_ACCEPT, SALT_RESIDUAL = 0x5D1, 0xACC, 0x2E5
+
+
+def keyed(seed: int, salt: int, position: int) -> float:
+    """A uniform in [0, 1) keyed by (seed, salt, position)."""
+    from ..sampling import keyed_uniform
+
+    return keyed_uniform((int(seed) & 0xFFFFFFFF) | (salt << 32), position)
+
+
+def dense(ids: np.ndarray, probs: np.ndarray, vocab: int) -> np.ndarray:
+    """A sampler's (ids, probabilities) as a float64 vector over the vocabulary."""
+    out = np.zeros(vocab, dtype=np.float64)
+    out[np.asarray(ids, dtype=np.int64)] = probs
+    return out
+
+
+def draw_from(probs: np.ndarray, u: float) -> int:
+    """The token drawn from ``probs`` (a vector with mass) with uniform ``u``."""
+    return _draw(_probs(probs, "probs"), u)

@@ -32,6 +32,22 @@ object, so the exactness argument lives in one place:
   block[0..j-1] -- what a serial decode has evaluated -- and, with head
   priming on, gives the head those rows in the same call.
 
+Sampled rounds (temperature > 0), ``sampling=``:
+
+* ``"exact"`` (the default): the round above with the caller's seeded
+  ``pick`` -- a drafted token is kept exactly when it equals the target's
+  own sample there, so the output is byte-identical to the same seed
+  without drafting (for a drafter proposing its argmax, the acceptance is
+  standard speculative sampling's);
+* ``"rejection"`` (``--spec-sampling rejection``): stochastic drafting. The
+  drafter samples its drafts from its own distribution q under the target's
+  sampling transform (``Drafter.propose_dist``; the nextn head), and the
+  round applies standard speculative sampling (accept with min(1, p/q),
+  else a draw from the normalised residual; ds4py.spec.rejection) with
+  uniforms keyed by (seed, position). Each token is distributed as the
+  target's sample, but the tokens are not those of an undrafted run. A
+  drafter that cannot sample is refused at admission (no drafting).
+
 A drafter with ``max_depth`` (DFlash: B-1 drafts per pass) caps the depth
 the policy may choose.
 
@@ -44,10 +60,21 @@ the trunk commits, prefill included). A refused run never drafts.
 Costs reach the policy as wall times from ``clock``, measured the same way
 for every depth: from the start of the round's core work to the end of its
 Python bookkeeping, excluding only what the caller does per committed token
-(the same whether or not the token came from a draft). One depth-0 round in
-``plain_every`` is timed (and every one until the first is): timing each
-would change the cost model every round and make the policy re-price its
-choice every token. Statistics accumulate in ``stats()``.
+(the same whether or not the token came from a draft). Every depth-0 round
+of an admitted run is timed (two clock reads): on a shared machine many
+samples are scheduler stalls, and the cost model's low quantile needs a
+steady supply of clean ones (the policy re-prices only when the plain cost
+moves). Statistics accumulate in ``stats()``.
+
+Quiet stretches: when the policy answers 0 and promises ``quiet`` >=
+DEFER_MIN (8) more depth-0 rounds (the rounds until its next probe), the
+next min(quiet, QUIET_MAX) rounds take a fast path -- the serial step, its
+time kept, nothing else -- and the policy hears of them at once at the end
+(``pass_quiet``, ``record_plain_many``): the per-round bookkeeping measured
+~40 us per token on the demo model (a cold cache after each eval makes
+Python slow), 2-3% of a plain step. Meanwhile the nextn head's rows are
+deferred and caught up in batches (ds4py.spec.defer) before the next
+drafting round and at ``finish``.
 """
 
 from __future__ import annotations
@@ -61,11 +88,25 @@ import numpy as np
 from .._core import ffi, lib, new_error
 from ..errors import ModelError
 from ..session import VERIFY_MAX
+from .defer import DeferredPriming
 from .drafter import Drafter, DraftError, DraftState, NextnDrafter
 from .policy import Policy
+from .rejection import SALT_ACCEPT, SALT_DRAFT, SALT_RESIDUAL, dense, keyed, rejection_step
 from .stepper import Stepper
 
 __all__ = ["SpecRunner", "argmax_pick"]
+
+# defer head priming (ds4py.spec.defer) over plain stretches the policy
+# expects to last at least this many rounds: a shorter one would pay a
+# catch-up call and two priming switches for a few rows
+DEFER_MIN = 8
+# defer the head's priming over quiet stretches (ds4py.spec.defer)
+DEFER_PRIMING = True
+# a fast-path stretch ends after this many rounds at most, so the policy
+# re-prices at least this often (plain-cost changes reach it)
+QUIET_MAX = 64
+# how a sampled (temperature > 0) round decides (module doc)
+SAMPLING_MODES = ("exact", "rejection")
 
 
 def argmax_pick(row: np.ndarray, position: int) -> int:
@@ -79,24 +120,33 @@ class SpecRunner:
     def __init__(self, model, session, policy: Policy, drafter: Drafter | None,
                  pick: Callable[[np.ndarray, int], int] = argmax_pick, *,
                  clock: Callable[[], float] = time.perf_counter,
-                 greedy: bool | None = None, plain_every: int = 8):
-        if plain_every < 1:
-            raise ValueError("plain_every must be >= 1")
+                 greedy: bool | None = None, sampler=None, sampling: str = "exact"):
+        if sampling not in SAMPLING_MODES:
+            raise ValueError(f"sampling must be one of {SAMPLING_MODES}, got {sampling!r}")
         self.model, self.s, self.policy, self.drafter = model, session, policy, drafter
         self.pick = pick
+        self._vocab = model.config.vocab_size
         # greedy picks of a whole verify at once (argmax of every row) equal
         # the row-by-row picks; only the plain argmax may take that shortcut
         self.greedy = (pick is argmax_pick) if greedy is None else greedy
-        self.clock, self.plain_every = clock, plain_every
+        self.clock = clock
+        # rejection sampling needs the sampler's distributions; greedy needs
+        # none (a one-hot p accepts exactly the target's argmax: the exact path)
+        self.sampler = sampler
+        self.rejection = (sampling == "rejection" and sampler is not None
+                          and not sampler.params.greedy)
         self.admitted = False
         self.refused: str | None = "not admitted yet"
         self.generated: list[int] = []
         self._pending: tuple | None = None
         # a session that must see every eval (ds4py.dflash.TapSession) brings its own stepper
         self._step = getattr(session, "stepper", None) or Stepper(session, model.config.vocab_size)
-        self._plain_n = 0
         # a drafter whose one pass makes at most max_depth drafts (DFlash: B-1)
         self._max_depth = int(getattr(drafter, "max_depth", None) or VERIFY_MAX - 1)
+        self._defer: DeferredPriming | None = None
+        self._defer_on = False               # rows are being deferred now
+        self._quiet_left = 0                 # fast-path rounds left in this stretch
+        self._quiet_t: list[float] = []      # their step times, for the policy
         # the core's greedy round: drafts and row argmaxes in two calls
         self._core = (self.greedy and isinstance(drafter, NextnDrafter) and drafter._in_core)
         self._buf = ffi.new(f"int32_t[{VERIFY_MAX}]")
@@ -120,9 +170,17 @@ class SpecRunner:
             refused = "the policy never drafts"
         elif self.drafter is None:
             refused = "no drafter (the model has no nextn head)"
+        elif self.rejection and not getattr(self.drafter, "can_sample", False):
+            refused = (f"the {self.drafter.name} drafter cannot sample its drafts "
+                       "(rejection sampling needs the drafter's distribution)")
         else:
             refused = self.drafter.attach(self.s)
         self.refused, self.admitted = refused, refused is None
+        # deferred head priming over long plain stretches: the nextn head
+        # primed by the core (not a session that brings its own stepper)
+        if self.admitted and isinstance(self.drafter, NextnDrafter) and self.s.nextn_prime \
+                and getattr(self.s, "stepper", None) is None:
+            self._defer = DeferredPriming(self.s, self.model.config.hidden_size)
         return refused
 
     def prefill(self, ids: list[int], all_logits: bool = False):
@@ -141,6 +199,21 @@ class SpecRunner:
         ``last`` (the deepest useful round is room - 1 drafts). Returns
         [(token, logits row it was picked from)], the rows being views valid
         until the next call on the session. Follow with :meth:`settle`."""
+        if self._quiet_left:
+            # the fast path of a quiet stretch (module doc): the serial step,
+            # its time kept, the policy told at the end of the stretch
+            self._quiet_left -= 1
+            self.generated.append(last)
+            clock = self.clock
+            t0 = clock()
+            lg = self._step.step(last)
+            if self._defer_on:
+                self._defer.row(last)
+            t = self.pick(lg, self.s.n_past)
+            self._quiet_t.append(clock() - t0)
+            return [(t, lg)]
+        if self._quiet_t:
+            self._end_quiet()
         s, policy = self.s, self.policy
         self.generated.append(last)
         self.rounds += 1
@@ -149,23 +222,36 @@ class SpecRunner:
         self.depth_counts[k] += 1
         self._pending = None
         if k == 0:
-            # the serial step; timed in one round of plain_every (module doc)
-            n = self._plain_n
-            self._plain_n = n + 1
-            if self.admitted and (n % self.plain_every == 0 or
-                                  getattr(policy, "needs_plain", False)):
-                t0 = self.clock()
+            # the serial step, timed when the policy learns (module doc)
+            if self.admitted:
+                defer = self._defer
+                if policy.quiet >= DEFER_MIN:
+                    # a long plain stretch: the fast path from the next round on,
+                    # and the head's rows caught up in batches meanwhile
+                    self._quiet_left = min(policy.quiet, QUIET_MAX)
+                    if DEFER_PRIMING and defer is not None and not defer.active:
+                        defer.start()
+                        self._defer_on = True
+                clock = self.clock
+                t0 = clock()
                 lg = self._step.step(last)
+                if self._defer_on:
+                    defer.row(last)
                 t = self.pick(lg, s.n_past)
-                policy.record_plain(self.clock() - t0)
+                policy.record_plain(clock() - t0)
             else:
                 lg = self._step.step(last)
                 t = self.pick(lg, s.n_past)
             return [(t, lg)]
+        if self._defer_on:
+            self._defer.stop()  # the head must hold every row before it drafts
+            self._defer_on = False
         self.probes += bool(policy.last_was_probe)
         P = s.n_past
         t0 = self.clock()
-        if self._core:
+        if self.rejection:
+            out, m, drafts, t1, t2 = self._rejection_round(last, k, P)
+        elif self._core:
             drafts = self._core_round(last, k)
             t1 = self._t1
             t2 = self.clock()
@@ -201,6 +287,45 @@ class SpecRunner:
                     m += 1
         self._pending = (k, m, drafts, t0, t1, t2, self.clock())
         return out
+
+    def _dist(self, row: np.ndarray) -> np.ndarray:
+        """The sampler's distribution for a logits row, over the vocabulary."""
+        ids, probs = self.sampler.distribution(row)
+        return dense(ids, probs, self._vocab)
+
+    def _rejection_round(self, last: int, k: int, P: int):
+        """Stochastic drafting: drafts sampled from the drafter's q (the
+        target's sampling transform on the drafter's logits), then standard
+        speculative sampling (ds4py.spec.rejection): draft i is accepted with
+        min(1, p/q), the first rejected one is replaced by a draw from the
+        normalised residual max(0, p - q), and when every draft is accepted
+        the target draws its own next token. Each committed token is then
+        distributed as the target's sample there (not the same token as an
+        undrafted run with the same seed: that is the exact mode)."""
+        s, smp, seed = self.s, self.sampler, self.sampler.seed
+        hid = s.last_hidden()
+        us = [keyed(seed, SALT_DRAFT, P + 1 + j) for j in range(k)]
+        drafts, qs = self.drafter.propose_dist(
+            DraftState(s, P, last, hid, self.generated), k, self._dist, us)
+        if len(drafts) != k or len(qs) != k:
+            raise DraftError(f"{self.drafter.name}: asked for {k} drafts, got {len(drafts)}")
+        t1 = self.clock()
+        rows = s.verify([last, *drafts])
+        t2 = self.clock()
+        out = []
+        penalties = smp.params.penalties_on
+        for i in range(k):
+            pos = P + 1 + i
+            ok, t = rejection_step(self._dist(rows[i]), qs[i], drafts[i],
+                                   keyed(seed, SALT_ACCEPT, pos), keyed(seed, SALT_RESIDUAL, pos))
+            if penalties:
+                smp.accept(t)   # the next row's distribution sees it, as a serial pick would
+            out.append((t, rows[i]))
+            if not ok:
+                return out, i, drafts, t1, t2
+        # every draft accepted: the target's own draw after them (pick accepts it)
+        out.append((self.pick(rows[k], P + k + 1), rows[k]))
+        return out, k, drafts, t1, t2
 
     def _core_round(self, last: int, k: int) -> list[int]:
         """Drafts (ds4_spec_propose) and the verify with its row argmaxes
@@ -249,12 +374,29 @@ class SpecRunner:
         policy.record_verify(k + 1, t2 - t1)
         policy.record_overhead((t_out - t2) + (t4 - t3))
 
+    def _end_quiet(self) -> None:
+        """Tell the policy about the fast path's rounds."""
+        n = len(self._quiet_t)
+        self.rounds += n
+        self.depth_counts[0] += n
+        self.policy.pass_quiet(n)
+        self.policy.record_plain_many(self._quiet_t)
+        self._quiet_t = []
+        self._quiet_left = 0
+
     def finish(self) -> None:
+        if self._quiet_t:
+            self._end_quiet()
         if self.admitted:
+            if self._defer_on:
+                self._defer.stop()  # a later call on the session drafts at once
+                self._defer_on = False
             self.drafter.finish(self.s)
 
     # -- statistics ------------------------------------------------------------
     def stats(self) -> dict:
+        if self._quiet_t:
+            self._end_quiet()
         draft_rounds = self.rounds - self.depth_counts.get(0, 0)
         return {
             "drafter": None if self.drafter is None else self.drafter.name,
@@ -265,12 +407,17 @@ class SpecRunner:
             # P(draft d accepted | drafts 1..d-1 were), over rounds that reached d
             "acceptance_per_depth": {d: self.pos_ok[d] / n
                                      for d, n in sorted(self.pos_tried.items())},
+            # the counts behind it (rounds reaching draft position d, accepted there)
+            "depth_tried": dict(sorted(self.pos_tried.items())),
+            "depth_accepted": {d: self.pos_ok[d] for d in sorted(self.pos_tried)},
             # tokens committed per drafting round (accepted drafts + the target's own)
             "mean_accepted_length": (self.round_tokens / draft_rounds
                                      if draft_rounds else 0.0),
             "verify_ms_per_width": {w: 1000.0 * sum(v) / len(v)
                                     for w, v in sorted(self.verify_s.items())},
             "depth_counts": dict(sorted(self.depth_counts.items())),
+            # head rows caught up in batches over plain stretches (ds4py.spec.defer)
+            "deferred_head_rows": 0 if self._defer is None else self._defer.rows_total,
             "accept_counts": dict(sorted(self.accept_counts.items())),
             "policy": self.policy.summary(),
         }
