@@ -3,7 +3,7 @@
 //
 //   bench_matvec [n_in n_out]        default 5120 17408 (a 27B-like FFN)
 //
-// Times k_matvec_kq (Q4_K, Q6_K) and k_matvec_q8_0 at verify widths 1, 4, 16
+// Times k_matvec_kq* (Q4_K, Q6_K, Q5_K) and k_matvec_q8_0 at widths 1, 2, 4, 8, 16
 // with CUDA events over many launches, and prints weight bytes read per
 // launch / time as GB/s beside the H200's ~4300 GB/s. Several copies of the
 // weights are cycled so the 50 MB L2 cannot serve them. Random bytes with
@@ -88,8 +88,12 @@ static void bench(int type, uint32_t n_in, uint32_t n_out, uint32_t width) {
     CK(cudaMalloc(&dy, sizeof(float) * width * n_out));
     CK(cudaMalloc(&dstatus, 8));
     CK(cudaMemset(dstatus, 0, 8));
-    const uint32_t nsg = 4, tg = 32 * nsg, grid[3] = {(n_out + nsg - 1) / nsg, 1, 1};
-    k_matvec_kq_params pk = {K_TAG_OF(matvec_kq), (uint32_t)type, n_in, n_out, width, n_out};
+    // SIMD-groups per threadgroup: BENCH_NSG (1..4), else 4 (measured best)
+    const char *env = getenv("BENCH_NSG");
+    const uint32_t nsg = env && atoi(env) >= 1 && atoi(env) <= 4 ? (uint32_t)atoi(env) : 4;
+    const uint32_t tg = 32 * nsg, grid[3] = {K_MATVEC_GROUPS(n_out, nsg), 1, 1};
+    const int kid = K_MATVEC_KQ_KERNEL(width); // the variant for this width
+    k_matvec_kq_params pk = {K_TAG(kid), (uint32_t)type, n_in, n_out, width, n_out};
     k_matvec_q8_0_params p8 = {K_TAG_OF(matvec_q8_0), n_in, n_out, width, n_out};
     char err[400];
     cudaEvent_t t0, t1;
@@ -105,7 +109,7 @@ static void bench(int type, uint32_t n_in, uint32_t n_out, uint32_t width) {
             k_binding b[] = {K_BIND(matvec_kq, status, dstatus, 8), K_BIND(matvec_kq, p, &pk, sizeof pk),
                              K_BIND(matvec_kq, w, w, wbytes), K_BIND(matvec_kq, xq, dx, xbytes),
                              K_BIND(matvec_kq, y, dy, sizeof(float) * width * n_out)};
-            rc = k_cuda_launch(K_ID_matvec_kq, grid, tg, b, 5, 0, err, sizeof err);
+            rc = k_cuda_launch(kid, grid, tg, b, 5, 0, err, sizeof err);
         } else {
             k_binding b[] = {K_BIND(matvec_q8_0, status, dstatus, 8), K_BIND(matvec_q8_0, p, &p8, sizeof p8),
                              K_BIND(matvec_q8_0, w, w, wbytes), K_BIND(matvec_q8_0, xq, dx, xbytes),
@@ -124,8 +128,8 @@ static void bench(int type, uint32_t n_in, uint32_t n_out, uint32_t width) {
     CK(cudaMemcpy(st, dstatus, 8, cudaMemcpyDeviceToHost));
     const double us = 1000.0 * ms / iters, gbs = (double)(wbytes + xbytes) / (us * 1e3);
     const char *name = type == K_TYPE_Q4_K ? "Q4_K" : type == K_TYPE_Q5_K ? "Q5_K" : type == K_TYPE_Q6_K ? "Q6_K" : "Q8_0";
-    printf("BENCH matvec %s n_in=%u n_out=%u width=%2u: %8.1f us/launch, weights %.1f MB, %7.1f GB/s = %4.1f%% of "
-           "4300 GB/s%s\n", name, n_in, n_out, width, us, wbytes / 1e6, gbs, 100.0 * gbs / 4300.0,
+    printf("BENCH matvec %s tg=%3u n_in=%u n_out=%u width=%2u: %8.1f us/launch, weights %.1f MB, %7.1f GB/s = %4.1f%% of "
+           "4300 GB/s%s\n", name, tg, n_in, n_out, width, us, wbytes / 1e6, gbs, 100.0 * gbs / 4300.0,
            st[0] ? " (STATUS RAISED)" : "");
     for (int c = 0; c < copies; c++) cudaFree(dw[c]);
     cudaFree(dx), cudaFree(dy), cudaFree(dstatus);
@@ -225,10 +229,12 @@ int main(int argc, char **argv) {
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
-    const int types[] = {K_TYPE_Q4_K, K_TYPE_Q6_K, 0};
-    const uint32_t widths[] = {1, 4, 16};
-    for (int t = 0; t < 3; t++)
-        for (int w = 0; w < 3; w++) bench(types[t], n_in, n_out, widths[w]);
+    // Q4_K / Q6_K: a Q4_K_M file's FFN types; widths 1 (decode), 2..16
+    // (verify; matvec_kq1 / kq4 / kq serve 1 / 2..4 / 5..16)
+    const int types[] = {K_TYPE_Q4_K, K_TYPE_Q6_K, K_TYPE_Q5_K, 0};
+    const uint32_t widths[] = {1, 2, 4, 8, 16};
+    for (int t = 0; t < 4; t++)
+        for (int w = 0; w < 5; w++) bench(types[t], n_in, n_out, widths[w]);
     bench_gdn_argmax();
     return 0;
 }

@@ -15,6 +15,14 @@
  *   K_LD(p, i), K_ST(p, i, v)  element i of a device or threadgroup array
  *                            (bounds- and race-checked under the emulator)
  *   k_shfl_xor(v, m)         the value of lane (lane ^ m) of the SIMD-group
+ *   k_shfl_xor_i(v, m)       the same for an int (bits exact)
+ *   k_dot4(a, b, c)          c + dot product of the 4 signed bytes of a and b
+ *                            (CUDA __dp4a; exact integers on every target)
+ *   K_PREFETCH(p, i)         hint: fetch the line of byte i of device buffer
+ *                            p into L2 (CUDA; nothing on Metal); in bounds
+ *   k_u32x4, k_u32x2         4 words (.x .y .z .w) / 2 (.x .y): one 16- /
+ *                            8-byte load, the address aligned to its size
+ *                            (the emulator checks)
  *   k_h2f / k_f2h / k_bf2f   fp16 / bf16 bits <-> float, round to nearest even
  *   K_DEV, K_DEV_IN, K_TGM   address spaces of pointers kept in locals
  *   K_FN                     qualifiers of a helper function
@@ -50,6 +58,24 @@ K_FN float k_simd_sum(float v) {
     v = v + k_shfl_xor(v, 4u);
     v = v + k_shfl_xor(v, 2u);
     v = v + k_shfl_xor(v, 1u);
+    return v;
+}
+
+/* Float sum over the 8 lanes of an octet by xor butterfly (1, 2, 4): the
+ * one order on every target; every lane of the octet ends with it. */
+K_FN float k_octet_sum(float v) {
+    v = v + k_shfl_xor(v, 1u);
+    v = v + k_shfl_xor(v, 2u);
+    v = v + k_shfl_xor(v, 4u);
+    return v;
+}
+
+/* Integer sum over the 8 lanes of an octet (lanes 8g..8g+7); every lane
+ * of the octet ends with it. Integers: exact in any order. */
+K_FN int k_octet_isum(int v) {
+    v = v + k_shfl_xor_i(v, 1u);
+    v = v + k_shfl_xor_i(v, 2u);
+    v = v + k_shfl_xor_i(v, 4u);
     return v;
 }
 

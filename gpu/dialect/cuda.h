@@ -34,6 +34,15 @@
 #define K_ST(p, i, v) ((p)[i] = (v))
 
 #define k_shfl_xor(v, m) __shfl_xor_sync(0xffffffffu, (v), (int)(m))
+#define k_shfl_xor_i(v, m) __shfl_xor_sync(0xffffffffu, (int)(v), (int)(m))
+/* c + the dot product of the four signed bytes of a and of b (IDP4A: one
+ * instruction for four int8 multiply-adds; exact integer, like the others) */
+K_FN int k_dot4(k_u32 a, k_u32 b, int c) { return __dp4a((int)a, (int)b, c); }
+typedef uint4 k_u32x4; /* 16-byte loads (LDG.E.128) */
+typedef uint2 k_u32x2; /* 8-byte loads */
+/* Ask L2 for the line holding byte i of device buffer p (no register, no
+ * fault on a valid address): streaming kernels run ahead of their loads. */
+#define K_PREFETCH(p, i) asm volatile("prefetch.global.L2 [%0];" ::"l"((const void *)&(p)[i]))
 #define k_exp(x) expf(x)
 #define k_log(x) logf(x)
 #define k_sqrt(x) sqrtf(x)
@@ -57,5 +66,10 @@ K_FN float k_bf2f(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
 /* The last parameter is the argument count the host passed: the kernel
  * table's K_NARGS, checked by the host launcher (cuda/host.cu). */
 #define K_KERNEL(K) extern "C" __global__ void k_##K(K_ARGS_##K(K_CU_PARAM_, K) int k__nargs)
+/* A kernel launched with at most T threads per threadgroup that wants B
+ * threadgroups resident per SM: ptxas then caps its registers (65536 / (T
+ * B)) instead of hoisting loads until occupancy collapses. */
+#define K_KERNEL_BOUNDED(K, T, B) \
+    extern "C" __global__ __launch_bounds__(T, B) void k_##K(K_ARGS_##K(K_CU_PARAM_, K) int k__nargs)
 
 #endif

@@ -34,6 +34,11 @@
 #define K_ST(p, i, v) (*(__typeof__(&(p)[i]))emul_chk((p), &(p)[i], sizeof((p)[i]), 1, __LINE__) = (v))
 
 #define k_shfl_xor(v, m) emul_shfl_xor((v), (m), __LINE__)
+#define k_shfl_xor_i(v, m) emul_shfl_xor_i((v), (m), __LINE__)
+typedef struct { uint32_t x, y, z, w; } k_u32x4; /* 16-byte loads; the emulator checks their alignment */
+typedef struct { uint32_t x, y; } k_u32x2;       /* 8-byte loads */
+/* a hint on the GPU; here its address is bounds-checked like a load */
+#define K_PREFETCH(p, i) ((void)emul_chk((p), &(p)[i], 1, 0, __LINE__))
 #define k_raise(status, bits) emul_raise((status), (bits))
 #define k_exp expf
 #define k_log logf
@@ -58,6 +63,12 @@ K_FN float k_h2f(uint16_t h) {
 /* k_f2h, shared by every target */
 #include "f16.h"
 
+/* c + the dot product of the four signed bytes of a and b (CUDA __dp4a) */
+K_FN int k_dot4(uint32_t a, uint32_t b, int c) {
+    for (int e = 0; e < 4; e++) c += (int)(int8_t)(a >> (8 * e)) * (int)(int8_t)(b >> (8 * e));
+    return c;
+}
+
 K_FN float k_bf2f(uint16_t h) { return k_bits_f32((uint32_t)h << 16); }
 
 /* A kernel is k_<name>_impl(table args, int) plus the entry the emulator
@@ -77,5 +88,7 @@ K_FN float k_bf2f(uint16_t h) { return k_bits_f32((uint32_t)h << 16); }
     void k_emul_##K(void *const *k__s);                                         \
     void k_emul_##K(void *const *k__s) { k_##K##_impl(K_ARGS_##K(K_EMUL_ARGV_, K) 0); } \
     static void k_##K##_impl(K_ARGS_##K(K_EMUL_PARAM_, K) int k__end)
+/* CUDA's register-cap hint (cuda.h); nothing to do here */
+#define K_KERNEL_BOUNDED(K, T, B) K_KERNEL(K)
 
 #endif

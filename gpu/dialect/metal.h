@@ -41,6 +41,10 @@ using namespace metal;
 #define K_ST(p, i, v) ((p)[i] = (v))
 
 #define k_shfl_xor(v, m) simd_shuffle_xor((v), (ushort)(m))
+#define k_shfl_xor_i(v, m) simd_shuffle_xor((int)(v), (ushort)(m))
+typedef uint4 k_u32x4; /* 16-byte loads */
+typedef uint2 k_u32x2; /* 8-byte loads */
+#define K_PREFETCH(p, i) ((void)(p), (void)(i)) /* no MSL equivalent; a hint only */
 #define k_exp(x) precise::exp(x)
 #define k_log(x) precise::log(x)
 #define k_sqrt(x) precise::sqrt(x)
@@ -53,6 +57,12 @@ K_FN k_u32 k_f32_bits(float f) { return as_type<uint>(f); }
 K_FN float k_bits_f32(k_u32 u) { return as_type<float>(u); }
 /* k_f2h: integer RNE, as on every target (f16.h says why) */
 #include "f16.h"
+/* c + the dot product of the four signed bytes of a and b (MSL has no
+ * 4-way int8 dot; exact integer arithmetic, the same value as CUDA's __dp4a) */
+K_FN int k_dot4(uint a, uint b, int c) {
+    const char4 x = as_type<char4>(a), y = as_type<char4>(b);
+    return c + int(x.x) * int(y.x) + int(x.y) * int(y.y) + int(x.z) * int(y.z) + int(x.w) * int(y.w);
+}
 K_FN float k_bf2f(ushort h) { return as_type<float>((uint)h << 16); }
 
 K_FN void k_raise_(device atomic_uint *status, uint bits) {
@@ -71,5 +81,7 @@ K_FN void k_raise_(device atomic_uint *status, uint bits) {
                       uint3 k__tgsize [[threads_per_threadgroup]],    \
                       uint3 k__gid [[threadgroup_position_in_grid]],  \
                       uint3 k__ngroups [[threadgroups_per_grid]])
+/* CUDA's register-cap hint (cuda.h); the host launches at most T threads */
+#define K_KERNEL_BOUNDED(K, T, B) K_KERNEL(K)
 
 #endif

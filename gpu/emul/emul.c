@@ -97,6 +97,16 @@ float emul_shfl_xor(float v, uint32_t mask, int line) {
     return r;
 }
 
+/* Integers ride the float exchange as bit patterns (memcpy, no float
+ * arithmetic touches them, so every bit survives). */
+int emul_shfl_xor_i(int v, uint32_t mask, int line) {
+    float f;
+    memcpy(&f, &v, sizeof f);
+    f = emul_shfl_xor(f, mask, line);
+    memcpy(&v, &f, sizeof v);
+    return v;
+}
+
 void emul_raise(uint32_t *status, uint32_t bits) {
     /* status[0] |= bits through the checked path, so a status pointer that
      * is not the status buffer is reported too. */

@@ -47,6 +47,7 @@ typedef struct {
 extern emul_thread_pos emul_pos; /* of the running fiber (one OS thread runs them all) */
 void emul_barrier(int line);
 float emul_shfl_xor(float v, uint32_t mask, int line);
+int emul_shfl_xor_i(int v, uint32_t mask, int line);
 void *emul_tg_array(int line, size_t elem, size_t n);
 void *emul_chk(const void *base, const void *addr, size_t size, int write, int line);
 void emul_raise(uint32_t *status, uint32_t bits);

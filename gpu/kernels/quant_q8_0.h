@@ -8,10 +8,6 @@
 
 K_FN int k_i8(k_u32 byte) { return (int)byte - (byte >= 128u ? 256 : 0); }
 
-K_FN float k_ld_f16_at(K_DEV_IN k_u8 *b, k_u32 off) {
-    return k_h2f((k_u16)((k_u32)K_LD(b, off) | ((k_u32)K_LD(b, off + 1u) << 8)));
-}
-
 /* One SIMD-group per block: lane j holds x[j]. Bit for bit the CPU's
  * quantizer (csrc/quants/scalar.c quant_block_q8_avx2, llama.cpp's AVX2
  * quantize_row_q8_0): amax by max (order-free without NaN), d = amax/127,
@@ -43,54 +39,90 @@ K_KERNEL(quantize_q8_0) {
     }
 }
 
-/* One SIMD-group per output row o: lane l takes blocks l, l+32, ..., reads
- * each weight block once and dots it with all n_rows activation rows; per
- * block and row the CPU's term sumi * (d_w * d_x) (csrc/quants/scalar.c
- * dot_q8_0_q8_0, bit-identical per term), summed per lane in block order,
- * then across lanes by butterfly. So a row's result never depends on
- * n_rows (batch invariance), and differs from the CPU's serial block sum
- * only in the order of the same terms (tolerance: docs/gpu.md). */
+/* Two bytes at an even offset as a little-endian 16-bit value. */
+K_FN k_u32 k_ld_u16_at(K_DEV_IN k_u16 *b16, k_u32 off) { return (k_u32)K_LD(b16, off / 2u); }
+
+/* Bytes off..off+3 (off even) as one word, little-endian: Q8_0 blocks are
+ * 34 bytes, so their codes are only 2-aligned. */
+K_FN k_u32 k_ld_w2(K_DEV_IN k_u16 *b16, k_u32 off) {
+    return (k_u32)K_LD(b16, off / 2u) | ((k_u32)K_LD(b16, off / 2u + 1u) << 16);
+}
+
+/* Blocks per octet per step of the Q8_0 matvec: 4 x 3 16-bit loads per
+ * lane in flight before the first use. */
+#define K_Q8_0_STEP 4u
+#ifndef K_Q8_0_AHEAD
+#define K_Q8_0_AHEAD 16u /* blocks of L2 prefetch ahead (CUDA) */
+#endif
+
+/* One octet (8 lanes) per output row o: SIMD-group s serves rows 4s..4s+3,
+ * octet g row 4s + g, so the four octets always read the same activation
+ * block (one L1 access serves all four). An octet takes K_Q8_0_STEP
+ * consecutive blocks per step, all loads first. Lane t holds codes
+ * 4t..4t+3 of a block as one word (two 16-bit loads: blocks are 34 bytes,
+ * only 2-aligned), so an octet's step reads 136 contiguous bytes. Every
+ * weight word is read once and dotted with all n_rows activation rows
+ * (k_dot4, one instruction on CUDA); the octet's integer sum is the CPU's
+ * sumi (csrc/quants/scalar.c dot_q8_0_q8_0) exactly, and lane ib % 8 adds
+ * the CPU's term sumi * (d_w * d_x) to its accumulator: lane t gets blocks
+ * t, t+8, ... in ascending order (at most ceil(nb/8)), then a 3-level
+ * butterfly over the octet. So a row's result never depends on n_rows
+ * (batch invariance), and differs from the CPU's serial block sum only in
+ * the order of the same terms (tolerance: docs/gpu.md). */
 K_KERNEL(matvec_q8_0) {
     K_CHECK_TAG(matvec_q8_0);
     if (p.n_in % 32u || p.n_rows == 0u || p.n_rows > K_MATVEC_MAX_ROWS) {
         k_raise(status, K_ERR_SHAPE);
         return;
     }
-    const k_u32 nb = p.n_in / 32u;
-    const k_u32 o = K_GX * K_NSIMD + K_SIMD;
-    if (o >= p.n_out) return; /* a whole SIMD-group */
+    const k_u32 nb = p.n_in / 32u, t = K_LANE & 7u, nr = p.n_rows;
+    const k_u32 o0 = (K_GX * K_NSIMD + K_SIMD) * K_MATVEC_ROWS_PER_SIMD;
+    if (o0 >= p.n_out) return; /* a whole SIMD-group */
+    /* an octet past the last row computes row n_out - 1 without storing:
+     * its SIMD-group's other octets need it in the shuffles */
+    const k_u32 o = o0 + (K_LANE >> 3), orow = o < p.n_out ? o : p.n_out - 1u;
 #ifdef PLANT_OFF_BY_ONE_ROW
     /* planted fault (tests must turn red): the next row's weights, in bounds */
-    const k_u32 wrow = o + 1u < p.n_out ? o + 1u : o;
+    const k_u32 wrow = orow + 1u < p.n_out ? orow + 1u : orow;
 #else
-    const k_u32 wrow = o;
+    const k_u32 wrow = orow;
 #endif
+    K_DEV_IN k_u16 *w16 = (K_DEV_IN k_u16 *)w;
+    K_DEV_IN k_u16 *x16 = (K_DEV_IN k_u16 *)xq;
     /* row loops run to the constant K_MATVEC_MAX_ROWS with a guard so the
-     * compiler unrolls them and keeps acc[] / sumi[] in registers */
-    const k_u32 nr = p.n_rows;
+     * compiler unrolls them and keeps acc[] in registers */
     float acc[K_MATVEC_MAX_ROWS];
     K_UNROLL for (k_u32 r = 0; r < K_MATVEC_MAX_ROWS; r++) acc[r] = 0.0f;
-    for (k_u32 ib = K_LANE; ib < nb; ib += 32u) {
-        const k_u32 wo = (wrow * nb + ib) * 34u;
-        const float dw = k_ld_f16_at(w, wo);
-        int sumi[K_MATVEC_MAX_ROWS];
-        K_UNROLL for (k_u32 r = 0; r < K_MATVEC_MAX_ROWS; r++) sumi[r] = 0;
-        for (k_u32 j = 0; j < 32u; j++) {
-            const int wj = k_i8(K_LD(w, wo + 2u + j));
+    /* the same trip count in all 32 lanes (the octet sums shuffle): a step
+     * past the last block reads block 0 (in bounds) and adds nothing */
+    for (k_u32 base = 0; base < nb; base += K_Q8_0_STEP) {
+        /* L2 prefetch K_Q8_0_AHEAD blocks ahead: lanes 0..4 of the octet
+         * touch the 5 sectors of that step's 4 blocks (136 bytes), never
+         * past the row's last byte */
+        if (base + K_Q8_0_AHEAD < nb && t < 5u) {
+            const k_u32 pf = (base + K_Q8_0_AHEAD) * 34u + 32u * t;
+            K_PREFETCH(w, wrow * nb * 34u + (pf < nb * 34u ? pf : nb * 34u - 1u));
+        }
+        k_u32 wq[K_Q8_0_STEP];
+        float dw[K_Q8_0_STEP];
+        K_UNROLL for (k_u32 u = 0; u < K_Q8_0_STEP; u++) { /* all loads before any use */
+            const k_u32 wo = (wrow * nb + (base + u < nb ? base + u : 0u)) * 34u;
+            wq[u] = k_ld_w2(w16, wo + 2u + 4u * t);
+            dw[u] = k_h2f((k_u16)k_ld_u16_at(w16, wo));
+        }
+        K_UNROLL for (k_u32 u = 0; u < K_Q8_0_STEP; u++) {
+            const k_u32 ib = base + u, live = ib < nb, ibx = live ? ib : 0u, adder = live && t == (ib & 7u);
             K_UNROLL for (k_u32 r = 0; r < K_MATVEC_MAX_ROWS; r++) {
                 if (r >= nr) continue;
-                sumi[r] += wj * k_i8(K_LD(xq, (r * nb + ib) * 34u + 2u + j));
+                const k_u32 xo = (r * nb + ibx) * 34u;
+                const int sumi = k_octet_isum(k_dot4(wq[u], k_ld_w2(x16, xo + 2u + 4u * t), 0));
+                if (adder) acc[r] += (float)sumi * (dw[u] * k_h2f((k_u16)k_ld_u16_at(x16, xo)));
             }
-        }
-        K_UNROLL for (k_u32 r = 0; r < K_MATVEC_MAX_ROWS; r++) {
-            if (r >= nr) continue;
-            const float dx = k_ld_f16_at(xq, (r * nb + ib) * 34u);
-            acc[r] += (float)sumi[r] * (dw * dx);
         }
     }
     K_UNROLL for (k_u32 r = 0; r < K_MATVEC_MAX_ROWS; r++) {
         if (r >= nr) continue;
-        const float s = k_simd_sum(acc[r]);
-        if (K_LANE == 0) K_ST(y, r * p.y_stride + o, s);
+        const float s = k_octet_sum(acc[r]);
+        if (t == 0u && o < p.n_out) K_ST(y, r * p.y_stride + o, s);
     }
 }

@@ -61,7 +61,9 @@ typedef uchar k_u8;
     X(8, matvec_kq)      \
     X(9, gdn_conv)       \
     X(10, gdn_delta)     \
-    X(11, argmax_rows)
+    X(11, argmax_rows)   \
+    X(12, matvec_kq1)    \
+    X(13, matvec_kq4)
 
 /* A params struct starts with its tag: 0xD5A0 in the high half, the kernel
  * id in the low half. */
@@ -103,9 +105,15 @@ typedef struct {
 /* -------------------------------------------------------- matvec_q8_0 -- */
 /* y[r][o] = W_o . xq_r for r < n_rows (1..16: decode and the verify widths,
  * every weight block read once for all rows), W rows of n_in Q8_0 weights,
- * xq rows of Q8_0 activations (quantize_q8_0's output). One SIMD-group per
- * output row. */
+ * xq rows of Q8_0 activations (quantize_q8_0's output). One octet (8
+ * lanes) per output row, so a SIMD-group serves K_MATVEC_ROWS_PER_SIMD
+ * rows and reads each activation word once for all four (the same for
+ * matvec_kq); launch K_MATVEC_GROUPS(n_out, SIMD-groups per threadgroup)
+ * threadgroups. */
 #define K_MATVEC_MAX_ROWS 16
+#define K_MATVEC_ROWS_PER_SIMD 4
+#define K_MATVEC_MAX_TG 128 /* threads per threadgroup, at most (CUDA register cap) */
+#define K_MATVEC_GROUPS(n_out, nsg) (((n_out) + K_MATVEC_ROWS_PER_SIMD * (nsg) - 1) / (K_MATVEC_ROWS_PER_SIMD * (nsg)))
 typedef struct {
     k_u32 tag;
     k_u32 n_in;     /* a multiple of 32 */
@@ -211,7 +219,8 @@ typedef struct {
 /* y[r][o] = W_o . xq_r for K-quant weights (wtype: the ggml type id, Q4_K
  * 12, Q5_K 13, Q6_K 14) and Q8_K activation rows (quantize_q8_K's output),
  * r < n_rows (1..16, every weight block read once for all rows). One
- * SIMD-group per output row. */
+ * octet per output row, K_MATVEC_GROUPS threadgroups of at most
+ * K_MATVEC_MAX_TG threads. */
 #define K_TYPE_Q4_K 12
 #define K_TYPE_Q5_K 13
 #define K_TYPE_Q6_K 14
@@ -230,6 +239,14 @@ typedef struct {
     X(K, 2, w, k_u8, K_IN, p.n_out * (p.n_in / 256) * K_KQ_BLOCK_BYTES(p.wtype)) \
     X(K, 3, xq, k_u8, K_IN, p.n_rows * (p.n_in / 256) * 292)              \
     X(K, 4, y, float, K_OUT, (p.n_rows - 1) * p.y_stride + p.n_out)
+/* The same kernel for n_rows 1 (matvec_kq1) and 1..4 (matvec_kq4), with
+ * fewer registers (quant_kq.h); the same table, so bindings made with
+ * K_BIND(matvec_kq, ...) fit all three; params carry the variant's tag. */
+typedef k_matvec_kq_params k_matvec_kq1_params;
+typedef k_matvec_kq_params k_matvec_kq4_params;
+#define K_ARGS_matvec_kq1(X, K) K_ARGS_matvec_kq(X, K)
+#define K_ARGS_matvec_kq4(X, K) K_ARGS_matvec_kq(X, K)
+#define K_MATVEC_KQ_KERNEL(n_rows) ((n_rows) <= 1 ? K_ID_matvec_kq1 : (n_rows) <= 4 ? K_ID_matvec_kq4 : K_ID_matvec_kq)
 
 /* ----------------------------------------------------------- gdn_conv -- */
 /* One token of the GDN causal depthwise conv (decode): out[ch] =

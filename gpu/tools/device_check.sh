@@ -66,7 +66,7 @@ cat "$OUT/harness.log"
 
 # Sanitizers: memcheck over every suite; racecheck / synccheck over the
 # suites whose kernels share threadgroup memory or wait at barriers.
-BARRIER_SUITES="rmsnorm attn gdn argmax"
+BARRIER_SUITES="rmsnorm attn kquant gdn argmax"  # kquant: matvec_kq stages activations in threadgroup memory
 sanitize() {
     local tool=$1 limit=$2
     shift 2

@@ -12,6 +12,9 @@ typedef uint32_t uint;
 typedef uint16_t ushort;
 typedef uint8_t uchar;
 struct uint3 { uint x, y, z; };
+struct uint4 { uint x, y, z, w; };
+struct uint2 { uint x, y; };
+struct char4 { int8_t x, y, z, w; };
 struct half { ushort bits; half() = default; explicit half(float); operator float() const; };
 #define kernel
 #define device
@@ -23,6 +26,7 @@ using std::fabs;
 using std::rint;
 template <class T, class U> T as_type(U u) { static_assert(sizeof(T) == sizeof(U), "as_type size"); T t; std::memcpy(&t, &u, sizeof t); return t; }
 float simd_shuffle_xor(float, ushort);
+int simd_shuffle_xor(int, ushort);
 enum class mem_flags { mem_none, mem_threadgroup, mem_device };
 void threadgroup_barrier(mem_flags);
 struct atomic_uint { uint v; };
