@@ -10,7 +10,9 @@
  * DS4_KV_PAGE. Each block yields a partial (max, sum, acc); partials are
  * merged in ascending block order by one merge routine. A prefill row runs
  * the blocks one after the other on one thread; a decode row (chunk of one)
- * computes the blocks' partials in parallel and merges them afterwards.
+ * computes the blocks' partials in parallel and merges them afterwards;
+ * its work items are (kv head, block), each serving the kv head's whole GQA
+ * group so every K/V row is read once per token, not once per query head.
  * Both do the same float operations in the same order, so a row's output
  * does not depend on which path, chunk or thread count produced it.
  *
@@ -77,10 +79,13 @@ int64_t ds4_attn_work_per_row(const ds4_model_config *c) {
 }
 
 /* scores of one block, the merge state's acc, one block's acc, one V row,
- * and for the F16 recipe a float copy of the F16 accumulator plus the F16
- * query and accumulator (dh halves each, one float per half: generous). */
+ * and for the F16 recipe a float copy of the F16 accumulator, the F16-rounded
+ * query widened to float (dh floats), the F16 accumulator (dh halves, one
+ * float per half: generous), plus the widened queries of one GQA group for
+ * the decode group kernel (group * dh floats). */
 int64_t ds4_attn_thread_floats(const ds4_model_config *c) {
-    return DS4_KV_PAGE + 6 * c->head_dim;
+    const int64_t group = c->n_head_kv > 0 ? c->n_head / c->n_head_kv : 1;
+    return DS4_KV_PAGE + 6 * c->head_dim + (group > 0 ? group : 1) * c->head_dim;
 }
 
 static attn_work carve(const ds4_fwd *f) {
@@ -119,8 +124,9 @@ typedef struct {
     float *acc;    /* one block's acc, dh */
     float *vtmp;   /* one V row in float, dh */
     float *tmp;    /* F16 recipe: the F16 accumulator in float, dh */
-    uint16_t *q16; /* F16 recipe: the query rounded to F16, dh */
+    float *qw;     /* F16 recipe: the query rounded to F16, widened back, dh */
     uint16_t *a16; /* F16 recipe: the F16 accumulator, dh */
+    float *qgw;    /* decode group kernel: the group's queries as qw, group*dh */
 } attn_scratch;
 
 static attn_scratch scratch_of(const ds4_fwd *f, int ith) {
@@ -132,8 +138,9 @@ static attn_scratch scratch_of(const ds4_fwd *f, int ith) {
     s.acc = s.A + dh;
     s.vtmp = s.acc + dh;
     s.tmp = s.vtmp + dh;
-    s.q16 = (uint16_t *)(s.tmp + dh);
+    s.qw = s.tmp + dh;
     s.a16 = (uint16_t *)(s.tmp + 2 * dh);
+    s.qgw = s.tmp + 3 * dh;
     return s;
 }
 
@@ -184,9 +191,10 @@ static void block_partial_f32(const kv_view *kv, int64_t kvh, const float *q, in
 /* F16 recipe (fast precision with attn_f16; F16 KV only): llama.cpp's CPU
  * flash-attention one-chunk kernel (ggml-cpu ops.cpp
  * ggml_compute_forward_flash_attn_ext_f16_one_chunk) over one block: the
- * query rounded to F16 once (q16), scores = F16 x F16 dot times scale, an
- * online softmax position by position (on a new max M: the accumulator is
- * scaled by expf(M_old - M), else the position's weight is expf(s - M)),
+ * query rounded to F16 once (qw: widened back, see F16_DOT_WHY), scores =
+ * F16 x F16 dot times scale, an online softmax position by position (on a
+ * new max M: the accumulator is scaled by expf(M_old - M), else the
+ * position's weight is expf(s - M)),
  * and the V accumulator kept in F16: after every scale or add each element
  * is rounded back to F16 (a = f16(a + v*w), the product and sum rounded to
  * float first). S = S*ms + w in float. The block's F16 accumulator is
@@ -197,7 +205,7 @@ static void block_partial_f16(const kv_view *kv, int64_t kvh, int64_t b, int64_t
     const int64_t dh = f->c.head_dim;
     const int64_t p0 = b * DS4_KV_PAGE;
     const int64_t p1 = p0 + DS4_KV_PAGE < n_vis ? p0 + DS4_KV_PAGE : n_vis;
-    ds4_vec_dot_fn dot = f->k->vec_dot[DS4_TYPE_F16];
+    ds4_vec_dot_fn dot = f->k->vec_dot_f32[DS4_TYPE_F16]; /* see F16_DOT_WHY */
     ds4_to_float_fn to_f = f->k->to_float[DS4_TYPE_F16];
     ds4_from_float_fn from_f = f->k->from_float[DS4_TYPE_F16];
     float *a = sc->tmp;      /* == to_float(a16) at all times */
@@ -206,7 +214,7 @@ static void block_partial_f16(const kv_view *kv, int64_t kvh, int64_t b, int64_t
     for (int64_t d = 0; d < dh; d++) a[d] = 0.0f;
     for (int64_t p = p0; p < p1; p++) {
         float s = 0.0f;
-        dot(dh, &s, ds4_kv_row(f, kv->kp, kvh, p), sc->q16);
+        dot(dh, &s, ds4_kv_row(f, kv->kp, kvh, p), sc->qw);
         s *= kv->scale;
         float ms = 1.0f, vs = 1.0f;
         if (s > M) {
@@ -281,9 +289,22 @@ static void finish(const ds4_fwd *f, float *out, float L, const float *A, int64_
     }
 }
 
-/* The F16 recipe's query: q rounded to F16 once per (row, head). */
+/* F16_DOT_WHY: the F16 recipe's score is the F16 x F16 dot of the K row
+ * with the query rounded to F16. Widening that F16 query to float once
+ * (exact) and taking every set's vec_dot_f32[F16] gives the same bits as
+ * vec_dot[F16] (each set builds both from one loop, products of the same
+ * floats summed in the same order) while converting only the K row per
+ * position: the conversions, not memory, bound this loop. */
+
+/* The F16 recipe's query: q rounded to F16 once per (row, head), widened
+ * back to float into qw (a16 is free between blocks). */
+static void prep_query_to(const ds4_fwd *f, const float *q, const attn_scratch *sc, float *qw) {
+    f->k->from_float[DS4_TYPE_F16](q, sc->a16, f->c.head_dim);
+    f->k->to_float[DS4_TYPE_F16](sc->a16, qw, f->c.head_dim);
+}
+
 static void prep_query(const ds4_fwd *f, const float *q, const attn_scratch *sc) {
-    if (f->attn_f16) f->k->from_float[DS4_TYPE_F16](q, sc->q16, f->c.head_dim);
+    if (f->attn_f16) prep_query_to(f, q, sc, sc->qw);
 }
 
 /* Items (t, h) of a prefill chunk: all blocks of the row, merged as they go. */
@@ -308,19 +329,91 @@ static void rows_items(void *vctx, int64_t i0, int64_t i1, int ith) {
     }
 }
 
-/* Items (h, b) of a decode row: one block's partial each. */
+/* block_partial_f16 for all `group` query heads of kv head kvh at once,
+ * position by position: each K and V row is read from memory once for the
+ * whole GQA group (instead of once per query head), and the group's
+ * independent per-head chains overlap in the core. Each head's float
+ * operations are exactly block_partial_f16's, in the same order (same dot,
+ * expf, f16_acc_row / three-pass fallback), so its partial is bit-identical
+ * to what block_partial_f16 gives; the rows path (prefill, and decode with
+ * one block) keeps calling block_partial_f16. Head h0+g's running state
+ * lives in its partial slot: parts[g*stride] = M, [+1] = S, [+2..] = the
+ * F16 accumulator widened to float. */
+static void block_group_f16(const kv_view *kv, int64_t kvh, int64_t group, int64_t b,
+                            int64_t n_vis, const attn_scratch *sc, float *parts,
+                            int64_t stride) {
+    const ds4_fwd *f = kv->f;
+    const int64_t dh = f->c.head_dim;
+    const int64_t p0 = b * DS4_KV_PAGE;
+    const int64_t p1 = p0 + DS4_KV_PAGE < n_vis ? p0 + DS4_KV_PAGE : n_vis;
+    ds4_vec_dot_fn dot = f->k->vec_dot_f32[DS4_TYPE_F16]; /* see F16_DOT_WHY */
+    ds4_to_float_fn to_f = f->k->to_float[DS4_TYPE_F16];
+    ds4_from_float_fn from_f = f->k->from_float[DS4_TYPE_F16];
+    for (int64_t g = 0; g < group; g++) {
+        float *st = parts + g * stride;
+        st[0] = -INFINITY;
+        st[1] = 0.0f;
+        for (int64_t d = 0; d < dh; d++) st[2 + d] = 0.0f;
+    }
+    for (int64_t p = p0; p < p1; p++) {
+        const uint8_t *kr = ds4_kv_row(f, kv->kp, kvh, p);
+        const uint16_t *vr = (const uint16_t *)ds4_kv_row(f, kv->vp, kvh, p);
+        for (int64_t g = 0; g < group; g++) {
+            float *st = parts + g * stride, *a = st + 2;
+            float s = 0.0f;
+            dot(dh, &s, kr, sc->qgw + g * dh);
+            s *= kv->scale;
+            float ms = 1.0f, vs = 1.0f;
+            if (s > st[0]) {
+                const float Mold = st[0];
+                st[0] = s;
+                ms = expf(Mold - s);
+                if (Mold != -INFINITY) {
+                    for (int64_t d = 0; d < dh; d++) a[d] *= ms;
+                    from_f(a, sc->a16, dh);
+                    to_f(sc->a16, a, dh);
+                }
+            } else {
+                vs = expf(s - st[0]);
+            }
+            if (f->k->f16_acc_row) {
+                f->k->f16_acc_row(a, vr, vs, dh);
+            } else {
+                to_f(vr, sc->vtmp, dh);
+                for (int64_t d = 0; d < dh; d++) a[d] += sc->vtmp[d] * vs;
+                from_f(a, sc->a16, dh);
+                to_f(sc->a16, a, dh);
+            }
+            st[1] = st[1] * ms + vs;
+        }
+    }
+}
+
+/* Items (kv head, b) of a decode row: block b's partial for every query
+ * head of the kv head's GQA group, each K/V block read once for the group
+ * (the F16 recipe in one interleaved pass, the F32 recipe head after head
+ * while the 256-position block is still in cache). Partial of head h, block
+ * b at part + (h*nb + b)*(2 + dh), as merge_items reads them. */
 static void part_items(void *vctx, int64_t i0, int64_t i1, int ith) {
     const attn_ctx *c = vctx;
     const ds4_fwd *f = c->kv.f;
-    const int64_t dh = f->c.head_dim;
+    const int64_t dh = f->c.head_dim, stride = 2 + dh;
     const attn_scratch sc = scratch_of(f, ith);
     const int64_t n_vis = c->pos0 + 1;
     for (int64_t it = i0; it < i1; it++) {
-        const int64_t h = it / c->nb, b = it % c->nb;
-        float *p = c->part + it * (2 + dh);
-        const float *q = c->qf + 2 * h * dh;
-        prep_query(f, q, &sc);
-        block_partial(&c->kv, h / c->group, q, b, n_vis, &sc, &p[0], &p[1], p + 2);
+        const int64_t kvh = it / c->nb, b = it % c->nb, h0 = kvh * c->group;
+        if (f->attn_f16) {
+            for (int64_t g = 0; g < c->group; g++)
+                prep_query_to(f, c->qf + 2 * (h0 + g) * dh, &sc, sc.qgw + g * dh);
+            block_group_f16(&c->kv, kvh, c->group, b, n_vis, &sc,
+                            c->part + (h0 * c->nb + b) * stride, c->nb * stride);
+            continue;
+        }
+        for (int64_t h = h0; h < h0 + c->group; h++) {
+            float *p = c->part + (h * c->nb + b) * stride;
+            const float *q = c->qf + 2 * h * dh;
+            block_partial(&c->kv, kvh, q, b, n_vis, &sc, &p[0], &p[1], p + 2);
+        }
     }
 }
 
@@ -390,14 +483,16 @@ void ds4_attn_block(ds4_fwd *f, const ds4_layer *L, ds4_kv_layer *kvl, int64_t n
     ac.group = nh / nkv; /* grouped GQA: q head h reads kv head h/group (pitfall 3) */
     ac.nb = (pos0 + 1 + DS4_KV_PAGE - 1) / DS4_KV_PAGE;
     ac.part = f->attn_part;
-    if (ds4_paths_on())
-        ds4_path_note(f->path_layer, "attention",
-                      n == 1 && ac.nb > 1 ? (f->attn_f16 ? "split-K decode, 256-blocks, F16 KV, Q/V in F16"
-                                                         : "split-K decode, 256-blocks, F32 Q/V")
-                                          : (f->attn_f16 ? "rows, 256-blocks, F16 KV, Q/V in F16"
-                                                         : "rows, 256-blocks, F32 Q/V"));
+    if (ds4_paths_on()) {
+        const char *split =
+            f->attn_f16 ? "split-K decode, 256-blocks per GQA group, F16 KV, Q/V in F16"
+                        : "split-K decode, 256-blocks per GQA group, F32 Q/V";
+        const char *rows = f->attn_f16 ? "rows, 256-blocks, F16 KV, Q/V in F16"
+                                       : "rows, 256-blocks, F32 Q/V";
+        ds4_path_note(f->path_layer, "attention", n == 1 && ac.nb > 1 ? split : rows);
+    }
     if (n == 1 && ac.nb > 1) {
-        ds4_pool_for(f->pool, nh * ac.nb, part_items, &ac);
+        ds4_pool_for(f->pool, nkv * ac.nb, part_items, &ac);
         ds4_pool_for(f->pool, nh, merge_items, &ac);
     } else {
         ds4_pool_for(f->pool, n * nh, rows_items, &ac);
