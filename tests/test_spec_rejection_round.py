@@ -18,11 +18,11 @@ byte-identical to serial, a drafter that cannot sample is refused.
 
 from __future__ import annotations
 
-import math
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from test_spec_sampling import chi2, chi2_sf_even  # one chi-square helper for both
 
 import ds4py
 from ds4py.demo_model import demo_model_path
@@ -44,18 +44,6 @@ def softmax(x: np.ndarray, t: float) -> np.ndarray:
 
 
 P_TARGET = softmax(LP, T)
-
-
-def chi2_sf_even(x: float, df: int) -> float:
-    """chi-square survival function for even df (Poisson-sum identity)."""
-    assert df % 2 == 0
-    h = x / 2.0
-    return math.exp(-h) * sum(h ** i / math.factorial(i) for i in range(df // 2))
-
-
-def chi2(counts, probs) -> float:
-    n = sum(counts)
-    return sum((c - n * p) ** 2 / (n * p) for c, p in zip(counts, probs, strict=True))
 
 
 class ConstSession:
