@@ -196,6 +196,33 @@ def test_shipped_demo_sidecar_entry_applies_to_the_demo_files(tmp_path):
     assert classify(demo_model_path(), None).verdict == "NOT_APPLICABLE"
 
 
+def test_calibrate_measures_a_pair_the_table_refuses(tmp_path, monkeypatch):
+    """spec-calibrate must draft with the pair it measures even when a table
+    (here the user's, via $DS4PY_PAIRS) marks it REFUSE_MEASURED_BAD --
+    otherwise a bad verdict could never be re-measured (it measured serial
+    against serial). The entry it writes shows drafting happened."""
+    import json
+
+    from ds4py.demo_model import demo_model_path
+    from ds4py.spec.calibrate import calibrate
+    from gguf_tools.mtp import extract_mtp
+
+    head = str(tmp_path / "demo-head.gguf")
+    extract_mtp(demo_model_path(), head)
+    rep = classify(demo_model_path(), head)
+    pairs = tmp_path / "pairs.json"
+    pairs.write_text(json.dumps({"version": 1, "pairs": [
+        {"target": rep.target.id, "draft": rep.draft.id, "verdict": "REFUSE_MEASURED_BAD"}]}))
+    monkeypatch.setenv("DS4PY_PAIRS", str(pairs))
+    assert classify(demo_model_path(), head, force=True).verdict == "REFUSE_MEASURED_BAD"
+    e = calibrate(demo_model_path(), head, max_tokens=24, reps=1, n_threads=2)
+    ev = e["evidence"]
+    assert ev["identical"] is True
+    assert all(p["tokens_per_draft_round"] > 0 for p in ev["prompts"].values()), ev["prompts"]
+    # outside the measurement the table's verdict still holds
+    assert classify(demo_model_path(), head, force=True).verdict == "REFUSE_MEASURED_BAD"
+
+
 # ------------------------------------------------------------------ DFlash --
 # DFlash drafters for the golden dense trunk (E 256, 5 trunk layers, vocab
 # 512), written by tests/dflash_files.py.

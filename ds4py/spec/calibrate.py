@@ -27,7 +27,13 @@ import platform
 import statistics
 import tempfile
 
-from .classifier import ALLOW_MEASURED_GOOD, REFUSE_MEASURED_BAD, classify
+from .classifier import (
+    ALLOW_MEASURED_GOOD,
+    REFUSE_MEASURED_BAD,
+    PairingError,
+    classify,
+    measuring,
+)
 
 __all__ = ["PROMPTS", "calibrate", "add_entry"]
 
@@ -42,8 +48,12 @@ PROMPTS = {
 def _run(model, prompt, max_tokens, draft, chat):
     from ..generate import generate
 
-    g = generate(model, prompt, max_tokens=max_tokens, temperature=0, chat=chat,
-                 draft=None if draft else False, force_draft=True)
+    with measuring():
+        g = generate(model, prompt, max_tokens=max_tokens, temperature=0, chat=chat,
+                     draft=None if draft else False, force_draft=True)
+    if draft and not (g.draft or {}).get("drafting"):
+        raise PairingError("spec-calibrate: the drafted run did not draft ("
+                           f"{(g.draft or {}).get('refused')}); nothing to measure")
     return g
 
 

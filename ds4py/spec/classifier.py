@@ -61,7 +61,9 @@ import hashlib
 import json
 import os
 import re
+import threading
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import resources
 
@@ -431,9 +433,30 @@ def classify(target_path, draft_path=None, *, force: bool = False,
                    pairs_file)
 
 
+_MEASURING = threading.local()
+
+
+@contextmanager
+def measuring():
+    """While active (on this thread), a structurally sound pair is allowed
+    without consulting the table: spec-calibrate measures a pair whatever a
+    table says of it. Without this a pair once measured bad could never be
+    re-measured -- its REFUSE_MEASURED_BAD would turn the measurement into
+    serial against serial."""
+    prev = getattr(_MEASURING, "on", False)
+    _MEASURING.on = True
+    try:
+        yield
+    finally:
+        _MEASURING.on = prev
+
+
 def _lookup(target: Identity, draft: Identity, path: list[str], force: bool,
             pairs_file: str | None) -> PairingReport:
     """The table's verdict for a structurally sound pair."""
+    if getattr(_MEASURING, "on", False):
+        path.append("measuring (spec-calibrate): table not consulted")
+        return PairingReport(ALLOW_FORCED_UNKNOWN, target, draft, path)
     entry = load_table(pairs_file).get((target.id, draft.id))
     if entry is not None:
         path.append(f"measured ({entry['source']})")
