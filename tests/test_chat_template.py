@@ -203,8 +203,11 @@ def test_fixture_present_and_consistent(sources):
 @pytest.mark.parametrize("case", _DATA["cases"], ids=[c["name"] for c in _DATA["cases"]])
 def test_rendering_matches_transformers(case, sources):
     if case["template"] not in sources:
-        pytest.skip("the real Qwen3.5 chat template is not available here (training/"
-                    "chat_template.jinja missing or changed; see find_qwen35_template)")
+        msg = ("the real Qwen3.5 chat template is not available here (training/"
+               "chat_template.jinja missing or changed; see find_qwen35_template)")
+        if os.environ.get("CI") == "true":
+            pytest.fail(msg)  # committed in the repository: missing under CI is a defect
+        pytest.skip(msg)
     tmpl = ChatTemplate(sources[case["template"]], bos_token=case["bos_token"],
                         eos_token=case["eos_token"])
     kwargs = dict(case["kwargs"])
@@ -222,7 +225,10 @@ def test_rendering_matches_transformers(case, sources):
 def test_qwen35_template_available_or_reported(sources):
     """Not a skip in disguise: says plainly whether the real-template cases ran."""
     if "qwen3.5" not in sources:
-        pytest.skip("real Qwen3.5 template not found: its fixture cases were skipped")
+        msg = "real Qwen3.5 template not found: its fixture cases were skipped"
+        if os.environ.get("CI") == "true":
+            pytest.fail(msg)
+        pytest.skip(msg)
     n = sum(c["template"] == "qwen3.5" for c in _DATA["cases"])
     assert n >= 20
 
