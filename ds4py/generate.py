@@ -463,6 +463,20 @@ def _run(model, prompt, max_tokens, sampling, kw, stop, chat, system, enable_thi
                  plan)
 
 
+def _take_token(t: int, lp, eog, tokens: list[int], lps, budget: int, finish):
+    """The plain and speculative loops' token step: an end-of-generation id
+    ends the generation (and is not kept), any other id is kept (with its
+    logprobs) and may exhaust the budget. -> (finish, kept token or None)."""
+    if t in eog:
+        return FINISH_EOS, None
+    tokens.append(t)
+    if lps is not None:
+        lps.append(lp)
+    if len(tokens) >= budget:
+        finish = FINISH_LENGTH
+    return finish, t
+
+
 def _commit_text(dec, matcher, parser, pieces: list[str], token: int | None, finish):
     """The text side of committing one token (both decode loops): its piece
     (plus the decoder's tail when the reply ends), cut at a stop string
@@ -545,16 +559,7 @@ def _loop(model, ids, text, session, own, max_tokens, params, sampler, matcher, 
                 t_first = time.perf_counter()
                 ttft = t_first - t_call
             # -- stop on an end-of-generation id, or at the budget --
-            if t in eog:
-                finish = FINISH_EOS
-                token = None
-            else:
-                tokens.append(t)
-                token = t
-                if lps is not None:
-                    lps.append(lp)
-                if len(tokens) >= budget:
-                    finish = FINISH_LENGTH
+            finish, token = _take_token(t, lp, eog, tokens, lps, budget, finish)
             # -- text --
             if not lazy:
                 piece, events, finish = _commit_text(dec, matcher, parser, pieces, token, finish)
@@ -711,15 +716,7 @@ def _spec_loop(model, ids, text, session, own, max_tokens, params, sampler, matc
                 if not tokens and ttft == 0.0:
                     t_first = time.perf_counter()
                     ttft = t_first - t_call
-                if t in eog:
-                    finish, token = FINISH_EOS, None
-                else:
-                    tokens.append(t)
-                    token = t
-                    if lps is not None:
-                        lps.append(lp)
-                    if len(tokens) >= budget:
-                        finish = FINISH_LENGTH
+                finish, token = _take_token(t, lp, eog, tokens, lps, budget, finish)
                 if not lazy:
                     piece, events, finish = _commit_text(dec, matcher, parser, pieces, token,
                                                          finish)
