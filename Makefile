@@ -7,7 +7,7 @@ LOCK = flock /tmp/ds4py-build.lock
 KERNEL_TESTS = tests/test_quants_scalar.py tests/test_quants_llamacpp.py tests/test_gguf_reader.py
 
 .PHONY: dev build build-fast test test-python test-scalar test-neon test-neon-run test-reference bench bench-spec fuzz lint clean
-.PHONY: test-gpu-emul gpu-emul-bin cuda cuda-test cuda-bench
+.PHONY: test-gpu-emul gpu-emul-bin gpu-model-bin cuda cuda-test cuda-bench cuda-model
 
 dev:
 	$(PY) -m pip install -e '.[test]'
@@ -74,6 +74,16 @@ gpu-emul-bin:
 test-gpu-emul: gpu-emul-bin
 	$(GPU_EMUL_BIN) > build/gpu-emul/test_gpu_emul.log; rc=$$?; \
 		grep -v '^PASS' build/gpu-emul/test_gpu_emul.log; exit $$rc
+
+# A whole dense model through the GPU layer loop (gpu/host/runner.c) with
+# the core: on the emulator (tests/test_gpu_model.py builds it) or on CUDA
+# (cuda-model: run it on the GPU machine, docs/gpu.md section 7).
+GPU_MODEL_DIR ?= build/gpu-model-emul
+gpu-model-bin:
+	$(PY) gpu/tools/build_model_test.py emul $(GPU_MODEL_DIR) > /dev/null
+
+cuda-model:
+	$(PY) gpu/tools/build_model_test.py cuda build/gpu-model-cuda > /dev/null
 
 # The CUDA backend's kernels and host (needs nvcc; built and run on the GPU
 # machine, see docs/gpu.md). CUDA_ARCH: sm_90 is the H200.

@@ -429,30 +429,34 @@ void ds4_fwd_free(ds4_fwd *f) {
  * (ggml-cpu ops.cpp ggml_mrope_cache_init / rope_yarn with freq_scale 1 and
  * no YaRN): theta_0 = float(pos), theta_{i+1} = theta_i * base^(-2/n_rot),
  * each product rounded to float. */
-void ds4_rope_tables(ds4_fwd *f, int64_t n, int64_t pos0) {
-    const int64_t half = f->c.n_rot / 2;
-    const float base = f->c.rope_base;
-    if (f->fast) {
-        const float theta_scale = powf(base, -2.0f / (float)f->c.n_rot);
+void ds4_rope_fill(int64_t n_rot, float base, int fast, int64_t n, int64_t pos0, float *cos_out,
+                   float *sin_out) {
+    const int64_t half = n_rot / 2;
+    if (fast) {
+        const float theta_scale = powf(base, -2.0f / (float)n_rot);
         for (int64_t t = 0; t < n; t++) {
             float theta = (float)(pos0 + t);
             for (int64_t i = 0; i < half; i++) {
-                f->rope_cos[t * half + i] = cosf(theta);
-                f->rope_sin[t * half + i] = sinf(theta);
+                cos_out[t * half + i] = cosf(theta);
+                sin_out[t * half + i] = sinf(theta);
                 theta *= theta_scale;
             }
         }
         return;
     }
     for (int64_t i = 0; i < half; i++) {
-        const float expo = (float)(2 * i) / (float)f->c.n_rot;
+        const float expo = (float)(2 * i) / (float)n_rot;
         const float inv = 1.0f / powf(base, expo);
         for (int64_t t = 0; t < n; t++) {
             const float a = (float)(pos0 + t) * inv;
-            f->rope_cos[t * half + i] = cosf(a);
-            f->rope_sin[t * half + i] = sinf(a);
+            cos_out[t * half + i] = cosf(a);
+            sin_out[t * half + i] = sinf(a);
         }
     }
+}
+
+void ds4_rope_tables(ds4_fwd *f, int64_t n, int64_t pos0) {
+    ds4_rope_fill(f->c.n_rot, f->c.rope_base, f->fast, n, pos0, f->rope_cos, f->rope_sin);
 }
 
 static void add_rows(float *h, const float *y, int64_t n) {

@@ -256,6 +256,12 @@ int64_t ds4_attn_thread_floats(const ds4_model_config *c);
 /* cos/sin tables of rows at positions pos0.. (forward.c), shared by every
  * attention block of a chunk. */
 void ds4_rope_tables(ds4_fwd *f, int64_t n, int64_t pos0);
+/* The same tables into caller-owned rows (n rows of n_rot/2 cos and sin;
+ * fast: llama.cpp's theta recurrence, else transformers' inv_freq form):
+ * the GPU runner (gpu/host/runner.c) uploads them, so both backends rotate
+ * by the very same floats. */
+void ds4_rope_fill(int64_t n_rot, float base, int fast, int64_t n, int64_t pos0, float *cos_out,
+                   float *sin_out);
 
 /* The nextn / MTP head (nextn.c). ds4_nextn_init sets up its KV page table
  * and scratch (from ds4_fwd_init, after everything else; a model without a

@@ -14,12 +14,16 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* ucontext */
 #endif
+/* Fibers switch by _setjmp/_longjmp between stacks (see "Switching"),
+ * which glibc's fortified longjmp would refuse as a corrupted stack. */
+#undef _FORTIFY_SOURCE
 #include "emul.h"
 
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <setjmp.h>
 #include <ucontext.h>
 
 #define STACK_BYTES (64 * 1024)
@@ -31,7 +35,9 @@ enum { RUNNING, WAIT_TG, WAIT_SIMD, DONE };
 enum { R_IN = K_IN, R_OUT = K_OUT, R_STATUS = K_STATUS, R_PARAMS = K_PARAMS, R_TG = 100 };
 
 typedef struct {
-    ucontext_t uc;
+    ucontext_t uc; /* the fiber's start (entered once, by setcontext) */
+    jmp_buf jb;    /* where it resumes after a yield */
+    int started;
     int state, site, parity;
     char *stack;
 } fiber;
@@ -51,7 +57,7 @@ emul_thread_pos emul_pos;
 static struct {
     fiber f[MAX_THREADS];
     int n, cur, epoch;
-    ucontext_t sched;
+    jmp_buf sched;
     void (*fn)(void *const *);
     void *const *slots;
     region reg[MAX_REGIONS];
@@ -72,7 +78,14 @@ static void fail(const char *fmt, ...) {
     va_end(ap);
 }
 
-static void yield_to_scheduler(void) { swapcontext(&E.f[E.cur].uc, &E.sched); }
+/* Switching: swapcontext saves and restores the signal mask, a system call
+ * per switch, which made a model-sized run (gpu/tests/test_gpu_model.c)
+ * spend most of its time in the kernel. A fiber is entered once with
+ * setcontext (its own stack) and from then on every switch is a
+ * _setjmp/_longjmp pair, which saves registers only. */
+static void yield_to_scheduler(void) {
+    if (!_setjmp(E.f[E.cur].jb)) _longjmp(E.sched, 1);
+}
 
 void emul_barrier(int line) {
     fiber *f = &E.f[E.cur];
@@ -227,7 +240,7 @@ void *emul_chk(const void *base, const void *addr, size_t size, int write, int l
 static void trampoline(void) {
     E.fn(E.slots);
     E.f[E.cur].state = DONE;
-    /* returning resumes uc_link, the scheduler */
+    _longjmp(E.sched, 1); /* never returns: the fiber's stack is abandoned */
 }
 
 static void free_tg_regions(void) {
@@ -249,8 +262,9 @@ static int run_group(int schedule) {
         getcontext(&f->uc);
         f->uc.uc_stack.ss_sp = f->stack;
         f->uc.uc_stack.ss_size = STACK_BYTES;
-        f->uc.uc_link = &E.sched;
+        f->uc.uc_link = NULL;
         makecontext(&f->uc, trampoline, 0);
+        f->started = 0;
         f->state = RUNNING;
         f->parity = 0;
         f->site = 0;
@@ -261,7 +275,13 @@ static int run_group(int schedule) {
             while (E.f[i].state == RUNNING) {
                 E.cur = i;
                 emul_pos.tid = (uint32_t)i;
-                swapcontext(&E.sched, &E.f[i].uc);
+                if (!_setjmp(E.sched)) {
+                    if (!E.f[i].started) {
+                        E.f[i].started = 1;
+                        setcontext(&E.f[i].uc);
+                    }
+                    _longjmp(E.f[i].jb, 1);
+                }
                 if (E.n_err) return -1;
             }
         }

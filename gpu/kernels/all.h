@@ -10,3 +10,4 @@
 #include "quant_kq.h"
 #include "gdn.h"
 #include "argmax.h"
+#include "elementwise.h"

@@ -27,7 +27,6 @@
  * accumulator); docs/gpu.md derives the stated tolerance against an exact
  * reference.
  */
-#define K_ATTN_MAX_DIM 256
 
 K_KERNEL(attn_partials) {
     K_CHECK_TAG(attn_partials);

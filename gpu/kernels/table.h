@@ -63,7 +63,11 @@ typedef uchar k_u8;
     X(10, gdn_delta)     \
     X(11, argmax_rows)   \
     X(12, matvec_kq1)    \
-    X(13, matvec_kq4)
+    X(13, matvec_kq4)    \
+    X(14, add_rows)      \
+    X(15, swiglu)        \
+    X(16, attn_gate)     \
+    X(17, kv_store)
 
 /* A params struct starts with its tag: 0xD5A0 in the high half, the kernel
  * id in the low half. */
@@ -158,6 +162,7 @@ typedef struct {
  * [0, pos0 + t + 1). */
 #define K_ATTN_BLOCK 256 /* == DS4_KV_PAGE: the CPU's split-K block */
 #define K_ATTN_MAX_GROUP 8
+#define K_ATTN_MAX_DIM 256 /* head_dim, at most */
 typedef struct {
     k_u32 tag;
     k_u32 n_head;
@@ -315,6 +320,59 @@ typedef struct {
     X(K, 1, p, k_argmax_rows_params, K_PARAMS, 1)                         \
     X(K, 2, x, float, K_IN, (p.n_rows - 1) * p.stride + p.n)              \
     X(K, 3, idx, k_u32, K_OUT, p.n_rows * (1 + K_TOPK_MAX))
+
+/* ------------------------------------------- elementwise (elementwise.h) -- */
+/* The layer loop's glue (gpu/host/runner.c), one thread per element. */
+typedef struct {
+    k_u32 tag;
+    k_u32 n;        /* elements */
+} k_add_rows_params;
+#define K_ARGS_add_rows(X, K)                                             \
+    X(K, 0, status, k_u32, K_STATUS, 2)                                   \
+    X(K, 1, p, k_add_rows_params, K_PARAMS, 1)                            \
+    X(K, 2, x, float, K_IN, p.n)                                          \
+    X(K, 3, y, float, K_OUT, p.n)
+
+typedef struct {
+    k_u32 tag;
+    k_u32 n;        /* elements */
+} k_swiglu_params;
+#define K_ARGS_swiglu(X, K)                                               \
+    X(K, 0, status, k_u32, K_STATUS, 2)                                   \
+    X(K, 1, p, k_swiglu_params, K_PARAMS, 1)                              \
+    X(K, 2, up, float, K_IN, p.n)                                         \
+    X(K, 3, gate, float, K_OUT, p.n)
+
+typedef struct {
+    k_u32 tag;
+    k_u32 n_rows;
+    k_u32 n_head;
+    k_u32 head_dim;
+    k_u32 qf_stride; /* floats between rows of qf (2 * n_head * head_dim) */
+} k_attn_gate_params;
+#define K_ARGS_attn_gate(X, K)                                            \
+    X(K, 0, status, k_u32, K_STATUS, 2)                                   \
+    X(K, 1, p, k_attn_gate_params, K_PARAMS, 1)                           \
+    X(K, 2, qf, float, K_IN, (p.n_rows - 1) * p.qf_stride + 2 * p.n_head * p.head_dim) \
+    X(K, 3, a, float, K_OUT, p.n_rows * p.n_head * p.head_dim)
+
+typedef struct {
+    k_u32 tag;
+    k_u32 n_rows;
+    k_u32 pos0;
+    k_u32 n_head_kv;
+    k_u32 head_dim;
+    k_u32 src_stride; /* floats between rows of k and v */
+    k_u32 n_pages;    /* pages in the pools */
+} k_kv_store_params;
+#define K_ARGS_kv_store(X, K)                                             \
+    X(K, 0, status, k_u32, K_STATUS, 2)                                   \
+    X(K, 1, p, k_kv_store_params, K_PARAMS, 1)                            \
+    X(K, 2, k, float, K_IN, (p.n_rows - 1) * p.src_stride + p.n_head_kv * p.head_dim) \
+    X(K, 3, v, float, K_IN, (p.n_rows - 1) * p.src_stride + p.n_head_kv * p.head_dim) \
+    X(K, 4, pages, k_u32, K_IN, (p.pos0 + p.n_rows - 1) / K_ATTN_BLOCK + 1) \
+    X(K, 5, kpool, k_u16, K_OUT, p.n_pages * p.n_head_kv * K_ATTN_BLOCK * p.head_dim) \
+    X(K, 6, vpool, k_u16, K_OUT, p.n_pages * p.n_head_kv * K_ATTN_BLOCK * p.head_dim)
 
 /* ---------------------------------------------------- derived names -- */
 /* K_ID_<kernel>, K_TAG_OF(kernel), K_ARG_<kernel>_<name> (the slot of an

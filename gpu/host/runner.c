@@ -1,0 +1,602 @@
+/*
+ * runner.c — the dense Qwen3.5 layer loop on a k_device (runner.h).
+ *
+ * Mirrors csrc/forward/forward.c ds4_fwd_chunk step for step, so a reader
+ * can hold the two side by side: embedding rows (dequantized on the host
+ * by the CPU's own kernels and uploaded: E floats per token), then per
+ * layer RMSNorm -> mixer (GDN or gated attention) -> residual add ->
+ * RMSNorm -> SwiGLU FFN -> residual add, then the output norm, the LM head
+ * and the on-device argmax. Each step is one kernel of gpu/kernels/ (the
+ * file named beside it); the CPU code it reproduces is named there too.
+ *
+ * Rows are processed in chunks of K_MATVEC_MAX_ROWS (16, the matvecs'
+ * widest shared weight read); inside a chunk the GDN conv and recurrence
+ * run token by token (gdn_conv / gdn_delta are single-token kernels) and
+ * attention serves every row of the chunk in one split-K launch (row t
+ * sees positions [0, pos0 + t]).
+ *
+ * Numerics: per kernel, docs/gpu.md §3 states what is bit-identical to the
+ * CPU's fast precision (matvec integer dots, RoPE, K/V fp16 stores) and
+ * what is within a stated tolerance (float sums where the CPU sums in
+ * double, the attention recipe, device exp); the model-level comparison is
+ * tests/test_gpu_model.py.
+ */
+#include "runner.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../csrc/error.h"
+#include "../../csrc/forward/forward.h"
+#include "../../csrc/model.h"
+#include "../kernels/attn_plan.h"
+
+#define ROWS K_MATVEC_MAX_ROWS
+#define MATVEC_TG K_MATVEC_MAX_TG
+/* Threadgroups the split-K attention aims for (about two per SM of an
+ * H200's 132; attn_plan.h): only speed depends on it. */
+#define ATTN_TARGET_GROUPS 256
+
+typedef struct {
+    void *p;
+    int type;
+    int64_t n_in, n_out;
+    size_t bytes;
+} dev_mat;
+
+typedef struct {
+    int kind;
+    void *attn_norm, *post_norm;
+    /* GDN */
+    dev_mat qkv, gate, beta, alpha, ssm_out;
+    void *conv_w; /* F32 [conv_dim][K] */
+    void *hp;     /* F32 [ssm_a (n_v) | dt_bias (n_v) | ssm_norm (d)]: gdn_delta's hp */
+    void *conv_state, *ssm;
+    /* gated attention */
+    dev_mat q, k, v, o;
+    void *q_norm, *k_norm;
+    void *kpool, *vpool;
+    /* dense FFN */
+    dev_mat ffn_gate, ffn_up, ffn_down;
+} dev_layer;
+
+struct k_runner {
+    k_device *dev;
+    const ds4_model *m;
+    ds4_model_config c;
+    int64_t n_ctx, n_pages, n_past, launches;
+    int isa;
+    uint64_t bytes;
+    void **allocs;
+    int64_t n_allocs, cap_allocs;
+    dev_layer *L;
+    dev_mat head;
+    void *output_norm;
+    void *pages; /* u32 page table: identity (one sequence, no sharing yet) */
+    /* scratch, ROWS rows each */
+    float *h, *x, *y, *qkv, *z, *ab, *cv, *o, *qf, *qn, *kraw, *kn, *vv, *attn, *g, *u, *logits;
+    float *part, *cs, *sn;
+    uint8_t *xq8, *xqk;
+    uint32_t *idx, *status;
+    size_t xq8_bytes, xqk_bytes, part_floats;
+    /* host staging */
+    float *h_stage, *h_cs, *h_sn;
+    uint32_t *h_idx;
+};
+
+/* ---------------------------------------------------------- memory -- */
+
+static void *dalloc(k_runner *r, size_t bytes, ds4_error *err) {
+    if (r->n_allocs == r->cap_allocs) {
+        const int64_t cap = r->cap_allocs ? 2 * r->cap_allocs : 64;
+        void **a = realloc(r->allocs, (size_t)cap * sizeof *a);
+        if (!a) {
+            ds4_fail(err, DS4_ERR_NOMEM, "out of host memory");
+            return NULL;
+        }
+        r->allocs = a;
+        r->cap_allocs = cap;
+    }
+    void *p = r->dev->alloc(r->dev, bytes);
+    if (!p) {
+        ds4_fail(err, DS4_ERR_NOMEM, "%s: cannot allocate %zu bytes: %s", r->dev->name, bytes, r->dev->err);
+        return NULL;
+    }
+    r->allocs[r->n_allocs++] = p;
+    r->bytes += bytes;
+    return p;
+}
+
+static void *upload(k_runner *r, const void *src, size_t bytes, ds4_error *err) {
+    void *p = dalloc(r, bytes, err);
+    if (!p) return NULL;
+    if (r->dev->upload(r->dev, p, src, bytes)) {
+        ds4_fail(err, DS4_ERR_INTERNAL, "%s upload: %s", r->dev->name, r->dev->err);
+        return NULL;
+    }
+    return p;
+}
+
+static int mat_type_ok(int type) {
+    return type == DS4_TYPE_Q8_0 || type == DS4_TYPE_Q4_K || type == DS4_TYPE_Q5_K ||
+           type == DS4_TYPE_Q6_K;
+}
+
+static int upload_mat(k_runner *r, const ds4_tensor *t, dev_mat *out, ds4_error *err) {
+    if (!mat_type_ok(t->type)) {
+        ds4_type_info ti;
+        ds4_error e2;
+        const char *tn = ds4_type_get_info(t->type, &ti, &e2) == 0 ? ti.name : "?";
+        return ds4_fail(err, DS4_ERR_UNSUPPORTED,
+                        "%s: tensor %s has type %s, which has no GPU kernel yet (GPU matrices: "
+                        "Q8_0, Q4_K, Q5_K, Q6_K)",
+                        r->dev->name, t->name, tn);
+    }
+    out->type = t->type;
+    out->n_in = t->ne[0];
+    out->n_out = t->ne[1];
+    out->bytes = t->row_bytes * (size_t)t->ne[1];
+    out->p = upload(r, t->data, out->bytes, err);
+    return out->p ? 0 : err->code;
+}
+
+static void *upload_f32(k_runner *r, const ds4_tensor *t, int64_t n, ds4_error *err) {
+    if (t->type != DS4_TYPE_F32) {
+        ds4_fail(err, DS4_ERR_UNSUPPORTED, "%s: tensor %s must be F32 on the GPU", r->dev->name, t->name);
+        return NULL;
+    }
+    return upload(r, t->data, (size_t)n * sizeof(float), err);
+}
+
+/* --------------------------------------------------------- launches -- */
+
+static int launch(k_runner *r, int id, uint32_t gx, uint32_t gy, uint32_t gz, uint32_t tg,
+                  const k_binding *b, int nb, ds4_error *err) {
+    const uint32_t grid[3] = {gx ? gx : 1, gy ? gy : 1, gz ? gz : 1};
+    r->launches++;
+    if (r->dev->launch(r->dev, id, grid, tg, b, nb)) {
+        const k_kernel_desc *d = k_kernel_desc_of(id);
+        return ds4_fail(err, DS4_ERR_INTERNAL, "%s: launch of %s failed: %s", r->dev->name,
+                        d ? d->name : "?", r->dev->err);
+    }
+    return 0;
+}
+
+#define STATUS_BIND(K) K_BIND(K, status, r->status, 8)
+#define F4(n) ((size_t)(n) * sizeof(float))
+
+/* Threads for a one-threadgroup-per-row reduction over n elements: fixed
+ * per n (a row's float sum order depends on it, never on the row count). */
+static uint32_t row_tg(int64_t n) {
+    if (n >= 256) return 256;
+    return (uint32_t)((n + 31) / 32 * 32);
+}
+
+/* y_row = rmsnorm(x_row) * w for n_rows rows `stride` floats apart (rmsnorm.h). */
+static int rmsnorm(k_runner *r, const float *x, const void *w, float *y, int64_t n, int64_t n_rows,
+                   int64_t stride, ds4_error *err) {
+    k_rmsnorm_params p = {K_TAG_OF(rmsnorm), (uint32_t)n, (uint32_t)n_rows, (uint32_t)stride,
+                          r->c.rms_eps, 1};
+    const size_t span = F4((n_rows - 1) * stride + n);
+    k_binding b[] = {STATUS_BIND(rmsnorm), K_BIND(rmsnorm, p, &p, sizeof p), K_BIND(rmsnorm, x, x, span),
+                     K_BIND(rmsnorm, w, w, F4(n)), K_BIND(rmsnorm, y, y, span)};
+    return launch(r, K_ID_rmsnorm, (uint32_t)n_rows, 1, 1, row_tg(n), b, 5, err);
+}
+
+typedef struct {
+    const dev_mat *w;
+    float *y;
+    int64_t y_stride;
+} mm_job;
+
+/* Quantize the activation rows once per activation type (Q8_0 for Q8_0
+ * weights, Q8_K for the K-quants: the CPU's fast precision pairs,
+ * quant_q8_0.h / quant_kq.h), then one matvec per job over all rows. */
+static int matmul(k_runner *r, const float *x, int64_t x_stride, int64_t n_rows, const mm_job *jobs,
+                  int n_jobs, ds4_error *err) {
+    const int64_t n_in = jobs[0].w->n_in;
+    int have8 = 0, havek = 0, rc;
+    for (int j = 0; j < n_jobs; j++) {
+        const dev_mat *w = jobs[j].w;
+        const size_t ybytes = F4((n_rows - 1) * jobs[j].y_stride + w->n_out);
+        if (w->type == DS4_TYPE_Q8_0) {
+            if (!have8) {
+                k_quantize_q8_0_params p = {K_TAG_OF(quantize_q8_0), (uint32_t)n_in, (uint32_t)n_rows,
+                                            (uint32_t)x_stride};
+                const uint32_t blocks = (uint32_t)(n_rows * n_in / 32);
+                k_binding b[] = {STATUS_BIND(quantize_q8_0), K_BIND(quantize_q8_0, p, &p, sizeof p),
+                                 K_BIND(quantize_q8_0, x, x, F4((n_rows - 1) * x_stride + n_in)),
+                                 K_BIND(quantize_q8_0, q, r->xq8, (size_t)blocks * 34)};
+                if ((rc = launch(r, K_ID_quantize_q8_0, (blocks + 3) / 4, 1, 1, 128, b, 4, err))) return rc;
+                have8 = 1;
+            }
+            k_matvec_q8_0_params p = {K_TAG_OF(matvec_q8_0), (uint32_t)n_in, (uint32_t)w->n_out,
+                                      (uint32_t)n_rows, (uint32_t)jobs[j].y_stride};
+            k_binding b[] = {STATUS_BIND(matvec_q8_0), K_BIND(matvec_q8_0, p, &p, sizeof p),
+                             K_BIND(matvec_q8_0, w, w->p, w->bytes),
+                             K_BIND(matvec_q8_0, xq, r->xq8, (size_t)(n_rows * n_in / 32) * 34),
+                             K_BIND(matvec_q8_0, y, jobs[j].y, ybytes)};
+            rc = launch(r, K_ID_matvec_q8_0, K_MATVEC_GROUPS((uint32_t)w->n_out, MATVEC_TG / 32), 1, 1,
+                        MATVEC_TG, b, 5, err);
+        } else {
+            if (!havek) {
+                k_quantize_q8_K_params p = {K_TAG_OF(quantize_q8_K), (uint32_t)n_in, (uint32_t)n_rows,
+                                            (uint32_t)x_stride};
+                const uint32_t blocks = (uint32_t)(n_rows * n_in / 256);
+                k_binding b[] = {STATUS_BIND(quantize_q8_K), K_BIND(quantize_q8_K, p, &p, sizeof p),
+                                 K_BIND(quantize_q8_K, x, x, F4((n_rows - 1) * x_stride + n_in)),
+                                 K_BIND(quantize_q8_K, q, r->xqk, (size_t)blocks * 292)};
+                if ((rc = launch(r, K_ID_quantize_q8_K, (blocks + 3) / 4, 1, 1, 128, b, 4, err))) return rc;
+                havek = 1;
+            }
+            const int id = K_MATVEC_KQ_KERNEL((uint32_t)n_rows);
+            k_matvec_kq_params p = {K_TAG((k_u32)id), (uint32_t)w->type, (uint32_t)n_in, (uint32_t)w->n_out,
+                                    (uint32_t)n_rows, (uint32_t)jobs[j].y_stride};
+            k_binding b[] = {STATUS_BIND(matvec_kq), K_BIND(matvec_kq, p, &p, sizeof p),
+                             K_BIND(matvec_kq, w, w->p, w->bytes),
+                             K_BIND(matvec_kq, xq, r->xqk, (size_t)(n_rows * n_in / 256) * 292),
+                             K_BIND(matvec_kq, y, jobs[j].y, ybytes)};
+            rc = launch(r, id, K_MATVEC_GROUPS((uint32_t)w->n_out, MATVEC_TG / 32), 1, 1, MATVEC_TG, b, 5,
+                        err);
+        }
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+static int add_rows(k_runner *r, const float *x, float *y, int64_t n, ds4_error *err) {
+    k_add_rows_params p = {K_TAG_OF(add_rows), (uint32_t)n};
+    k_binding b[] = {STATUS_BIND(add_rows), K_BIND(add_rows, p, &p, sizeof p), K_BIND(add_rows, x, x, F4(n)),
+                     K_BIND(add_rows, y, y, F4(n))};
+    return launch(r, K_ID_add_rows, (uint32_t)((n + 255) / 256), 1, 1, 256, b, 4, err);
+}
+
+/* --------------------------------------------------------- the mixers -- */
+
+static int64_t conv_dim(const ds4_model_config *c) {
+    return 2 * c->ssm_n_k * c->ssm_d_state + c->ssm_d_inner;
+}
+
+/* gdn.c ds4_gdn_layer: the four projections, then per token the conv
+ * (gdn_conv) and the delta rule + gated norm (gdn_delta), then ssm_out. */
+static int gdn_layer(k_runner *r, dev_layer *L, int64_t n, ds4_error *err) {
+    const ds4_model_config *c = &r->c;
+    const int64_t E = c->n_embd, cd = conv_dim(c), vd = c->ssm_d_inner, nv = c->ssm_n_v;
+    const int64_t d = c->ssm_d_state, K = c->ssm_conv_kernel;
+    mm_job in[4] = {{&L->qkv, r->qkv, cd}, {&L->gate, r->z, vd}, {&L->beta, r->ab, 2 * nv},
+                    {&L->alpha, r->ab + nv, 2 * nv}};
+    int rc = matmul(r, r->x, E, n, in, 4, err);
+    for (int64_t t = 0; t < n && !rc; t++) {
+        k_gdn_conv_params pc = {K_TAG_OF(gdn_conv), (uint32_t)cd, (uint32_t)K};
+        k_binding bc[] = {STATUS_BIND(gdn_conv), K_BIND(gdn_conv, p, &pc, sizeof pc),
+                          K_BIND(gdn_conv, x, r->qkv + t * cd, F4(cd)),
+                          K_BIND(gdn_conv, cw, L->conv_w, F4(cd * K)),
+                          K_BIND(gdn_conv, state, L->conv_state, F4((K - 1) * cd)),
+                          K_BIND(gdn_conv, out, r->cv + t * cd, F4(cd))};
+        if ((rc = launch(r, K_ID_gdn_conv, (uint32_t)((cd + 127) / 128), 1, 1, 128, bc, 6, err))) break;
+        k_gdn_delta_params pd = {K_TAG_OF(gdn_delta), (uint32_t)c->ssm_n_k, (uint32_t)nv, (uint32_t)d,
+                                 c->rms_eps};
+        k_binding bd[] = {STATUS_BIND(gdn_delta), K_BIND(gdn_delta, p, &pd, sizeof pd),
+                          K_BIND(gdn_delta, cv, r->cv + t * cd, F4(cd)),
+                          K_BIND(gdn_delta, z, r->z + t * vd, F4(vd)),
+                          K_BIND(gdn_delta, ab, r->ab + t * 2 * nv, F4(2 * nv)),
+                          K_BIND(gdn_delta, hp, L->hp, F4(2 * nv + d)),
+                          K_BIND(gdn_delta, s, L->ssm, F4(nv * d * d)),
+                          K_BIND(gdn_delta, o, r->o + t * vd, F4(vd))};
+        rc = launch(r, K_ID_gdn_delta, (uint32_t)nv, 1, 1, d >= 128 ? 128 : (uint32_t)((d + 31) / 32 * 32), bd,
+                    8, err);
+    }
+    if (rc) return rc;
+    mm_job out = {&L->ssm_out, r->y, E};
+    return matmul(r, r->o, vd, n, &out, 1, err);
+}
+
+/* attention.c ds4_attn_block: q (+ gate), k, v projections; per-head
+ * RMSNorm of q and k; RoPE; the new K/V rows into the F16 pages; split-K
+ * attention over positions [0, pos0 + t]; the sigmoid output gate; the
+ * output projection. */
+static int attn_layer(k_runner *r, dev_layer *L, int64_t n, int64_t pos0, ds4_error *err) {
+    const ds4_model_config *c = &r->c;
+    const int64_t E = c->n_embd, dh = c->head_dim, nh = c->n_head, nkv = c->n_head_kv;
+    const int64_t qf_dim = 2 * nh * dh, kv_dim = nkv * dh, half = c->n_rot / 2;
+    mm_job in[3] = {{&L->q, r->qf, qf_dim}, {&L->k, r->kraw, kv_dim}, {&L->v, r->vv, kv_dim}};
+    int rc;
+    if ((rc = matmul(r, r->x, E, n, in, 3, err))) return rc;
+    /* q heads sit 2*dh apart in qf (each followed by its gate): normed into qn */
+    if ((rc = rmsnorm(r, r->qf, L->q_norm, r->qn, dh, n * nh, 2 * dh, err)) ||
+        (rc = rmsnorm(r, r->kraw, L->k_norm, r->kn, dh, n * nkv, dh, err)))
+        return rc;
+    if (half > 0) {
+        for (int pass = 0; pass < 2; pass++) {
+            float *xr = pass ? r->kn : r->qn;
+            const int64_t heads = pass ? nkv : nh, hs = pass ? dh : 2 * dh, rs = pass ? kv_dim : qf_dim;
+            k_rope_neox_params p = {K_TAG_OF(rope_neox), (uint32_t)n, (uint32_t)heads, (uint32_t)dh,
+                                    (uint32_t)c->n_rot, (uint32_t)rs, (uint32_t)hs};
+            const uint64_t items = (uint64_t)(n * heads * half);
+            k_binding b[] = {STATUS_BIND(rope_neox), K_BIND(rope_neox, p, &p, sizeof p),
+                             K_BIND(rope_neox, x, xr, F4((n - 1) * rs + (heads - 1) * hs + dh)),
+                             K_BIND(rope_neox, cs, r->cs, F4(n * half)), K_BIND(rope_neox, sn, r->sn, F4(n * half))};
+            if ((rc = launch(r, K_ID_rope_neox, (uint32_t)((items + 63) / 64), 1, 1, 64, b, 5, err))) return rc;
+        }
+    }
+    const size_t pool = (size_t)r->n_pages * (size_t)nkv * K_ATTN_BLOCK * (size_t)dh * 2;
+    {
+        k_kv_store_params p = {K_TAG_OF(kv_store), (uint32_t)n, (uint32_t)pos0, (uint32_t)nkv, (uint32_t)dh,
+                               (uint32_t)kv_dim, (uint32_t)r->n_pages};
+        const uint64_t items = (uint64_t)(n * kv_dim);
+        k_binding b[] = {STATUS_BIND(kv_store), K_BIND(kv_store, p, &p, sizeof p),
+                         K_BIND(kv_store, k, r->kn, F4(n * kv_dim)), K_BIND(kv_store, v, r->vv, F4(n * kv_dim)),
+                         K_BIND(kv_store, pages, r->pages, 4 * (size_t)r->n_pages),
+                         K_BIND(kv_store, kpool, L->kpool, pool), K_BIND(kv_store, vpool, L->vpool, pool)};
+        if ((rc = launch(r, K_ID_kv_store, (uint32_t)((items + 127) / 128), 1, 1, 128, b, 7, err))) return rc;
+    }
+    const uint32_t nb = (uint32_t)((pos0 + n + K_ATTN_BLOCK - 1) / K_ATTN_BLOCK);
+    const uint32_t bps = k_attn_blocks_per_split(nb, (uint32_t)nkv, (uint32_t)n, ATTN_TARGET_GROUPS);
+    const size_t part = F4((size_t)n * nh * nb * (2 + dh));
+    k_attn_partials_params pp = {K_TAG_OF(attn_partials), (uint32_t)nh, (uint32_t)nkv, (uint32_t)dh,
+                                 (uint32_t)n, (uint32_t)pos0, nb, bps, (uint32_t)r->n_pages,
+                                 (uint32_t)qf_dim, (uint32_t)(2 * dh), c->attn_scale};
+    k_binding bp[] = {STATUS_BIND(attn_partials), K_BIND(attn_partials, p, &pp, sizeof pp),
+                      K_BIND(attn_partials, q, r->qn, F4((n - 1) * qf_dim + (nh - 1) * 2 * dh + dh)),
+                      K_BIND(attn_partials, kpool, L->kpool, pool), K_BIND(attn_partials, vpool, L->vpool, pool),
+                      K_BIND(attn_partials, pages, r->pages, 4 * (size_t)nb),
+                      K_BIND(attn_partials, part, r->part, part)};
+    if ((rc = launch(r, K_ID_attn_partials, (uint32_t)nkv, k_attn_n_splits(nb, bps), (uint32_t)n, 128, bp, 7,
+                     err)))
+        return rc;
+    k_attn_merge_params pm = {K_TAG_OF(attn_merge), (uint32_t)nh, (uint32_t)dh, (uint32_t)n, (uint32_t)pos0,
+                              nb, (uint32_t)(nh * dh)};
+    k_binding bm[] = {STATUS_BIND(attn_merge), K_BIND(attn_merge, p, &pm, sizeof pm),
+                      K_BIND(attn_merge, part, r->part, part),
+                      K_BIND(attn_merge, out, r->attn, F4(n * nh * dh))};
+    if ((rc = launch(r, K_ID_attn_merge, (uint32_t)nh, (uint32_t)n, 1, 32, bm, 4, err))) return rc;
+    k_attn_gate_params pg = {K_TAG_OF(attn_gate), (uint32_t)n, (uint32_t)nh, (uint32_t)dh, (uint32_t)qf_dim};
+    k_binding bg[] = {STATUS_BIND(attn_gate), K_BIND(attn_gate, p, &pg, sizeof pg),
+                      K_BIND(attn_gate, qf, r->qf, F4(n * qf_dim)), K_BIND(attn_gate, a, r->attn, F4(n * nh * dh))};
+    if ((rc = launch(r, K_ID_attn_gate, (uint32_t)((n * nh * dh + 127) / 128), 1, 1, 128, bg, 4, err)))
+        return rc;
+    mm_job out = {&L->o, r->y, E};
+    return matmul(r, r->attn, nh * dh, n, &out, 1, err);
+}
+
+/* ffn.c ds4_ffn_dense: down(SiLU(gate x) * up x). */
+static int ffn_layer(k_runner *r, dev_layer *L, int64_t n, ds4_error *err) {
+    const int64_t E = r->c.n_embd, F = r->c.n_ff;
+    mm_job in[2] = {{&L->ffn_gate, r->g, F}, {&L->ffn_up, r->u, F}};
+    int rc;
+    if ((rc = matmul(r, r->x, E, n, in, 2, err))) return rc;
+    k_swiglu_params p = {K_TAG_OF(swiglu), (uint32_t)(n * F)};
+    k_binding b[] = {STATUS_BIND(swiglu), K_BIND(swiglu, p, &p, sizeof p), K_BIND(swiglu, up, r->u, F4(n * F)),
+                     K_BIND(swiglu, gate, r->g, F4(n * F))};
+    if ((rc = launch(r, K_ID_swiglu, (uint32_t)((n * F + 255) / 256), 1, 1, 256, b, 4, err))) return rc;
+    mm_job out = {&L->ffn_down, r->y, E};
+    return matmul(r, r->g, F, n, &out, 1, err);
+}
+
+/* ------------------------------------------------------------ open -- */
+
+static int open_layers(k_runner *r, ds4_error *err) {
+    const ds4_model_config *c = &r->c;
+    const ds4_model *m = r->m;
+    const int64_t E = c->n_embd, cd = conv_dim(c), nv = c->ssm_n_v, d = c->ssm_d_state;
+    const size_t pool = (size_t)r->n_pages * (size_t)c->n_head_kv * K_ATTN_BLOCK * (size_t)c->head_dim * 2;
+    for (int64_t il = 0; il < c->n_main; il++) {
+        const ds4_layer *T = &m->layers[il];
+        dev_layer *L = &r->L[il];
+        L->kind = T->kind;
+        if (!(L->attn_norm = upload_f32(r, &T->attn_norm, E, err)) ||
+            !(L->post_norm = upload_f32(r, &T->post_attention_norm, E, err)))
+            return err->code;
+        int rc;
+        if (T->kind == DS4_LAYER_GDN) {
+            if ((rc = upload_mat(r, &T->attn_qkv, &L->qkv, err)) || (rc = upload_mat(r, &T->attn_gate, &L->gate, err)) ||
+                (rc = upload_mat(r, &T->ssm_beta, &L->beta, err)) || (rc = upload_mat(r, &T->ssm_alpha, &L->alpha, err)) ||
+                (rc = upload_mat(r, &T->ssm_out, &L->ssm_out, err)))
+                return rc;
+            if (!(L->conv_w = upload_f32(r, &T->ssm_conv1d, cd * c->ssm_conv_kernel, err))) return err->code;
+            float *hp = malloc(F4(2 * nv + d));
+            if (!hp) return ds4_fail(err, DS4_ERR_NOMEM, "out of host memory");
+            memcpy(hp, T->ssm_a.data, F4(nv));
+            memcpy(hp + nv, T->ssm_dt_bias.data, F4(nv));
+            memcpy(hp + 2 * nv, T->ssm_norm.data, F4(d));
+            L->hp = upload(r, hp, F4(2 * nv + d), err);
+            free(hp);
+            if (!L->hp) return err->code;
+            if (!(L->conv_state = dalloc(r, F4((c->ssm_conv_kernel - 1) * cd), err)) ||
+                !(L->ssm = dalloc(r, F4(nv * d * d), err)))
+                return err->code;
+        } else {
+            if ((rc = upload_mat(r, &T->attn_q, &L->q, err)) || (rc = upload_mat(r, &T->attn_k, &L->k, err)) ||
+                (rc = upload_mat(r, &T->attn_v, &L->v, err)) || (rc = upload_mat(r, &T->attn_output, &L->o, err)))
+                return rc;
+            if (!(L->q_norm = upload_f32(r, &T->attn_q_norm, c->head_dim, err)) ||
+                !(L->k_norm = upload_f32(r, &T->attn_k_norm, c->head_dim, err)) ||
+                !(L->kpool = dalloc(r, pool, err)) || !(L->vpool = dalloc(r, pool, err)))
+                return err->code;
+        }
+        if ((rc = upload_mat(r, &T->ffn_gate, &L->ffn_gate, err)) || (rc = upload_mat(r, &T->ffn_up, &L->ffn_up, err)) ||
+            (rc = upload_mat(r, &T->ffn_down, &L->ffn_down, err)))
+            return rc;
+    }
+    return 0;
+}
+
+static int open_scratch(k_runner *r, ds4_error *err) {
+    const ds4_model_config *c = &r->c;
+    const int64_t E = c->n_embd, cd = conv_dim(c), vd = c->ssm_d_inner, nv = c->ssm_n_v;
+    const int64_t qf_dim = 2 * c->n_head * c->head_dim, kv_dim = c->n_head_kv * c->head_dim;
+    const int64_t half = c->n_rot / 2 > 0 ? c->n_rot / 2 : 1;
+    /* widest matvec input: E, value_dim (ssm_out), n_head*head_dim (attn_output), n_ff (ffn_down) */
+    int64_t w = E;
+    if (vd > w) w = vd;
+    if (c->n_head * c->head_dim > w) w = c->n_head * c->head_dim;
+    if (c->n_ff > w) w = c->n_ff;
+    r->xq8_bytes = (size_t)(ROWS * w / 32) * 34;
+    r->xqk_bytes = (size_t)(ROWS * w / 256 + 1) * 292;
+    r->part_floats = (size_t)ROWS * (size_t)c->n_head * (size_t)r->n_pages * (size_t)(2 + c->head_dim);
+    struct {
+        float **p;
+        int64_t n;
+    } fl[] = {{&r->h, E},       {&r->x, E},        {&r->y, E},       {&r->qkv, cd},   {&r->z, vd},
+              {&r->ab, 2 * nv}, {&r->cv, cd},      {&r->o, vd},      {&r->qf, qf_dim}, {&r->qn, qf_dim},
+              {&r->kraw, kv_dim}, {&r->kn, kv_dim}, {&r->vv, kv_dim}, {&r->attn, qf_dim / 2},
+              {&r->g, c->n_ff}, {&r->u, c->n_ff},  {&r->logits, c->n_vocab}, {&r->cs, half}, {&r->sn, half}};
+    for (size_t i = 0; i < sizeof fl / sizeof fl[0]; i++)
+        if (!(*fl[i].p = dalloc(r, F4(ROWS * (fl[i].n > 0 ? fl[i].n : 1)), err))) return err->code;
+    if (!(r->part = dalloc(r, F4(r->part_floats), err)) || !(r->xq8 = dalloc(r, r->xq8_bytes, err)) ||
+        !(r->xqk = dalloc(r, r->xqk_bytes, err)) ||
+        !(r->idx = dalloc(r, 4 * (size_t)ROWS * (1 + K_TOPK_MAX), err)) || !(r->status = dalloc(r, 8, err)))
+        return err->code;
+    uint32_t *pg = malloc(4 * (size_t)r->n_pages);
+    if (!pg) return ds4_fail(err, DS4_ERR_NOMEM, "out of host memory");
+    for (int64_t i = 0; i < r->n_pages; i++) pg[i] = (uint32_t)i;
+    r->pages = upload(r, pg, 4 * (size_t)r->n_pages, err);
+    free(pg);
+    if (!r->pages) return err->code;
+    r->h_stage = malloc(F4(ROWS * E));
+    r->h_cs = malloc(F4(ROWS * half));
+    r->h_sn = malloc(F4(ROWS * half));
+    r->h_idx = malloc(4 * (size_t)ROWS * (1 + K_TOPK_MAX));
+    if (!r->h_stage || !r->h_cs || !r->h_sn || !r->h_idx) return ds4_fail(err, DS4_ERR_NOMEM, "out of host memory");
+    return 0;
+}
+
+int k_runner_open(k_device *d, const ds4_model *m, int64_t n_ctx, k_runner **out, ds4_error *err) {
+    *out = NULL;
+    if (!d || !m) return ds4_fail(err, DS4_ERR_ARG, "k_runner_open: device or model is NULL");
+    const ds4_model_config *c = &m->cfg;
+    if (c->arch != DS4_ARCH_QWEN35)
+        return ds4_fail(err, DS4_ERR_UNSUPPORTED,
+                        "%s: only dense qwen35 models run on the GPU yet (routed MoE is not built)", d->name);
+    if (m->params.precision != DS4_PRECISION_FAST)
+        return ds4_fail(err, DS4_ERR_UNSUPPORTED, "%s: the GPU runs fast precision only", d->name);
+    if (c->head_dim > K_ATTN_MAX_DIM || c->n_head % c->n_head_kv || c->n_head / c->n_head_kv > K_ATTN_MAX_GROUP ||
+        c->ssm_d_state > K_GDN_MAX_D || c->ssm_conv_kernel > K_GDN_MAX_CONV || c->n_rot > c->head_dim)
+        return ds4_fail(err, DS4_ERR_UNSUPPORTED,
+                        "%s: shape outside the kernels' limits (head_dim %lld <= %d, GQA group <= %d, "
+                        "ssm d_state %lld <= %d, conv kernel %lld <= %d)",
+                        d->name, (long long)c->head_dim, K_ATTN_MAX_DIM, K_ATTN_MAX_GROUP,
+                        (long long)c->ssm_d_state, K_GDN_MAX_D, (long long)c->ssm_conv_kernel, K_GDN_MAX_CONV);
+    if (n_ctx <= 0) return ds4_fail(err, DS4_ERR_ARG, "n_ctx must be positive (got %lld)", (long long)n_ctx);
+    k_runner *r = calloc(1, sizeof *r);
+    if (!r) return ds4_fail(err, DS4_ERR_NOMEM, "out of host memory");
+    r->dev = d;
+    r->m = m;
+    r->c = *c;
+    r->n_ctx = n_ctx;
+    r->n_pages = (n_ctx + K_ATTN_BLOCK - 1) / K_ATTN_BLOCK;
+    r->isa = ds4_isa_auto();
+    r->L = calloc((size_t)c->n_main, sizeof *r->L);
+    int rc = r->L ? 0 : ds4_fail(err, DS4_ERR_NOMEM, "out of host memory");
+    if (!rc) rc = open_layers(r, err);
+    if (!rc) rc = upload_mat(r, ds4_model_head(m), &r->head, err);
+    if (!rc && !(r->output_norm = upload_f32(r, &m->output_norm, c->n_embd, err))) rc = err->code;
+    if (!rc) rc = open_scratch(r, err);
+    if (rc) {
+        k_runner_close(r);
+        return rc;
+    }
+    *out = r;
+    return ds4_ok(err);
+}
+
+void k_runner_close(k_runner *r) {
+    if (!r) return;
+    for (int64_t i = 0; i < r->n_allocs; i++) r->dev->release(r->dev, r->allocs[i]);
+    free(r->allocs);
+    free(r->L);
+    free(r->h_stage);
+    free(r->h_cs);
+    free(r->h_sn);
+    free(r->h_idx);
+    free(r);
+}
+
+int64_t k_runner_n_past(const k_runner *r) { return r->n_past; }
+uint64_t k_runner_device_bytes(const k_runner *r) { return r->bytes; }
+int64_t k_runner_launches(const k_runner *r) { return r->launches; }
+
+/* ------------------------------------------------------------ eval -- */
+
+/* Rows [0, n) of one chunk at positions pos0..; outputs for rows >= out0. */
+static int eval_chunk(k_runner *r, const int32_t *tokens, int64_t n, int64_t pos0, int64_t out0,
+                      float *logits, int32_t *argmax, ds4_error *err) {
+    const ds4_model_config *c = &r->c;
+    const ds4_model *m = r->m;
+    const int64_t E = c->n_embd, V = c->n_vocab, half = c->n_rot / 2;
+    int rc;
+    for (int64_t t = 0; t < n; t++)
+        if ((rc = ds4_dequantize_row(r->isa, m->token_embd.type,
+                                     m->token_embd.data + (size_t)tokens[t] * m->token_embd.row_bytes,
+                                     r->h_stage + t * E, E, err)))
+            return rc;
+    if (r->dev->upload(r->dev, r->h, r->h_stage, F4(n * E)))
+        return ds4_fail(err, DS4_ERR_INTERNAL, "%s upload: %s", r->dev->name, r->dev->err);
+    if (half > 0) {
+        ds4_rope_fill(c->n_rot, c->rope_base, 1, n, pos0, r->h_cs, r->h_sn);
+        if (r->dev->upload(r->dev, r->cs, r->h_cs, F4(n * half)) ||
+            r->dev->upload(r->dev, r->sn, r->h_sn, F4(n * half)))
+            return ds4_fail(err, DS4_ERR_INTERNAL, "%s upload: %s", r->dev->name, r->dev->err);
+    }
+    for (int64_t il = 0; il < c->n_main; il++) {
+        dev_layer *L = &r->L[il];
+        if ((rc = rmsnorm(r, r->h, L->attn_norm, r->x, E, n, E, err)) ||
+            (rc = L->kind == DS4_LAYER_GDN ? gdn_layer(r, L, n, err) : attn_layer(r, L, n, pos0, err)) ||
+            (rc = add_rows(r, r->y, r->h, n * E, err)) ||
+            (rc = rmsnorm(r, r->h, L->post_norm, r->x, E, n, E, err)) || (rc = ffn_layer(r, L, n, err)) ||
+            (rc = add_rows(r, r->y, r->h, n * E, err)))
+            return rc;
+    }
+    if (out0 >= n) return 0;
+    const int64_t n_out = n - out0;
+    mm_job head = {&r->head, r->logits, V};
+    if ((rc = rmsnorm(r, r->h + out0 * E, r->output_norm, r->x, E, n_out, E, err)) ||
+        (rc = matmul(r, r->x, E, n_out, &head, 1, err)))
+        return rc;
+    if (argmax) {
+        k_argmax_rows_params p = {K_TAG_OF(argmax_rows), (uint32_t)V, (uint32_t)n_out, (uint32_t)V, 0};
+        k_binding b[] = {STATUS_BIND(argmax_rows), K_BIND(argmax_rows, p, &p, sizeof p),
+                         K_BIND(argmax_rows, x, r->logits, F4(n_out * V)),
+                         K_BIND(argmax_rows, idx, r->idx, 4 * (size_t)n_out * (1 + K_TOPK_MAX))};
+        if ((rc = launch(r, K_ID_argmax_rows, (uint32_t)n_out, 1, 1, 256, b, 4, err))) return rc;
+        if (r->dev->download(r->dev, r->h_idx, r->idx, 4 * (size_t)n_out * (1 + K_TOPK_MAX)))
+            return ds4_fail(err, DS4_ERR_INTERNAL, "%s download: %s", r->dev->name, r->dev->err);
+        for (int64_t t = 0; t < n_out; t++) argmax[t] = (int32_t)r->h_idx[t * (1 + K_TOPK_MAX)];
+    }
+    if (logits && r->dev->download(r->dev, logits, r->logits, F4(n_out * V)))
+        return ds4_fail(err, DS4_ERR_INTERNAL, "%s download: %s", r->dev->name, r->dev->err);
+    return 0;
+}
+
+int k_runner_eval(k_runner *r, const int32_t *tokens, int64_t n, int all_rows, float *logits,
+                  int32_t *argmax, ds4_error *err) {
+    if (!r || !tokens || n <= 0) return ds4_fail(err, DS4_ERR_ARG, "k_runner_eval: no tokens");
+    if (r->n_past + n > r->n_ctx)
+        return ds4_fail(err, DS4_ERR_ARG, "%lld tokens at position %lld run past the context (%lld)",
+                        (long long)n, (long long)r->n_past, (long long)r->n_ctx);
+    for (int64_t t = 0; t < n; t++)
+        if (tokens[t] < 0 || tokens[t] >= r->c.n_vocab)
+            return ds4_fail(err, DS4_ERR_ARG, "token %d at row %lld is outside the vocabulary (%lld)",
+                            tokens[t], (long long)t, (long long)r->c.n_vocab);
+    r->launches = 0;
+    const int64_t V = r->c.n_vocab;
+    int rc = 0;
+    for (int64_t c0 = 0; c0 < n && !rc; c0 += ROWS) {
+        const int64_t cn = n - c0 < ROWS ? n - c0 : ROWS;
+        const int last = c0 + cn == n;
+        int64_t out0 = all_rows ? 0 : last ? cn - 1 : cn;
+        rc = eval_chunk(r, tokens + c0, cn, r->n_past + c0, out0, logits ? logits + (all_rows ? c0 * V : 0) : NULL,
+                        argmax ? argmax + (all_rows ? c0 : 0) : NULL, err);
+    }
+    uint32_t st[2] = {0, 0};
+    if (!rc && (r->dev->sync(r->dev) || r->dev->download(r->dev, st, r->status, sizeof st)))
+        rc = ds4_fail(err, DS4_ERR_INTERNAL, "%s: %s", r->dev->name, r->dev->err);
+    if (!rc && st[0])
+        rc = ds4_fail(err, DS4_ERR_INTERNAL, "%s: a kernel raised status 0x%x (tag 0x%x)", r->dev->name, st[0],
+                      st[1]);
+    /* A failed eval leaves device state part-written: the runner is then
+     * only good for closing (the session layer will restore a snapshot). */
+    if (!rc) r->n_past += n;
+    return rc;
+}

@@ -1,0 +1,197 @@
+/*
+ * test_gpu_model.c — a dense model's layer loop (gpu/host/runner.c) on the
+ * emulator (built by `make gpu-model-bin`) or on CUDA (`make cuda-model`,
+ * -DK_TEST_CUDA), driven by tests/test_gpu_model.py, which compares what it
+ * writes with the CPU forward pass and with llama.cpp's golden logits.
+ *
+ *   test_gpu_model MODEL TOKENS.i32 OUT_PREFIX [N_GREEDY]
+ *     OUT_PREFIX.prefill.f32  logits of every row, all tokens in one eval
+ *     OUT_PREFIX.decode.f32   logits of every row, one eval per token
+ *     OUT_PREFIX.greedy.i32   N_GREEDY tokens decoded greedily after the
+ *                             prompt with the on-device argmax (no logits
+ *                             copied back)
+ *     stdout: one JSON line (device bytes, launches per decode step)
+ *   test_gpu_model --bench MODEL CTX[,CTX...] STEPS
+ *     per context: prefill CTX tokens, then STEPS greedy decode steps
+ *     timed (argmax on device); one "BENCH" line per context.
+ *   A model the GPU cannot run prints "REFUSED: <message>" and exits 3.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../../csrc/ds4.h"
+#include "../host/runner.h"
+
+static k_device *open_device(void) {
+#ifdef K_TEST_CUDA
+    char err[512];
+    k_device *d = k_device_cuda_open(err, sizeof err);
+    if (!d) fprintf(stderr, "%s\n", err);
+    return d;
+#else
+    return k_device_emul_open();
+#endif
+}
+
+static int32_t *read_tokens(const char *path, int64_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long bytes = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    int32_t *t = malloc((size_t)bytes + 4);
+    *n = bytes / 4;
+    if (!t || fread(t, 4, (size_t)*n, f) != (size_t)*n) *n = -1;
+    fclose(f);
+    return t;
+}
+
+static int write_file(const char *prefix, const char *suffix, const void *p, size_t bytes) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s.%s", prefix, suffix);
+    FILE *f = fopen(path, "wb");
+    if (!f) return -1;
+    const int ok = fwrite(p, 1, bytes, f) == bytes;
+    return fclose(f) == 0 && ok ? 0 : -1;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int load(const char *path, int64_t n_ctx, ds4_model **m, k_device **d, k_runner **r) {
+    ds4_error err;
+    ds4_model_params mp = {DS4_PRECISION_FAST, 1, n_ctx, NULL};
+    if (ds4_model_load(path, &mp, m, &err)) {
+        fprintf(stderr, "load: %s\n", err.message);
+        return 2;
+    }
+    if (!(*d = open_device())) return 2;
+    if (k_runner_open(*d, *m, n_ctx, r, &err)) {
+        printf("REFUSED: %s\n", err.message);
+        return 3;
+    }
+    return 0;
+}
+
+static int bench(const char *path, const char *ctx_list, int steps) {
+    int64_t max_ctx = 0;
+    for (const char *s = ctx_list; *s;) {
+        const long v = strtol(s, (char **)&s, 10);
+        if (v > max_ctx) max_ctx = v;
+        if (*s == ',') s++;
+    }
+    ds4_model *m;
+    k_device *d;
+    k_runner *r;
+    int rc = load(path, max_ctx + steps + 1, &m, &d, &r);
+    if (rc) return rc;
+    ds4_model_config c;
+    ds4_model_get_config(m, &c);
+    ds4_error err;
+    for (const char *s = ctx_list; *s;) {
+        const long ctx = strtol(s, (char **)&s, 10);
+        if (*s == ',') s++;
+        k_runner_close(r); /* a fresh session per context */
+        if (k_runner_open(d, m, max_ctx + steps + 1, &r, &err)) break;
+        int32_t *toks = malloc(sizeof(int32_t) * (size_t)(ctx > 0 ? ctx : 1));
+        uint64_t x = 88172645463325252ull;
+        for (long i = 0; i < ctx; i++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            toks[i] = (int32_t)(x % (uint64_t)c.n_vocab);
+        }
+        int32_t tok = 0;
+        const double t0 = now_s();
+        if (ctx > 0 && k_runner_eval(r, toks, ctx, 0, NULL, &tok, &err)) {
+            fprintf(stderr, "prefill: %s\n", err.message);
+            return 1;
+        }
+        const double t1 = now_s();
+        for (int i = 0; i < 3; i++) /* warm-up */
+            if (k_runner_eval(r, &tok, 1, 0, NULL, &tok, &err)) return 1;
+        const double t2 = now_s();
+        for (int i = 0; i < steps; i++)
+            if (k_runner_eval(r, &tok, 1, 0, NULL, &tok, &err)) {
+                fprintf(stderr, "decode: %s\n", err.message);
+                return 1;
+            }
+        const double t3 = now_s();
+        printf("BENCH device=%s ctx=%ld prefill_tok_s=%.1f decode_tok_s=%.2f launches_per_step=%lld "
+               "device_mb=%.1f\n",
+               d->name, ctx, ctx > 0 ? ctx / (t1 - t0) : 0.0, steps / (t3 - t2), (long long)k_runner_launches(r),
+               k_runner_device_bytes(r) / 1e6);
+        fflush(stdout);
+        free(toks);
+    }
+    k_runner_close(r);
+    d->close(d);
+    ds4_model_free(m);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc >= 5 && !strcmp(argv[1], "--bench")) return bench(argv[2], argv[3], atoi(argv[4]));
+    if (argc < 4) {
+        fprintf(stderr, "usage: test_gpu_model MODEL TOKENS.i32 OUT_PREFIX [N_GREEDY] | --bench MODEL CTXS STEPS\n");
+        return 2;
+    }
+    int64_t n;
+    int32_t *toks = read_tokens(argv[2], &n);
+    if (!toks || n <= 0) {
+        fprintf(stderr, "cannot read tokens from %s\n", argv[2]);
+        return 2;
+    }
+    const int n_greedy = argc > 4 ? atoi(argv[4]) : 0;
+    ds4_model *m;
+    k_device *d;
+    k_runner *r;
+    int rc = load(argv[1], n + n_greedy + 1, &m, &d, &r);
+    if (rc) return rc;
+    ds4_model_config c;
+    ds4_model_get_config(m, &c);
+    ds4_error err;
+    float *lg = malloc(sizeof(float) * (size_t)(n * c.n_vocab));
+    int32_t *am = malloc(sizeof(int32_t) * (size_t)(n + n_greedy + 1));
+    if (k_runner_eval(r, toks, n, 1, lg, am, &err) ||
+        write_file(argv[3], "prefill.f32", lg, sizeof(float) * (size_t)(n * c.n_vocab))) {
+        fprintf(stderr, "prefill: %s\n", err.message);
+        return 1;
+    }
+    const int64_t prefill_launches = k_runner_launches(r);
+    k_runner_close(r);
+    if (k_runner_open(d, m, n + n_greedy + 1, &r, &err)) return 1;
+    for (int64_t t = 0; t < n; t++)
+        if (k_runner_eval(r, toks + t, 1, 0, lg + t * c.n_vocab, am + t, &err)) {
+            fprintf(stderr, "decode row %lld: %s\n", (long long)t, err.message);
+            return 1;
+        }
+    const int64_t step_launches = k_runner_launches(r);
+    if (write_file(argv[3], "decode.f32", lg, sizeof(float) * (size_t)(n * c.n_vocab))) return 1;
+    int32_t tok = am[n - 1];
+    for (int i = 0; i < n_greedy; i++) {
+        am[i] = tok;
+        if (k_runner_eval(r, &tok, 1, 0, NULL, &tok, &err)) {
+            fprintf(stderr, "greedy step %d: %s\n", i, err.message);
+            return 1;
+        }
+    }
+    if (n_greedy && write_file(argv[3], "greedy.i32", am, sizeof(int32_t) * (size_t)n_greedy)) return 1;
+    printf("{\"device\": \"%s\", \"rows\": %lld, \"device_bytes\": %llu, \"prefill_launches\": %lld, "
+           "\"launches_per_decode_step\": %lld}\n",
+           d->name, (long long)n, (unsigned long long)k_runner_device_bytes(r), (long long)prefill_launches,
+           (long long)step_launches);
+    k_runner_close(r);
+    d->close(d);
+    ds4_model_free(m);
+    free(lg);
+    free(am);
+    free(toks);
+    return 0;
+}
