@@ -37,12 +37,12 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from ds4py import quants as Q  # noqa: E402
+from bench.random_blocks import random_blocks as _random_blocks  # noqa: E402
+from bench.random_blocks import small_f32 as _small_f32  # noqa: E402
 from ds4py.gguf_writer import GGUFWriter  # noqa: E402
 from gguf_tools import requantize as RQ  # noqa: E402
 
 GENERATOR_VERSION = 2
-CHUNK_BYTES = 64 << 20  # random bytes are made and written in pieces of this size
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +70,9 @@ class Shape:
 SHAPES = {
     "dense08b": Shape("qwen35", 24, 1024, 8, 2, 256, 16, 16, 128, n_ff=3584),
     "dense08b_l6": Shape("qwen35", 6, 1024, 8, 2, 256, 16, 16, 128, n_ff=3584),
+    # Qwen3.5-27B-like (issue 19's H200 bench; too big to make on a CI-class
+    # machine): 64 layers, E 5120, H 24 / KV 4, head 256, Hk 16 / Hv 48, FFN 17408
+    "dense27b": Shape("qwen35", 64, 5120, 24, 4, 256, 16, 48, 128, n_ff=17408),
     "moe": Shape("qwen35moe", 20, 2048, 16, 2, 256, 16, 32, 128, n_expert=64,
                  n_expert_used=8, n_ff_exp=512, n_ff_shexp=512, tied=False),
 }
@@ -172,47 +175,6 @@ def plan_types(s: Shape, quant: str) -> dict[str, str]:
                                      f"{s.arch}.expert_count": s.n_expert},
                            tensors=infos)
     return {st.name: st.dst_type for st in RQ.plan(fake, quant)}
-
-
-# Byte offsets of the fp16 scale fields per block (csrc/quants/quants.h).
-_HALVES = {"Q8_0": (0,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q5_0": (0,),
-           "Q5_1": (0, 2), "Q4_0": (0,), "Q4_1": (0, 2), "IQ4_NL": (0,)}
-
-
-def _random_blocks(rng, t: str, n_values: int, n_in: int):
-    """Yield the bytes of n_values weights of type t as random blocks, in
-    pieces: random codes, scales sized so a row's dot stays O(1)."""
-    info = Q.type_info(t)
-    if t in ("F32", "F16"):
-        dt = np.float32 if t == "F32" else np.float16
-        step = CHUNK_BYTES // 4
-        for i in range(0, n_values, step):
-            m = min(step, n_values - i)
-            yield (rng.standard_normal(m) / np.sqrt(n_in)).astype(dt).view(np.uint8)
-        return
-    nb_total = n_values // info.block_size
-    per = max(1, CHUNK_BYTES // info.type_size)
-    # weight ~ d * code; codes span ~[-8, 8] (4-bit) .. [-128, 127] (8-bit)
-    # (|int8 sub-block scale| ~ 64 for Q6_K, 6-bit ~ 32 for Q4_K/Q5_K)
-    code_mag = {"Q8_0": 74.0, "Q6_K": 18.0 * 64, "Q4_K": 8.0 * 32, "Q5_K": 16.0 * 32}.get(t, 8.0)
-    d = np.float16(1.0 / (code_mag * np.sqrt(n_in)))
-    for i in range(0, nb_total, per):
-        m = min(per, nb_total - i)
-        raw = rng.integers(0, 256, size=(m, info.type_size), dtype=np.uint8)
-        for off in _HALVES.get(t, ()):
-            raw[:, off:off + 2] = np.full(m, d, np.float16).view(np.uint8).reshape(m, 2)
-        yield raw.reshape(-1)
-
-
-def _small_f32(rng, name: str, shape) -> np.ndarray:
-    n = int(np.prod(shape))
-    if name.endswith("ssm_a"):
-        return -rng.uniform(0.5, 8.0, n).astype(np.float32)  # -exp(A_log) < 0
-    if name.endswith("ssm_dt.bias"):
-        return rng.uniform(-2.0, 0.0, n).astype(np.float32)
-    if "norm" in name:
-        return np.ones(n, np.float32)
-    return (rng.standard_normal(n) * 0.1).astype(np.float32)
 
 
 def model_path(name: str, quant: str) -> str:

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# device_model.sh — the dense layer loop (gpu/host/runner.c) on the CUDA
+# machine, in one command (docs/gpu.md §7):
+#
+#   bash gpu/tools/device_model.sh [GGUF_PY_DIR]     (from the repository root)
+#
+#  1. builds build/gpu-model-cuda/test_gpu_model (make cuda-model);
+#  2. correctness: the golden dense-q8_0 model on the 100-token golden
+#     sequence and the demo model on 12 tokens — logits of every row from one
+#     eval and from one eval per row, plus greedy tokens — written under
+#     $OUT/model_outputs.tar, compared on the development machine with the
+#     CPU and llama.cpp (the same checks as tests/test_gpu_model.py);
+#     compute-sanitizer memcheck over a 16-token run;
+#  3. bench: expands the bench-model recipes in gpu/bench/ (numpy + gguf-py,
+#     GGUF_PY_DIR on PYTHONPATH when gguf-py is not installed) and times
+#     decode at several contexts (argmax on the device, one eval per token)
+#     and prefill; also the 0.8B shape's first 4 rows of logits for a CPU
+#     cross-check (same recipe expanded here: the sha256 is printed).
+set -u
+cd "$(dirname "$0")/../.."
+OUT="${OUT:-build/device_model}"
+mkdir -p "$OUT"
+LOG="$OUT/device_model.log"
+export PYTHONPATH="${1:-}${PYTHONPATH:+:$PYTHONPATH}"
+PYBIN="$(command -v python3 || command -v python)"
+W=/tmp/ds4py-gpu
+mkdir -p "$W"
+BIN=${BIN:-build/gpu-model-cuda/test_gpu_model}
+
+step() { echo "=== $* ($(date +%T))"; }
+main() {
+step build
+make -s cuda-model PY="$PYBIN" || { echo "BUILD FAILED"; return 1; }
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv,noheader
+
+step correctness
+"$PYBIN" - <<'PY'
+import numpy as np
+s = np.load("tests/golden/logits/sequences.npz")
+s["s100"].astype(np.int32).tofile("/tmp/ds4py-gpu/s100.i32")
+s["s16"].astype(np.int32).tofile("/tmp/ds4py-gpu/s16.i32")
+PY
+timeout 120 $BIN tests/golden/models/dense-q8_0.gguf $W/s100.i32 $W/golden 16
+[ -f gpu/bench/demo_tokens.i32 ] && timeout 120 $BIN ds4py/models/demo-q8_0.gguf gpu/bench/demo_tokens.i32 $W/demo 8
+step memcheck
+timeout 150 compute-sanitizer --tool memcheck --print-limit 20 $BIN tests/golden/models/dense-q8_0.gguf $W/s16.i32 $W/mc 4 2>&1 | tail -5
+
+step bench models
+for r in ${RECIPES:-gpu/bench/*.json}; do
+  n=$(basename "$r" .json)
+  t0=$(date +%s)
+  timeout 400 "$PYBIN" gpu/tools/gpu_bench_models.py expand "$r" "$W/$n.gguf" || { echo "EXPAND FAILED $n"; continue; }
+  echo "expanded $n in $(( $(date +%s) - t0 )) s: $(ls -la $W/$n.gguf | awk '{print $5}') bytes sha256 $(sha256sum $W/$n.gguf | cut -c1-16)"
+done
+if [ -f "$W/dense08b-q4_k_m.gguf" ]; then
+  "$PYBIN" -c "import numpy as np; np.array([11, 2222, 33333, 144444], dtype=np.int32).tofile('$W/b4.i32')"
+  timeout 200 $BIN $W/dense08b-q4_k_m.gguf $W/b4.i32 $W/bench08 4
+fi
+(cd $W && tar cf - golden.* demo.* bench08.* 2>/dev/null) > "$OUT/model_outputs.tar"
+
+step bench decode
+[ -f "$W/dense08b-q4_k_m.gguf" ] && timeout 240 $BIN --bench $W/dense08b-q4_k_m.gguf 128,4096,32768 64
+[ -f "$W/dense08b-q8_0.gguf" ] && timeout 120 $BIN --bench $W/dense08b-q8_0.gguf 128,4096 64
+[ -f "$W/dense27b-q4_k_m.gguf" ] && timeout 240 $BIN --bench $W/dense27b-q4_k_m.gguf 128,4096 32
+step done
+}
+main 2>&1 | tee "$LOG"
