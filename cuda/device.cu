@@ -41,13 +41,57 @@ static int cu_download(k_device *d, void *dst, const void *src, size_t bytes) {
     return e == cudaSuccess ? 0 : fail(d, "download", e);
 }
 
+// Profiling (K_CUDA_PROFILE=1): an event pair around every launch, read at
+// sync(); GPU time per kernel id accumulates until k_cuda_profile_print.
+// The events add no synchronisation, so the steps run as they would.
+#define PROF_MAX 8192
+#define PROF_IDS 64
+static struct {
+    int on, n;
+    cudaEvent_t ev[2 * PROF_MAX];
+    int id[PROF_MAX];
+    double ms[PROF_IDS];
+    long count[PROF_IDS];
+} prof;
+
 static int cu_launch(k_device *d, int id, const uint32_t grid[3], uint32_t tg, const k_binding *b, int nb) {
-    return k_cuda_launch(id, grid, tg, b, nb, 0, d->err, sizeof d->err);
+    const int p = prof.on && prof.n < PROF_MAX && id < PROF_IDS;
+    if (p) cudaEventRecord(prof.ev[2 * prof.n], 0);
+    const int rc = k_cuda_launch(id, grid, tg, b, nb, 0, d->err, sizeof d->err);
+    if (p && !rc) {
+        cudaEventRecord(prof.ev[2 * prof.n + 1], 0);
+        prof.id[prof.n++] = id;
+    }
+    return rc;
 }
 
 static int cu_sync(k_device *d) {
     cudaError_t e = cudaDeviceSynchronize();
-    return e == cudaSuccess ? 0 : fail(d, "kernel", e);
+    if (e != cudaSuccess) return fail(d, "kernel", e);
+    for (int i = 0; i < prof.n; i++) {
+        float ms = 0;
+        cudaEventElapsedTime(&ms, prof.ev[2 * i], prof.ev[2 * i + 1]);
+        prof.ms[prof.id[i]] += ms;
+        prof.count[prof.id[i]]++;
+    }
+    prof.n = 0;
+    return 0;
+}
+
+// Per kernel: launches, total GPU ms and mean us since the last reset; then reset.
+extern "C" void k_cuda_profile_print(const char *label) {
+    if (!prof.on) return;
+    double total = 0;
+    for (int i = 0; i < PROF_IDS; i++) total += prof.ms[i];
+    for (int i = 0; i < PROF_IDS; i++)
+        if (prof.count[i]) {
+            const k_kernel_desc *kd = k_kernel_desc_of(i);
+            printf("PROFILE %s kernel=%s launches=%ld gpu_ms=%.3f mean_us=%.2f share=%.1f%%\n", label,
+                   kd ? kd->name : "?", prof.count[i], prof.ms[i], 1e3 * prof.ms[i] / prof.count[i],
+                   100.0 * prof.ms[i] / (total > 0 ? total : 1));
+            prof.ms[i] = 0;
+            prof.count[i] = 0;
+        }
 }
 
 static void cu_close(k_device *d) { free(d); }
@@ -63,6 +107,10 @@ extern "C" k_device *k_device_cuda_open(char *err, size_t cap) {
     if (!d) {
         snprintf(err, cap, "out of memory");
         return NULL;
+    }
+    if (getenv("K_CUDA_PROFILE") && !prof.on) {
+        for (int i = 0; i < 2 * PROF_MAX; i++) cudaEventCreate(&prof.ev[i]);
+        prof.on = 1;
     }
     d->name = "cuda";
     d->alloc = cu_alloc;

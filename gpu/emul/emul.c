@@ -254,6 +254,18 @@ static void free_tg_regions(void) {
     E.n_reg = E.n_dev_reg;
 }
 
+/* Run fiber i until it yields or finishes. A function of its own so that
+ * nothing of the caller's frame lives across the _setjmp (no clobbering). */
+static __attribute__((noinline)) void resume(int i) {
+    if (!_setjmp(E.sched)) {
+        if (!E.f[i].started) {
+            E.f[i].started = 1;
+            setcontext(&E.f[i].uc);
+        }
+        _longjmp(E.f[i].jb, 1);
+    }
+}
+
 /* Run one threadgroup to completion; 0 or -1 (E.err set). */
 static int run_group(int schedule) {
     E.epoch = 0;
@@ -275,13 +287,7 @@ static int run_group(int schedule) {
             while (E.f[i].state == RUNNING) {
                 E.cur = i;
                 emul_pos.tid = (uint32_t)i;
-                if (!_setjmp(E.sched)) {
-                    if (!E.f[i].started) {
-                        E.f[i].started = 1;
-                        setcontext(&E.f[i].uc);
-                    }
-                    _longjmp(E.f[i].jb, 1);
-                }
+                resume(i);
                 if (E.n_err) return -1;
             }
         }

@@ -59,14 +59,20 @@ K_KERNEL(attn_partials) {
         const k_u32 page = K_LD(pages, b);
         const k_u32 kb = (page * p.n_head_kv + kvh) * K_ATTN_BLOCK * dh;
 
+        /* The per-head loops run to the constant K_ATTN_MAX_GROUP with a
+         * g < G guard, so part[] and acc[] stay in registers (indexed by a
+         * runtime bound they spilled to local memory on CUDA: 350 us per
+         * block on the H200); the float operations are the same. */
         for (k_u32 pp = K_SIMD; pp < len; pp += K_NSIMD) { /* uniform per SIMD-group */
             float part[K_ATTN_MAX_GROUP];
-            for (k_u32 g = 0; g < G; g++) part[g] = 0.0f;
+            K_UNROLL for (k_u32 g = 0; g < K_ATTN_MAX_GROUP; g++) part[g] = 0.0f;
             for (k_u32 d = K_LANE; d < dh; d += 32u) {
                 const float kv = k_h2f(K_LD(kpool, kb + pp * dh + d));
-                for (k_u32 g = 0; g < G; g++) part[g] += kv * K_LD(qs, g * dh + d);
+                K_UNROLL for (k_u32 g = 0; g < K_ATTN_MAX_GROUP; g++)
+                    if (g < G) part[g] += kv * K_LD(qs, g * dh + d);
             }
-            for (k_u32 g = 0; g < G; g++) {
+            K_UNROLL for (k_u32 g = 0; g < K_ATTN_MAX_GROUP; g++) {
+                if (g >= G) break; /* uniform: no lane skips the shuffles below alone */
                 const float s = k_simd_sum(part[g]) * p.scale;
                 if (K_LANE == 0) K_ST(S, g * K_ATTN_BLOCK + pp, s);
             }
@@ -95,12 +101,25 @@ K_KERNEL(attn_partials) {
 
         for (k_u32 d = K_TID; d < dh; d += K_TG_SIZE) {
             float acc[K_ATTN_MAX_GROUP];
-            for (k_u32 g = 0; g < G; g++) acc[g] = 0.0f;
-            for (k_u32 pp = 0; pp < len; pp++) {
-                const float v = k_h2f(K_LD(vpool, kb + pp * dh + d));
-                for (k_u32 g = 0; g < G; g++) acc[g] += K_LD(S, g * K_ATTN_BLOCK + pp) * v;
+            K_UNROLL for (k_u32 g = 0; g < K_ATTN_MAX_GROUP; g++) acc[g] = 0.0f;
+            /* eight V loads in flight before their adds (latency: one or
+             * two threadgroups per SM at short contexts); the adds keep
+             * ascending pp order, so the sums are unchanged */
+            k_u32 pp = 0;
+            for (; pp + 8u <= len; pp += 8u) {
+                float v8[8];
+                K_UNROLL for (k_u32 u = 0; u < 8u; u++) v8[u] = k_h2f(K_LD(vpool, kb + (pp + u) * dh + d));
+                K_UNROLL for (k_u32 u = 0; u < 8u; u++)
+                    K_UNROLL for (k_u32 g = 0; g < K_ATTN_MAX_GROUP; g++)
+                        if (g < G) acc[g] += K_LD(S, g * K_ATTN_BLOCK + pp + u) * v8[u];
             }
-            for (k_u32 g = 0; g < G; g++) {
+            for (; pp < len; pp++) {
+                const float v = k_h2f(K_LD(vpool, kb + pp * dh + d));
+                K_UNROLL for (k_u32 g = 0; g < K_ATTN_MAX_GROUP; g++)
+                    if (g < G) acc[g] += K_LD(S, g * K_ATTN_BLOCK + pp) * v;
+            }
+            K_UNROLL for (k_u32 g = 0; g < K_ATTN_MAX_GROUP; g++) {
+                if (g >= G) break;
                 const k_u32 o = ((t * p.n_head + kvh * G + g) * p.n_blocks + b) * (2u + dh);
                 K_ST(part, o + 2u + d, acc[g]);
             }

@@ -58,10 +58,9 @@ K_FN void k_gdn_l2norm(K_TGM float *a, k_u32 d, float eps, K_TGM float *part, k_
     K_BARRIER();
 }
 
-/* One threadgroup per value head j (K_GX); thread m owns state rows m,
- * m + K_TG_SIZE, ...: decay, S.k, the rank-1 update and S.q run serially
- * over the row in the CPU's order, in float (the CPU's dot sums in double:
- * the tolerance is derived in docs/gpu.md). */
+/* One threadgroup per value head j (K_GX); one SIMD-group per state row
+ * (below): decay, S.k, the rank-1 update and S.q in float (the CPU's dot
+ * sums in its own order: the tolerance is derived in docs/gpu.md). */
 K_KERNEL(gdn_delta) {
     K_CHECK_TAG(gdn_delta);
     if (p.d == 0u || p.d > K_GDN_MAX_D || p.n_k == 0u) {
@@ -92,22 +91,39 @@ K_KERNEL(gdn_delta) {
     const float decay = k_exp(K_LD(hp, j) * sp);
     const float oscale = 1.0f / k_sqrt((float)d);
     K_DEV float *S = s + j * d * d;
-    for (k_u32 m = K_TID; m < d; m += K_TG_SIZE) {
+    /* One SIMD-group per state row (rows m = SIMD-group, + K_NSIMD, ...):
+     * lane l holds the row's elements l, l + 32, ... in registers, so the
+     * row is read and written once, coalesced. S.k and S.q are each lane's
+     * strided partial sum (ascending i) then the butterfly: a fixed order,
+     * the same in every launch (not the CPU's: the tolerance is in
+     * docs/gpu.md). One thread per row walking it serially left the H200
+     * latency-bound (56 us per launch at 16 heads x d 128). */
+    const k_u32 per = (d + 31u) / 32u; /* <= K_GDN_MAX_D / 32 */
+    for (k_u32 m = K_SIMD; m < d; m += K_NSIMD) {
         K_DEV float *Sm = S + m * d;
+        float row[K_GDN_MAX_D / 32];
         float u = 0.0f;
-        for (k_u32 i = 0; i < d; i++) {
-            const float sv = K_LD(Sm, i) * decay;
-            K_ST(Sm, i, sv);
-            u += sv * K_LD(kn, i);
+        K_UNROLL for (k_u32 c = 0; c < K_GDN_MAX_D / 32; c++) {
+            const k_u32 i = c * 32u + K_LANE;
+            row[c] = 0.0f;
+            if (c < per && i < d) {
+                row[c] = K_LD(Sm, i) * decay;
+                u += row[c] * K_LD(kn, i);
+            }
         }
+        u = k_simd_sum(u);
         const float dm = (K_LD(cv, (2u * p.n_k + j) * d + m) - u) * beta;
         float o = 0.0f;
-        for (k_u32 i = 0; i < d; i++) {
-            const float sv = K_LD(Sm, i) + K_LD(kn, i) * dm;
-            K_ST(Sm, i, sv);
-            o += sv * K_LD(qn, i);
+        K_UNROLL for (k_u32 c = 0; c < K_GDN_MAX_D / 32; c++) {
+            const k_u32 i = c * 32u + K_LANE;
+            if (c < per && i < d) {
+                row[c] = row[c] + K_LD(kn, i) * dm;
+                K_ST(Sm, i, row[c]);
+                o += row[c] * K_LD(qn, i);
+            }
         }
-        K_ST(on, m, o * oscale);
+        o = k_simd_sum(o);
+        if (K_LANE == 0u) K_ST(on, m, o * oscale);
     }
     K_BARRIER();
     /* gated RMSNorm: rmsnorm(o) * norm_w * SiLU(z) (ds4_rmsnorm, ds4_silu) */

@@ -279,7 +279,7 @@ typedef struct {
  * ssm_a * softplus(alpha + dt_bias) (ggml's softplus), S <- exp(g) S,
  * delta = (v - S k) beta, S += k (x) delta, o = (S q) / sqrt(d), then the
  * gated RMSNorm o = rmsnorm(o) * norm_w * SiLU(z). One threadgroup per
- * value head; thread m owns state row m. cv is the conv output row
+ * value head, one SIMD-group per state row. cv is the conv output row
  * (q heads | k heads | v heads); value head j reads k-head j % n_k. */
 #define K_GDN_MAX_D 256
 typedef struct {

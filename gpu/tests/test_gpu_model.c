@@ -91,7 +91,9 @@ static int bench(const char *path, const char *ctx_list, int steps) {
     ds4_model *m;
     k_device *d;
     k_runner *r;
-    int rc = load(path, max_ctx + steps + 1, &m, &d, &r);
+    /* room for the prefill, the warm-up steps and the timed steps */
+    const int64_t n_ctx = max_ctx + steps + 8;
+    int rc = load(path, n_ctx, &m, &d, &r);
     if (rc) return rc;
     ds4_model_config c;
     ds4_model_get_config(m, &c);
@@ -100,7 +102,7 @@ static int bench(const char *path, const char *ctx_list, int steps) {
         const long ctx = strtol(s, (char **)&s, 10);
         if (*s == ',') s++;
         k_runner_close(r); /* a fresh session per context */
-        if (k_runner_open(d, m, max_ctx + steps + 1, &r, &err)) break;
+        if (k_runner_open(d, m, n_ctx, &r, &err)) break;
         int32_t *toks = malloc(sizeof(int32_t) * (size_t)(ctx > 0 ? ctx : 1));
         uint64_t x = 88172645463325252ull;
         for (long i = 0; i < ctx; i++) {
@@ -116,6 +118,13 @@ static int bench(const char *path, const char *ctx_list, int steps) {
         const double t1 = now_s();
         for (int i = 0; i < 3; i++) /* warm-up */
             if (k_runner_eval(r, &tok, 1, 0, NULL, &tok, &err)) return 1;
+#ifdef K_TEST_CUDA
+        {
+            char label[64]; /* prefill: the first PROF_MAX launches of each eval (cuda/device.cu) */
+            snprintf(label, sizeof label, "ctx=%ld prefill+warmup", ctx);
+            k_cuda_profile_print(label);
+        }
+#endif
         const double t2 = now_s();
         for (int i = 0; i < steps; i++)
             if (k_runner_eval(r, &tok, 1, 0, NULL, &tok, &err)) {
@@ -127,6 +136,11 @@ static int bench(const char *path, const char *ctx_list, int steps) {
                "device_mb=%.1f\n",
                d->name, ctx, ctx > 0 ? ctx / (t1 - t0) : 0.0, steps / (t3 - t2), (long long)k_runner_launches(r),
                k_runner_device_bytes(r) / 1e6);
+#ifdef K_TEST_CUDA
+        char label[64];
+        snprintf(label, sizeof label, "ctx=%ld decode", ctx);
+        k_cuda_profile_print(label);
+#endif
         fflush(stdout);
         free(toks);
     }

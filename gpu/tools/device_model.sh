@@ -15,7 +15,8 @@
 #     GGUF_PY_DIR on PYTHONPATH when gguf-py is not installed) and times
 #     decode at several contexts (argmax on the device, one eval per token)
 #     and prefill; also the 0.8B shape's first 4 rows of logits for a CPU
-#     cross-check (same recipe expanded here: the sha256 is printed).
+#     cross-check (same recipe expanded here: the sha256 is printed);
+#  4. a per-kernel GPU-time profile of decode (K_CUDA_PROFILE=1).
 set -u
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-build/device_model}"
@@ -62,6 +63,9 @@ step bench decode
 [ -f "$W/dense08b-q4_k_m.gguf" ] && timeout 240 $BIN --bench $W/dense08b-q4_k_m.gguf 128,4096,32768 64
 [ -f "$W/dense08b-q8_0.gguf" ] && timeout 120 $BIN --bench $W/dense08b-q8_0.gguf 128,4096 64
 [ -f "$W/dense27b-q4_k_m.gguf" ] && timeout 240 $BIN --bench $W/dense27b-q4_k_m.gguf 128,4096 32
+step profile "(K_CUDA_PROFILE=1: GPU time per kernel, event pairs around each launch)"
+[ -f "$W/dense08b-q4_k_m.gguf" ] && K_CUDA_PROFILE=1 timeout 120 $BIN --bench $W/dense08b-q4_k_m.gguf 128 32 | grep -v prefill
+[ -f "$W/dense27b-q4_k_m.gguf" ] && K_CUDA_PROFILE=1 timeout 120 $BIN --bench $W/dense27b-q4_k_m.gguf 128 16 | grep -v prefill
 step done
 }
 main 2>&1 | tee "$LOG"
