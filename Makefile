@@ -79,8 +79,9 @@ test-gpu-emul: gpu-emul-bin
 # the core: on the emulator (tests/test_gpu_model.py builds it) or on CUDA
 # (cuda-model: run it on the GPU machine, docs/gpu.md section 7).
 GPU_MODEL_DIR ?= build/gpu-model-emul
+GPU_MODEL_DEFS ?=
 gpu-model-bin:
-	$(PY) gpu/tools/build_model_test.py emul $(GPU_MODEL_DIR) > /dev/null
+	GPU_MODEL_DEFS="$(GPU_MODEL_DEFS)" $(PY) gpu/tools/build_model_test.py emul $(GPU_MODEL_DIR) > /dev/null
 
 cuda-model:
 	$(PY) gpu/tools/build_model_test.py cuda build/gpu-model-cuda > /dev/null

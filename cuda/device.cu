@@ -54,6 +54,11 @@ static struct {
     long count[PROF_IDS];
 } prof;
 
+static int cu_copy(k_device *d, void *dst, const void *src, size_t bytes) {
+    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, 0);
+    return e == cudaSuccess ? 0 : fail(d, "copy", e);
+}
+
 static int cu_launch(k_device *d, int id, const uint32_t grid[3], uint32_t tg, const k_binding *b, int nb) {
     const int p = prof.on && prof.n < PROF_MAX && id < PROF_IDS;
     if (p) cudaEventRecord(prof.ev[2 * prof.n], 0);
@@ -117,6 +122,7 @@ extern "C" k_device *k_device_cuda_open(char *err, size_t cap) {
     d->release = cu_release;
     d->upload = cu_upload;
     d->download = cu_download;
+    d->copy = cu_copy;
     d->launch = cu_launch;
     d->sync = cu_sync;
     d->close = cu_close;

@@ -38,15 +38,19 @@ MEAN_KL_VS_CPU = 0.01    # measured 0.0027
 CLEAR_MARGIN = 0.5       # top-1 must agree where llama.cpp's top-2 gap exceeds this
 
 
-@pytest.fixture(scope="module")
-def binary(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("gpu-model"))
+def build(out, defs=""):
     r = subprocess.run(["make", "-s", "--no-print-directory", "gpu-model-bin",
-                        f"GPU_MODEL_DIR={out}"], cwd=ROOT, capture_output=True, text=True)
+                        f"GPU_MODEL_DIR={out}", f"GPU_MODEL_DEFS={defs}"],
+                       cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
     path = os.path.join(out, "test_gpu_model")
     assert os.access(path, os.X_OK), r.stdout
     return path
+
+
+@pytest.fixture(scope="module")
+def binary(tmp_path_factory):
+    return build(str(tmp_path_factory.mktemp("gpu-model")))
 
 
 def run_gpu(binary, tmp_path, model, tokens, n_greedy):
@@ -158,3 +162,36 @@ def test_refuses_what_it_cannot_run(binary, tmp_path, name, words):
     assert r.returncode == 3, r.stdout + r.stderr
     for w in words:
         assert w in r.stdout, r.stdout
+
+
+def run_spec(binary, tmp_path, model, tokens, n_gen):
+    toks = os.path.join(str(tmp_path), "spec.i32")
+    np.asarray(tokens, dtype=np.int32).tofile(toks)
+    return subprocess.run([binary, "--spec", model, toks, str(n_gen)], capture_output=True,
+                          text=True, timeout=600)
+
+
+@pytest.mark.parametrize("model", [DENSE, DEMO], ids=["golden-dense-q8_0", "demo"])
+def test_speculative_equals_serial(binary, tmp_path, model):
+    """verify/accept on the GPU path: greedy speculative decoding (drafts
+    right and wrong, depths 1..7, so accept rolls the GDN state back to
+    every prefix length) keeps exactly the serial rows, logits bit for bit."""
+    toks = np.load(os.path.join(GOLDEN, "logits", "sequences.npz"))["s16"]
+    n_gen = 40 if model == DENSE else 20  # the demo model is ~10x slower under the emulator
+    if model == DEMO:
+        toks = np.asarray(toks)[:8] % 8192
+    r = run_spec(binary, tmp_path, model, toks, n_gen)
+    assert r.returncode == 0, r.stdout + r.stderr
+    fields = dict(kv.split("=") for kv in r.stdout.split()[1:])
+    assert fields["mismatches"] == "0"
+    assert int(fields["rows_compared"]) >= n_gen and 0 < int(fields["accepted_drafts"]) < n_gen
+
+
+def test_planted_rollback_fault_turns_red(tmp_path):
+    """The spec check can fail: an accept that skips the GDN replay (keeps
+    the state from before the verify) must be caught."""
+    planted = build(str(tmp_path / "planted"), "-DPLANT_ACCEPT_NO_REPLAY")
+    toks = np.load(os.path.join(GOLDEN, "logits", "sequences.npz"))["s16"]
+    r = run_spec(planted, tmp_path, DENSE, toks, 40)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "mismatches=0" not in r.stdout

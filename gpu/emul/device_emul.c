@@ -41,6 +41,7 @@ k_device *k_device_emul_open(void) {
     d->release = emul_release;
     d->upload = emul_copy;
     d->download = emul_copy;
+    d->copy = emul_copy;
     d->launch = emul_dev_launch;
     d->sync = emul_sync;
     d->close = emul_close;

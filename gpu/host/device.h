@@ -32,6 +32,7 @@ struct k_device {
     void (*release)(k_device *d, void *p);
     int (*upload)(k_device *d, void *dst, const void *src, size_t bytes);
     int (*download)(k_device *d, void *dst, const void *src, size_t bytes);
+    int (*copy)(k_device *d, void *dst, const void *src, size_t bytes); /* device to device, ordered */
     int (*launch)(k_device *d, int id, const uint32_t grid[3], uint32_t tg, const k_binding *b, int nb);
     int (*sync)(k_device *d);
     void (*close)(k_device *d);

@@ -52,28 +52,58 @@ typedef struct {
     dev_mat qkv, gate, beta, alpha, ssm_out;
     void *conv_w; /* F32 [conv_dim][K] */
     void *hp;     /* F32 [ssm_a (n_v) | dt_bias (n_v) | ssm_norm (d)]: gdn_delta's hp */
-    void *conv_state, *ssm;
     /* gated attention */
     dev_mat q, k, v, o;
     void *q_norm, *k_norm;
-    void *kpool, *vpool;
     /* dense FFN */
     dev_mat ffn_gate, ffn_up, ffn_down;
 } dev_layer;
 
-struct k_runner {
+/* A session's device state of one layer. */
+typedef struct {
+    void *conv_state, *ssm;   /* GDN: the recurrent state */
+    void *conv_bak, *ssm_bak; /* GDN: the state before the last verify */
+    float *cap_qkv, *cap_z, *cap_ab; /* GDN: a verify's rows (accept replays them) */
+    void *kpool, *vpool;      /* attention: F16 KV pages */
+} dev_state;
+
+/* Device allocations of one owner, released together. */
+typedef struct {
+    void **p;
+    int64_t n, cap;
+    uint64_t bytes;
+} k_allocs;
+
+/* The weights on the device: uploaded once, shared by every session. */
+struct k_gpu_model {
     k_device *dev;
     const ds4_model *m;
     ds4_model_config c;
-    int64_t n_ctx, n_pages, n_past, launches;
     int isa;
     uint32_t gdn_tg; /* gdn_delta's threadgroup: SIMD-groups of rows (gdn.h) */
-    uint64_t bytes;
-    void **allocs;
-    int64_t n_allocs, cap_allocs;
+    k_allocs mem;
     dev_layer *L;
     dev_mat head;
     void *output_norm;
+};
+
+struct k_runner {
+    /* copied from the model, for the layer code's brevity */
+    k_device *dev;
+    const ds4_model *m;
+    ds4_model_config c;
+    int isa;
+    uint32_t gdn_tg;
+    dev_layer *L;
+    const dev_mat *head;
+    void *output_norm;
+    /* this session */
+    k_gpu_model *gm;
+    k_allocs mem;
+    dev_state *S;
+    int64_t n_ctx, n_pages, n_past, launches;
+    int capturing;          /* inside a verify: GDN layers keep their rows */
+    int64_t ver_n, ver_pos; /* the last verify's rows and first position (0: none) */
     void *pages; /* u32 page table: identity (one sequence, no sharing yet) */
     /* scratch, ROWS rows each */
     float *h, *x, *y, *qkv, *z, *ab, *cv, *o, *qf, *qn, *kraw, *kn, *vv, *attn, *g, *u, *logits;
@@ -88,35 +118,47 @@ struct k_runner {
 
 /* ---------------------------------------------------------- memory -- */
 
-static void *dalloc(k_runner *r, size_t bytes, ds4_error *err) {
-    if (r->n_allocs == r->cap_allocs) {
-        const int64_t cap = r->cap_allocs ? 2 * r->cap_allocs : 64;
-        void **a = realloc(r->allocs, (size_t)cap * sizeof *a);
-        if (!a) {
+static void *mem_alloc(k_device *d, k_allocs *a, size_t bytes, ds4_error *err) {
+    if (a->n == a->cap) {
+        const int64_t cap = a->cap ? 2 * a->cap : 64;
+        void **np = realloc(a->p, (size_t)cap * sizeof *np);
+        if (!np) {
             ds4_fail(err, DS4_ERR_NOMEM, "out of host memory");
             return NULL;
         }
-        r->allocs = a;
-        r->cap_allocs = cap;
+        a->p = np;
+        a->cap = cap;
     }
-    void *p = r->dev->alloc(r->dev, bytes);
+    void *p = d->alloc(d, bytes);
     if (!p) {
-        ds4_fail(err, DS4_ERR_NOMEM, "%s: cannot allocate %zu bytes: %s", r->dev->name, bytes, r->dev->err);
+        ds4_fail(err, DS4_ERR_NOMEM, "%s: cannot allocate %zu bytes: %s", d->name, bytes, d->err);
         return NULL;
     }
-    r->allocs[r->n_allocs++] = p;
-    r->bytes += bytes;
+    a->p[a->n++] = p;
+    a->bytes += bytes;
     return p;
 }
 
-static void *upload(k_runner *r, const void *src, size_t bytes, ds4_error *err) {
-    void *p = dalloc(r, bytes, err);
+static void mem_release(k_device *d, k_allocs *a) {
+    for (int64_t i = 0; i < a->n; i++) d->release(d, a->p[i]);
+    free(a->p);
+    memset(a, 0, sizeof *a);
+}
+
+static void *mem_upload(k_device *d, k_allocs *a, const void *src, size_t bytes, ds4_error *err) {
+    void *p = mem_alloc(d, a, bytes, err);
     if (!p) return NULL;
-    if (r->dev->upload(r->dev, p, src, bytes)) {
-        ds4_fail(err, DS4_ERR_INTERNAL, "%s upload: %s", r->dev->name, r->dev->err);
+    if (d->upload(d, p, src, bytes)) {
+        ds4_fail(err, DS4_ERR_INTERNAL, "%s upload: %s", d->name, d->err);
         return NULL;
     }
     return p;
+}
+
+/* Session memory. */
+static void *dalloc(k_runner *r, size_t bytes, ds4_error *err) { return mem_alloc(r->dev, &r->mem, bytes, err); }
+static void *upload(k_runner *r, const void *src, size_t bytes, ds4_error *err) {
+    return mem_upload(r->dev, &r->mem, src, bytes, err);
 }
 
 static int mat_type_ok(int type) {
@@ -124,7 +166,7 @@ static int mat_type_ok(int type) {
            type == DS4_TYPE_Q6_K;
 }
 
-static int upload_mat(k_runner *r, const ds4_tensor *t, dev_mat *out, ds4_error *err) {
+static int upload_mat(k_gpu_model *r, const ds4_tensor *t, dev_mat *out, ds4_error *err) {
     if (!mat_type_ok(t->type)) {
         ds4_type_info ti;
         ds4_error e2;
@@ -138,16 +180,16 @@ static int upload_mat(k_runner *r, const ds4_tensor *t, dev_mat *out, ds4_error 
     out->n_in = t->ne[0];
     out->n_out = t->ne[1];
     out->bytes = t->row_bytes * (size_t)t->ne[1];
-    out->p = upload(r, t->data, out->bytes, err);
+    out->p = mem_upload(r->dev, &r->mem, t->data, out->bytes, err);
     return out->p ? 0 : err->code;
 }
 
-static void *upload_f32(k_runner *r, const ds4_tensor *t, int64_t n, ds4_error *err) {
+static void *upload_f32(k_gpu_model *r, const ds4_tensor *t, int64_t n, ds4_error *err) {
     if (t->type != DS4_TYPE_F32) {
         ds4_fail(err, DS4_ERR_UNSUPPORTED, "%s: tensor %s must be F32 on the GPU", r->dev->name, t->name);
         return NULL;
     }
-    return upload(r, t->data, (size_t)n * sizeof(float), err);
+    return mem_upload(r->dev, &r->mem, t->data, (size_t)n * sizeof(float), err);
 }
 
 /* --------------------------------------------------------- launches -- */
@@ -262,32 +304,51 @@ static int64_t conv_dim(const ds4_model_config *c) {
 
 /* gdn.c ds4_gdn_layer: the four projections, then per token the conv
  * (gdn_conv) and the delta rule + gated norm (gdn_delta), then ssm_out. */
-static int gdn_layer(k_runner *r, dev_layer *L, int64_t n, ds4_error *err) {
+/* One token of the recurrence for row t of qkv/z/ab: the conv (gdn_conv)
+ * then the delta rule + gated norm (gdn_delta) into o. Eval and accept's
+ * replay both run this, so a replayed row is the row it was. */
+static int gdn_token(k_runner *r, const dev_layer *L, dev_state *S, const float *qkv, const float *z,
+                     const float *ab, float *o, ds4_error *err) {
+    const ds4_model_config *c = &r->c;
+    const int64_t cd = conv_dim(c), vd = c->ssm_d_inner, nv = c->ssm_n_v;
+    const int64_t d = c->ssm_d_state, K = c->ssm_conv_kernel;
+    k_gdn_conv_params pc = {K_TAG_OF(gdn_conv), (uint32_t)cd, (uint32_t)K};
+    k_binding bc[] = {STATUS_BIND(gdn_conv), K_BIND(gdn_conv, p, &pc, sizeof pc),
+                      K_BIND(gdn_conv, x, qkv, F4(cd)), K_BIND(gdn_conv, cw, L->conv_w, F4(cd * K)),
+                      K_BIND(gdn_conv, state, S->conv_state, F4((K - 1) * cd)),
+                      K_BIND(gdn_conv, out, r->cv, F4(cd))};
+    int rc = launch(r, K_ID_gdn_conv, (uint32_t)((cd + 127) / 128), 1, 1, 128, bc, 6, err);
+    if (rc) return rc;
+    k_gdn_delta_params pd = {K_TAG_OF(gdn_delta), (uint32_t)c->ssm_n_k, (uint32_t)nv, (uint32_t)d, c->rms_eps};
+    k_binding bd[] = {STATUS_BIND(gdn_delta), K_BIND(gdn_delta, p, &pd, sizeof pd),
+                      K_BIND(gdn_delta, cv, r->cv, F4(cd)), K_BIND(gdn_delta, z, z, F4(vd)),
+                      K_BIND(gdn_delta, ab, ab, F4(2 * nv)), K_BIND(gdn_delta, hp, L->hp, F4(2 * nv + d)),
+                      K_BIND(gdn_delta, s, S->ssm, F4(nv * d * d)), K_BIND(gdn_delta, o, o, F4(vd))};
+    return launch(r, K_ID_gdn_delta, (uint32_t)nv, 1, 1, r->gdn_tg, bd, 8, err);
+}
+
+static int copy_dev(k_runner *r, void *dst, const void *src, size_t bytes, ds4_error *err) {
+    if (r->dev->copy(r->dev, dst, src, bytes))
+        return ds4_fail(err, DS4_ERR_INTERNAL, "%s copy: %s", r->dev->name, r->dev->err);
+    return 0;
+}
+
+/* gdn.c ds4_gdn_layer: the four projections, then per token the conv
+ * and the delta rule, then ssm_out. In a verify the rows' qkv, z and ab
+ * are kept (row0: where this chunk's rows start among the verify's). */
+static int gdn_layer(k_runner *r, dev_layer *L, dev_state *S, int64_t n, int64_t row0, ds4_error *err) {
     const ds4_model_config *c = &r->c;
     const int64_t E = c->n_embd, cd = conv_dim(c), vd = c->ssm_d_inner, nv = c->ssm_n_v;
-    const int64_t d = c->ssm_d_state, K = c->ssm_conv_kernel;
     mm_job in[4] = {{&L->qkv, r->qkv, cd}, {&L->gate, r->z, vd}, {&L->beta, r->ab, 2 * nv},
                     {&L->alpha, r->ab + nv, 2 * nv}};
     int rc = matmul(r, r->x, E, n, in, 4, err);
-    for (int64_t t = 0; t < n && !rc; t++) {
-        k_gdn_conv_params pc = {K_TAG_OF(gdn_conv), (uint32_t)cd, (uint32_t)K};
-        k_binding bc[] = {STATUS_BIND(gdn_conv), K_BIND(gdn_conv, p, &pc, sizeof pc),
-                          K_BIND(gdn_conv, x, r->qkv + t * cd, F4(cd)),
-                          K_BIND(gdn_conv, cw, L->conv_w, F4(cd * K)),
-                          K_BIND(gdn_conv, state, L->conv_state, F4((K - 1) * cd)),
-                          K_BIND(gdn_conv, out, r->cv + t * cd, F4(cd))};
-        if ((rc = launch(r, K_ID_gdn_conv, (uint32_t)((cd + 127) / 128), 1, 1, 128, bc, 6, err))) break;
-        k_gdn_delta_params pd = {K_TAG_OF(gdn_delta), (uint32_t)c->ssm_n_k, (uint32_t)nv, (uint32_t)d,
-                                 c->rms_eps};
-        k_binding bd[] = {STATUS_BIND(gdn_delta), K_BIND(gdn_delta, p, &pd, sizeof pd),
-                          K_BIND(gdn_delta, cv, r->cv + t * cd, F4(cd)),
-                          K_BIND(gdn_delta, z, r->z + t * vd, F4(vd)),
-                          K_BIND(gdn_delta, ab, r->ab + t * 2 * nv, F4(2 * nv)),
-                          K_BIND(gdn_delta, hp, L->hp, F4(2 * nv + d)),
-                          K_BIND(gdn_delta, s, L->ssm, F4(nv * d * d)),
-                          K_BIND(gdn_delta, o, r->o + t * vd, F4(vd))};
-        rc = launch(r, K_ID_gdn_delta, (uint32_t)nv, 1, 1, r->gdn_tg, bd, 8, err);
-    }
+    if (!rc && r->capturing &&
+        ((rc = copy_dev(r, S->cap_qkv + row0 * cd, r->qkv, F4(n * cd), err)) ||
+         (rc = copy_dev(r, S->cap_z + row0 * vd, r->z, F4(n * vd), err)) ||
+         (rc = copy_dev(r, S->cap_ab + row0 * 2 * nv, r->ab, F4(n * 2 * nv), err))))
+        return rc;
+    for (int64_t t = 0; t < n && !rc; t++)
+        rc = gdn_token(r, L, S, r->qkv + t * cd, r->z + t * vd, r->ab + t * 2 * nv, r->o + t * vd, err);
     if (rc) return rc;
     mm_job out = {&L->ssm_out, r->y, E};
     return matmul(r, r->o, vd, n, &out, 1, err);
@@ -297,7 +358,7 @@ static int gdn_layer(k_runner *r, dev_layer *L, int64_t n, ds4_error *err) {
  * RMSNorm of q and k; RoPE; the new K/V rows into the F16 pages; split-K
  * attention over positions [0, pos0 + t]; the sigmoid output gate; the
  * output projection. */
-static int attn_layer(k_runner *r, dev_layer *L, int64_t n, int64_t pos0, ds4_error *err) {
+static int attn_layer(k_runner *r, dev_layer *L, dev_state *S, int64_t n, int64_t pos0, ds4_error *err) {
     const ds4_model_config *c = &r->c;
     const int64_t E = c->n_embd, dh = c->head_dim, nh = c->n_head, nkv = c->n_head_kv;
     const int64_t qf_dim = 2 * nh * dh, kv_dim = nkv * dh, half = c->n_rot / 2;
@@ -329,7 +390,7 @@ static int attn_layer(k_runner *r, dev_layer *L, int64_t n, int64_t pos0, ds4_er
         k_binding b[] = {STATUS_BIND(kv_store), K_BIND(kv_store, p, &p, sizeof p),
                          K_BIND(kv_store, k, r->kn, F4(n * kv_dim)), K_BIND(kv_store, v, r->vv, F4(n * kv_dim)),
                          K_BIND(kv_store, pages, r->pages, 4 * (size_t)r->n_pages),
-                         K_BIND(kv_store, kpool, L->kpool, pool), K_BIND(kv_store, vpool, L->vpool, pool)};
+                         K_BIND(kv_store, kpool, S->kpool, pool), K_BIND(kv_store, vpool, S->vpool, pool)};
         if ((rc = launch(r, K_ID_kv_store, (uint32_t)((items + 127) / 128), 1, 1, 128, b, 7, err))) return rc;
     }
     const uint32_t nb = (uint32_t)((pos0 + n + K_ATTN_BLOCK - 1) / K_ATTN_BLOCK);
@@ -340,7 +401,7 @@ static int attn_layer(k_runner *r, dev_layer *L, int64_t n, int64_t pos0, ds4_er
                                  (uint32_t)qf_dim, (uint32_t)(2 * dh), c->attn_scale};
     k_binding bp[] = {STATUS_BIND(attn_partials), K_BIND(attn_partials, p, &pp, sizeof pp),
                       K_BIND(attn_partials, q, r->qn, F4((n - 1) * qf_dim + (nh - 1) * 2 * dh + dh)),
-                      K_BIND(attn_partials, kpool, L->kpool, pool), K_BIND(attn_partials, vpool, L->vpool, pool),
+                      K_BIND(attn_partials, kpool, S->kpool, pool), K_BIND(attn_partials, vpool, S->vpool, pool),
                       K_BIND(attn_partials, pages, r->pages, 4 * (size_t)nb),
                       K_BIND(attn_partials, part, r->part, part)};
     /* 256 threads: at short contexts only n_head_kv x rows threadgroups
@@ -380,11 +441,10 @@ static int ffn_layer(k_runner *r, dev_layer *L, int64_t n, ds4_error *err) {
 
 /* ------------------------------------------------------------ open -- */
 
-static int open_layers(k_runner *r, ds4_error *err) {
+static int open_layers(k_gpu_model *r, ds4_error *err) {
     const ds4_model_config *c = &r->c;
     const ds4_model *m = r->m;
     const int64_t E = c->n_embd, cd = conv_dim(c), nv = c->ssm_n_v, d = c->ssm_d_state;
-    const size_t pool = (size_t)r->n_pages * (size_t)c->n_head_kv * K_ATTN_BLOCK * (size_t)c->head_dim * 2;
     for (int64_t il = 0; il < c->n_main; il++) {
         const ds4_layer *T = &m->layers[il];
         dev_layer *L = &r->L[il];
@@ -404,24 +464,43 @@ static int open_layers(k_runner *r, ds4_error *err) {
             memcpy(hp, T->ssm_a.data, F4(nv));
             memcpy(hp + nv, T->ssm_dt_bias.data, F4(nv));
             memcpy(hp + 2 * nv, T->ssm_norm.data, F4(d));
-            L->hp = upload(r, hp, F4(2 * nv + d), err);
+            L->hp = mem_upload(r->dev, &r->mem, hp, F4(2 * nv + d), err);
             free(hp);
             if (!L->hp) return err->code;
-            if (!(L->conv_state = dalloc(r, F4((c->ssm_conv_kernel - 1) * cd), err)) ||
-                !(L->ssm = dalloc(r, F4(nv * d * d), err)))
-                return err->code;
         } else {
             if ((rc = upload_mat(r, &T->attn_q, &L->q, err)) || (rc = upload_mat(r, &T->attn_k, &L->k, err)) ||
                 (rc = upload_mat(r, &T->attn_v, &L->v, err)) || (rc = upload_mat(r, &T->attn_output, &L->o, err)))
                 return rc;
             if (!(L->q_norm = upload_f32(r, &T->attn_q_norm, c->head_dim, err)) ||
-                !(L->k_norm = upload_f32(r, &T->attn_k_norm, c->head_dim, err)) ||
-                !(L->kpool = dalloc(r, pool, err)) || !(L->vpool = dalloc(r, pool, err)))
+                !(L->k_norm = upload_f32(r, &T->attn_k_norm, c->head_dim, err)))
                 return err->code;
         }
         if ((rc = upload_mat(r, &T->ffn_gate, &L->ffn_gate, err)) || (rc = upload_mat(r, &T->ffn_up, &L->ffn_up, err)) ||
             (rc = upload_mat(r, &T->ffn_down, &L->ffn_down, err)))
             return rc;
+    }
+    return 0;
+}
+
+/* Per layer: the recurrent state with its verify backup and capture rows
+ * (GDN), or the KV pools (attention). */
+static int open_state(k_runner *r, ds4_error *err) {
+    const ds4_model_config *c = &r->c;
+    const int64_t cd = conv_dim(c), vd = c->ssm_d_inner, nv = c->ssm_n_v, d = c->ssm_d_state;
+    const size_t conv = F4((c->ssm_conv_kernel - 1) * cd), ssm = F4(nv * d * d);
+    const size_t pool = (size_t)r->n_pages * (size_t)c->n_head_kv * K_ATTN_BLOCK * (size_t)c->head_dim * 2;
+    for (int64_t il = 0; il < c->n_main; il++) {
+        dev_state *S = &r->S[il];
+        if (r->L[il].kind == DS4_LAYER_GDN) {
+            if (!(S->conv_state = dalloc(r, conv, err)) || !(S->ssm = dalloc(r, ssm, err)) ||
+                !(S->conv_bak = dalloc(r, conv, err)) || !(S->ssm_bak = dalloc(r, ssm, err)) ||
+                !(S->cap_qkv = dalloc(r, F4(K_RUNNER_VERIFY_MAX * cd), err)) ||
+                !(S->cap_z = dalloc(r, F4(K_RUNNER_VERIFY_MAX * vd), err)) ||
+                !(S->cap_ab = dalloc(r, F4(K_RUNNER_VERIFY_MAX * 2 * nv), err)))
+                return err->code;
+        } else if (!(S->kpool = dalloc(r, pool, err)) || !(S->vpool = dalloc(r, pool, err))) {
+            return err->code;
+        }
     }
     return 0;
 }
@@ -466,9 +545,9 @@ static int open_scratch(k_runner *r, ds4_error *err) {
     return 0;
 }
 
-int k_runner_open(k_device *d, const ds4_model *m, int64_t n_ctx, k_runner **out, ds4_error *err) {
+int k_gpu_model_open(k_device *d, const ds4_model *m, k_gpu_model **out, ds4_error *err) {
     *out = NULL;
-    if (!d || !m) return ds4_fail(err, DS4_ERR_ARG, "k_runner_open: device or model is NULL");
+    if (!d || !m) return ds4_fail(err, DS4_ERR_ARG, "k_gpu_model_open: device or model is NULL");
     const ds4_model_config *c = &m->cfg;
     if (c->arch != DS4_ARCH_QWEN35)
         return ds4_fail(err, DS4_ERR_UNSUPPORTED,
@@ -482,22 +561,56 @@ int k_runner_open(k_device *d, const ds4_model *m, int64_t n_ctx, k_runner **out
                         "ssm d_state %lld <= %d, conv kernel %lld <= %d)",
                         d->name, (long long)c->head_dim, K_ATTN_MAX_DIM, K_ATTN_MAX_GROUP,
                         (long long)c->ssm_d_state, K_GDN_MAX_D, (long long)c->ssm_conv_kernel, K_GDN_MAX_CONV);
+    k_gpu_model *g = calloc(1, sizeof *g);
+    if (!g) return ds4_fail(err, DS4_ERR_NOMEM, "out of host memory");
+    g->dev = d;
+    g->m = m;
+    g->c = *c;
+    g->isa = ds4_isa_auto();
+    /* gdn_delta: one SIMD-group per state row, up to 8 per threadgroup */
+    g->gdn_tg = c->ssm_d_state >= 8 ? 256 : (uint32_t)(32 * c->ssm_d_state);
+    g->L = calloc((size_t)c->n_main, sizeof *g->L);
+    int rc = g->L ? 0 : ds4_fail(err, DS4_ERR_NOMEM, "out of host memory");
+    if (!rc) rc = open_layers(g, err);
+    if (!rc) rc = upload_mat(g, ds4_model_head(m), &g->head, err);
+    if (!rc && !(g->output_norm = upload_f32(g, &m->output_norm, c->n_embd, err))) rc = err->code;
+    if (rc) {
+        k_gpu_model_close(g);
+        return rc;
+    }
+    *out = g;
+    return ds4_ok(err);
+}
+
+void k_gpu_model_close(k_gpu_model *g) {
+    if (!g) return;
+    mem_release(g->dev, &g->mem);
+    free(g->L);
+    free(g);
+}
+
+uint64_t k_gpu_model_device_bytes(const k_gpu_model *g) { return g->mem.bytes; }
+
+int k_runner_open(k_gpu_model *g, int64_t n_ctx, k_runner **out, ds4_error *err) {
+    *out = NULL;
+    if (!g) return ds4_fail(err, DS4_ERR_ARG, "k_runner_open: model is NULL");
     if (n_ctx <= 0) return ds4_fail(err, DS4_ERR_ARG, "n_ctx must be positive (got %lld)", (long long)n_ctx);
     k_runner *r = calloc(1, sizeof *r);
     if (!r) return ds4_fail(err, DS4_ERR_NOMEM, "out of host memory");
-    r->dev = d;
-    r->m = m;
-    r->c = *c;
+    r->gm = g;
+    r->dev = g->dev;
+    r->m = g->m;
+    r->c = g->c;
+    r->isa = g->isa;
+    r->gdn_tg = g->gdn_tg;
+    r->L = g->L;
+    r->head = &g->head;
+    r->output_norm = g->output_norm;
     r->n_ctx = n_ctx;
     r->n_pages = (n_ctx + K_ATTN_BLOCK - 1) / K_ATTN_BLOCK;
-    r->isa = ds4_isa_auto();
-    /* gdn_delta: one SIMD-group per state row, up to 8 per threadgroup */
-    r->gdn_tg = c->ssm_d_state >= 8 ? 256 : (uint32_t)(32 * c->ssm_d_state);
-    r->L = calloc((size_t)c->n_main, sizeof *r->L);
-    int rc = r->L ? 0 : ds4_fail(err, DS4_ERR_NOMEM, "out of host memory");
-    if (!rc) rc = open_layers(r, err);
-    if (!rc) rc = upload_mat(r, ds4_model_head(m), &r->head, err);
-    if (!rc && !(r->output_norm = upload_f32(r, &m->output_norm, c->n_embd, err))) rc = err->code;
+    r->S = calloc((size_t)g->c.n_main, sizeof *r->S);
+    int rc = r->S ? 0 : ds4_fail(err, DS4_ERR_NOMEM, "out of host memory");
+    if (!rc) rc = open_state(r, err);
     if (!rc) rc = open_scratch(r, err);
     if (rc) {
         k_runner_close(r);
@@ -509,9 +622,8 @@ int k_runner_open(k_device *d, const ds4_model *m, int64_t n_ctx, k_runner **out
 
 void k_runner_close(k_runner *r) {
     if (!r) return;
-    for (int64_t i = 0; i < r->n_allocs; i++) r->dev->release(r->dev, r->allocs[i]);
-    free(r->allocs);
-    free(r->L);
+    mem_release(r->dev, &r->mem);
+    free(r->S);
     free(r->h_stage);
     free(r->h_cs);
     free(r->h_sn);
@@ -520,13 +632,13 @@ void k_runner_close(k_runner *r) {
 }
 
 int64_t k_runner_n_past(const k_runner *r) { return r->n_past; }
-uint64_t k_runner_device_bytes(const k_runner *r) { return r->bytes; }
+uint64_t k_runner_device_bytes(const k_runner *r) { return r->mem.bytes + r->gm->mem.bytes; }
 int64_t k_runner_launches(const k_runner *r) { return r->launches; }
 
 /* ------------------------------------------------------------ eval -- */
 
 /* Rows [0, n) of one chunk at positions pos0..; outputs for rows >= out0. */
-static int eval_chunk(k_runner *r, const int32_t *tokens, int64_t n, int64_t pos0, int64_t out0,
+static int eval_chunk(k_runner *r, const int32_t *tokens, int64_t n, int64_t pos0, int64_t row0, int64_t out0,
                       float *logits, int32_t *argmax, ds4_error *err) {
     const ds4_model_config *c = &r->c;
     const ds4_model *m = r->m;
@@ -548,7 +660,8 @@ static int eval_chunk(k_runner *r, const int32_t *tokens, int64_t n, int64_t pos
     for (int64_t il = 0; il < c->n_main; il++) {
         dev_layer *L = &r->L[il];
         if ((rc = rmsnorm(r, r->h, L->attn_norm, r->x, E, n, E, err)) ||
-            (rc = L->kind == DS4_LAYER_GDN ? gdn_layer(r, L, n, err) : attn_layer(r, L, n, pos0, err)) ||
+            (rc = L->kind == DS4_LAYER_GDN ? gdn_layer(r, L, &r->S[il], n, row0, err)
+                                           : attn_layer(r, L, &r->S[il], n, pos0, err)) ||
             (rc = add_rows(r, r->y, r->h, n * E, err)) ||
             (rc = rmsnorm(r, r->h, L->post_norm, r->x, E, n, E, err)) || (rc = ffn_layer(r, L, n, err)) ||
             (rc = add_rows(r, r->y, r->h, n * E, err)))
@@ -556,7 +669,7 @@ static int eval_chunk(k_runner *r, const int32_t *tokens, int64_t n, int64_t pos
     }
     if (out0 >= n) return 0;
     const int64_t n_out = n - out0;
-    mm_job head = {&r->head, r->logits, V};
+    mm_job head = {r->head, r->logits, V};
     if ((rc = rmsnorm(r, r->h + out0 * E, r->output_norm, r->x, E, n_out, E, err)) ||
         (rc = matmul(r, r->x, E, n_out, &head, 1, err)))
         return rc;
@@ -577,9 +690,8 @@ static int eval_chunk(k_runner *r, const int32_t *tokens, int64_t n, int64_t pos
     return 0;
 }
 
-int k_runner_eval(k_runner *r, const int32_t *tokens, int64_t n, int all_rows, float *logits,
-                  int32_t *argmax, ds4_error *err) {
-    if (!r || !tokens || n <= 0) return ds4_fail(err, DS4_ERR_ARG, "k_runner_eval: no tokens");
+static int check_rows(const k_runner *r, const int32_t *tokens, int64_t n, ds4_error *err) {
+    if (!r || !tokens || n <= 0) return ds4_fail(err, DS4_ERR_ARG, "k_runner: no tokens");
     if (r->n_past + n > r->n_ctx)
         return ds4_fail(err, DS4_ERR_ARG, "%lld tokens at position %lld run past the context (%lld)",
                         (long long)n, (long long)r->n_past, (long long)r->n_ctx);
@@ -587,6 +699,22 @@ int k_runner_eval(k_runner *r, const int32_t *tokens, int64_t n, int all_rows, f
         if (tokens[t] < 0 || tokens[t] >= r->c.n_vocab)
             return ds4_fail(err, DS4_ERR_ARG, "token %d at row %lld is outside the vocabulary (%lld)",
                             tokens[t], (long long)t, (long long)r->c.n_vocab);
+    return 0;
+}
+
+/* Wait for the launches, then the status word every kernel raises into. */
+static int finish(k_runner *r, ds4_error *err) {
+    uint32_t st[2] = {0, 0};
+    if (r->dev->sync(r->dev) || r->dev->download(r->dev, st, r->status, sizeof st))
+        return ds4_fail(err, DS4_ERR_INTERNAL, "%s: %s", r->dev->name, r->dev->err);
+    if (st[0])
+        return ds4_fail(err, DS4_ERR_INTERNAL, "%s: a kernel raised status 0x%x (tag 0x%x)", r->dev->name, st[0],
+                        st[1]);
+    return 0;
+}
+
+static int run_rows(k_runner *r, const int32_t *tokens, int64_t n, int all_rows, float *logits, int32_t *argmax,
+                    ds4_error *err) {
     r->launches = 0;
     const int64_t V = r->c.n_vocab;
     int rc = 0;
@@ -594,17 +722,85 @@ int k_runner_eval(k_runner *r, const int32_t *tokens, int64_t n, int all_rows, f
         const int64_t cn = n - c0 < ROWS ? n - c0 : ROWS;
         const int last = c0 + cn == n;
         int64_t out0 = all_rows ? 0 : last ? cn - 1 : cn;
-        rc = eval_chunk(r, tokens + c0, cn, r->n_past + c0, out0, logits ? logits + (all_rows ? c0 * V : 0) : NULL,
+        rc = eval_chunk(r, tokens + c0, cn, r->n_past + c0, c0, out0, logits ? logits + (all_rows ? c0 * V : 0) : NULL,
                         argmax ? argmax + (all_rows ? c0 : 0) : NULL, err);
     }
-    uint32_t st[2] = {0, 0};
-    if (!rc && (r->dev->sync(r->dev) || r->dev->download(r->dev, st, r->status, sizeof st)))
-        rc = ds4_fail(err, DS4_ERR_INTERNAL, "%s: %s", r->dev->name, r->dev->err);
-    if (!rc && st[0])
-        rc = ds4_fail(err, DS4_ERR_INTERNAL, "%s: a kernel raised status 0x%x (tag 0x%x)", r->dev->name, st[0],
-                      st[1]);
-    /* A failed eval leaves device state part-written: the runner is then
+    if (!rc) rc = finish(r, err);
+    /* A failed call leaves device state part-written: the runner is then
      * only good for closing (the session layer will restore a snapshot). */
-    if (!rc) r->n_past += n;
     return rc;
+}
+
+int k_runner_eval(k_runner *r, const int32_t *tokens, int64_t n, int all_rows, float *logits,
+                  int32_t *argmax, ds4_error *err) {
+    int rc = check_rows(r, tokens, n, err);
+    if (!rc) rc = run_rows(r, tokens, n, all_rows, logits, argmax, err);
+    if (!rc) {
+        r->n_past += n;
+        r->ver_n = 0;
+    }
+    return rc;
+}
+
+/* The GDN layers' state is copied aside before the rows and their inputs
+ * kept; accept(k) restores the copy and replays k rows through the same
+ * two kernels with the same inputs, so the state equals the one k serial
+ * rows leave, bit for bit. K/V rows past the accepted ones are left in the
+ * pages and overwritten by the next rows (attention reads positions below
+ * each row's own). */
+int k_runner_verify(k_runner *r, const int32_t *tokens, int64_t n, float *logits, int32_t *argmax,
+                    ds4_error *err) {
+    if (n < 1 || n > K_RUNNER_VERIFY_MAX)
+        return ds4_fail(err, DS4_ERR_ARG, "verify takes 1 to %d tokens (got %lld)", K_RUNNER_VERIFY_MAX,
+                        (long long)n);
+    int rc = check_rows(r, tokens, n, err);
+    const ds4_model_config *c = &r->c;
+    const size_t conv = F4((c->ssm_conv_kernel - 1) * conv_dim(c)),
+                 ssm = F4(c->ssm_n_v * c->ssm_d_state * c->ssm_d_state);
+    for (int64_t il = 0; il < c->n_main && !rc; il++)
+        if (r->L[il].kind == DS4_LAYER_GDN &&
+            ((rc = copy_dev(r, r->S[il].conv_bak, r->S[il].conv_state, conv, err)) ||
+             (rc = copy_dev(r, r->S[il].ssm_bak, r->S[il].ssm, ssm, err))))
+            break;
+    if (rc) return rc;
+    r->capturing = 1;
+    rc = run_rows(r, tokens, n, 1, logits, argmax, err);
+    r->capturing = 0;
+    if (rc) return rc;
+    r->ver_n = n;
+    r->ver_pos = r->n_past;
+    r->n_past += n;
+    return 0;
+}
+
+int k_runner_accept(k_runner *r, int64_t k, ds4_error *err) {
+    if (!r || r->ver_n == 0)
+        return ds4_fail(err, DS4_ERR_ARG, "accept(%lld) without a verify to accept", (long long)k);
+    if (k < 1 || k > r->ver_n)
+        return ds4_fail(err, DS4_ERR_ARG, "accept(%lld): k must be in 1..%lld, the rows of the last verify",
+                        (long long)k, (long long)r->ver_n);
+    int rc = 0;
+    if (k < r->ver_n) {
+        const ds4_model_config *c = &r->c;
+        const int64_t cd = conv_dim(c), vd = c->ssm_d_inner, nv = c->ssm_n_v;
+        const size_t conv = F4((c->ssm_conv_kernel - 1) * cd), ssm = F4(nv * c->ssm_d_state * c->ssm_d_state);
+        r->launches = 0;
+        for (int64_t il = 0; il < c->n_main && !rc; il++) {
+            dev_state *S = &r->S[il];
+            if (r->L[il].kind != DS4_LAYER_GDN) continue;
+            if ((rc = copy_dev(r, S->conv_state, S->conv_bak, conv, err)) ||
+                (rc = copy_dev(r, S->ssm, S->ssm_bak, ssm, err)))
+                break;
+#ifndef PLANT_ACCEPT_NO_REPLAY /* planted fault (tests must turn red): keep the pre-verify state */
+            for (int64_t t = 0; t < k && !rc; t++)
+                rc = gdn_token(r, &r->L[il], S, S->cap_qkv + t * cd, S->cap_z + t * vd, S->cap_ab + t * 2 * nv,
+                               r->o, err);
+#endif
+        }
+        if (!rc) rc = finish(r, err);
+    }
+    if (rc) return rc;
+    r->n_past = r->ver_pos + k;
+    r->ver_n = 0;
+    return 0;
 }

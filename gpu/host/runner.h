@@ -7,9 +7,9 @@
  *
  * This increment (docs/gpu.md §7): eval of any number of rows (prefill in
  * chunks of K_MATVEC_MAX_ROWS, the GDN recurrence token by token), logits
- * of the last or every row, on-device argmax. Not yet: verify/accept
- * rollback, snapshots, the nextn head, MoE (refused at open), the hookup
- * behind ds4py.load(backend=...).
+ * of the last or every row, on-device argmax, verify/accept with exact
+ * rollback. Not yet: snapshots, hidden taps, the nextn head, MoE (refused
+ * at open), the hookup behind ds4py.load(backend=...).
  */
 #ifndef K_RUNNER_H
 #define K_RUNNER_H
@@ -19,14 +19,22 @@
 #include "../../csrc/ds4.h"
 #include "device.h"
 
+typedef struct k_gpu_model k_gpu_model;
 typedef struct k_runner k_runner;
 
-/* Upload m's trunk weights to d and allocate a session's state for n_ctx
- * positions. Refuses (DS4_ERR_UNSUPPORTED, naming the tensor or the
- * feature) what has no GPU kernel yet: MoE, exact precision, a weight type
- * other than Q8_0 / Q4_K / Q5_K / Q6_K. The runner does not own d or m;
- * both must outlive it. */
-int k_runner_open(k_device *d, const ds4_model *m, int64_t n_ctx, k_runner **out, ds4_error *err);
+/* Rows one verify may hold (the matvecs' widest shared weight read). */
+#define K_RUNNER_VERIFY_MAX 16
+
+/* Upload m's trunk weights to d, once for every session. Refuses
+ * (DS4_ERR_UNSUPPORTED, naming the tensor or the feature) what has no GPU
+ * kernel yet: MoE, exact precision, a weight type other than Q8_0 / Q4_K /
+ * Q5_K / Q6_K. Does not own d or m; both must outlive it. */
+int k_gpu_model_open(k_device *d, const ds4_model *m, k_gpu_model **out, ds4_error *err);
+void k_gpu_model_close(k_gpu_model *g);
+uint64_t k_gpu_model_device_bytes(const k_gpu_model *g);
+
+/* A session on g: KV pages, GDN states and scratch for n_ctx positions. */
+int k_runner_open(k_gpu_model *g, int64_t n_ctx, k_runner **out, ds4_error *err);
 void k_runner_close(k_runner *r);
 
 /* Rows tokens[0..n) at positions n_past.. ; then logits (n_vocab floats per
@@ -35,8 +43,17 @@ void k_runner_close(k_runner *r);
  * CPU) into `argmax` unless NULL. */
 int k_runner_eval(k_runner *r, const int32_t *tokens, int64_t n, int all_rows, float *logits,
                   int32_t *argmax, ds4_error *err);
+/* Speculative decoding: verify evaluates n <= K_RUNNER_VERIFY_MAX rows
+ * like an eval with all_rows (n_past advances by n) and remembers what
+ * accept needs; accept(k), 1 <= k <= n, keeps the first k rows: n_past
+ * becomes the verify's first position + k and the recurrent state is the
+ * one k serial rows leave, bit for bit. Any eval in between ends the
+ * verify. */
+int k_runner_verify(k_runner *r, const int32_t *tokens, int64_t n, float *logits, int32_t *argmax,
+                    ds4_error *err);
+int k_runner_accept(k_runner *r, int64_t k, ds4_error *err);
 int64_t k_runner_n_past(const k_runner *r);
-/* Bytes of device memory the runner holds (weights, state, scratch). */
+/* Bytes of device memory the session and its model hold. */
 uint64_t k_runner_device_bytes(const k_runner *r);
 /* Kernel launches of the last eval (the path report's count). */
 int64_t k_runner_launches(const k_runner *r);

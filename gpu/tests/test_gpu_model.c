@@ -11,6 +11,11 @@
  *                             prompt with the on-device argmax (no logits
  *                             copied back)
  *     stdout: one JSON line (device bytes, launches per decode step)
+ *   test_gpu_model --spec MODEL TOKENS.i32 N
+ *     greedy speculative decoding (verify/accept, drafts right and wrong)
+ *     against serial decoding on the same device, N tokens: one "SPEC"
+ *     line; exit 1 unless every kept row's logits are the serial ones,
+ *     bit for bit
  *   test_gpu_model --bench MODEL CTX[,CTX...] STEPS
  *     per context: prefill CTX tokens, then STEPS greedy decode steps
  *     timed (argmax on device); one "BENCH" line per context.
@@ -66,6 +71,8 @@ static double now_s(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+static k_gpu_model *gm; /* the weights on the device, shared by the sessions below */
+
 static int load(const char *path, int64_t n_ctx, ds4_model **m, k_device **d, k_runner **r) {
     ds4_error err;
     ds4_model_params mp = {DS4_PRECISION_FAST, 1, n_ctx, NULL};
@@ -74,9 +81,13 @@ static int load(const char *path, int64_t n_ctx, ds4_model **m, k_device **d, k_
         return 2;
     }
     if (!(*d = open_device())) return 2;
-    if (k_runner_open(*d, *m, n_ctx, r, &err)) {
+    if (k_gpu_model_open(*d, *m, &gm, &err)) {
         printf("REFUSED: %s\n", err.message);
         return 3;
+    }
+    if (k_runner_open(gm, n_ctx, r, &err)) {
+        fprintf(stderr, "session: %s\n", err.message);
+        return 2;
     }
     return 0;
 }
@@ -102,7 +113,7 @@ static int bench(const char *path, const char *ctx_list, int steps) {
         const long ctx = strtol(s, (char **)&s, 10);
         if (*s == ',') s++;
         k_runner_close(r); /* a fresh session per context */
-        if (k_runner_open(d, m, n_ctx, &r, &err)) break;
+        if (k_runner_open(gm, n_ctx, &r, &err)) break;
         int32_t *toks = malloc(sizeof(int32_t) * (size_t)(ctx > 0 ? ctx : 1));
         uint64_t x = 88172645463325252ull;
         for (long i = 0; i < ctx; i++) {
@@ -145,13 +156,89 @@ static int bench(const char *path, const char *ctx_list, int steps) {
         free(toks);
     }
     k_runner_close(r);
+    k_gpu_model_close(gm);
     d->close(d);
     ds4_model_free(m);
     return 0;
 }
 
+/* Greedy speculative decoding against serial decoding on the same device:
+ * the drafts are the serial continuation with every third one replaced
+ * (so accepts of every length happen), depths cycling 1..7; every kept
+ * row's logits must equal the serial row's bit for bit, and the tokens
+ * must be the serial tokens. */
+static int spec(const char *path, const char *tok_path, int n_gen) {
+    int64_t n;
+    int32_t *toks = read_tokens(tok_path, &n);
+    if (!toks || n <= 0) return 2;
+    ds4_model *m;
+    k_device *d;
+    k_runner *r;
+    const int64_t n_ctx = n + n_gen + K_RUNNER_VERIFY_MAX + 1;
+    int rc = load(path, n_ctx, &m, &d, &r);
+    if (rc) return rc;
+    ds4_model_config c;
+    ds4_model_get_config(m, &c);
+    ds4_error err;
+    const int64_t V = c.n_vocab;
+    float *ref = malloc(sizeof(float) * (size_t)((n_gen + 1) * V));
+    float *lg = malloc(sizeof(float) * (size_t)(K_RUNNER_VERIFY_MAX * V));
+    int32_t *want = malloc(sizeof(int32_t) * (size_t)(n_gen + 1));
+    int32_t am[K_RUNNER_VERIFY_MAX];
+    /* serial: ref[i] = logits after the prompt and i generated tokens */
+    if (k_runner_eval(r, toks, n, 0, ref, want, &err)) goto fail;
+    for (int i = 0; i < n_gen; i++)
+        if (k_runner_eval(r, &want[i], 1, 0, ref + (size_t)(i + 1) * V, &want[i + 1], &err)) goto fail;
+    k_runner_close(r);
+    if (k_runner_open(gm, n_ctx, &r, &err) || k_runner_eval(r, toks, n, 0, NULL, am, &err)) goto fail;
+    /* have: generated tokens fed so far; last = want[have], fed next */
+    int have = 0, rounds = 0, rows = 0, mismatches = 0, accepted_drafts = 0;
+    int32_t last = am[0];
+    if (last != want[0]) mismatches++;
+    while (have < n_gen) {
+        const int depth = 1 + rounds % 7;
+        int32_t block[K_RUNNER_VERIFY_MAX];
+        block[0] = last;
+        for (int j = 1; j <= depth; j++) {
+            const int idx = have + j < n_gen ? have + j : n_gen;
+            block[j] = (rounds + j) % 3 == 0 ? (want[idx] + 1) % (int32_t)V : want[idx];
+        }
+        if (k_runner_verify(r, block, depth + 1, lg, am, &err)) goto fail;
+        int keep = 1; /* row j's argmax is the token after block[j] */
+        while (keep <= depth && am[keep - 1] == block[keep]) keep++;
+        /* row j has seen block[0..j]: the serial state after have + j + 1 tokens */
+        for (int j = 0; j < keep && have + j + 1 <= n_gen; j++) {
+            rows++;
+            if (memcmp(lg + (size_t)j * V, ref + (size_t)(have + j + 1) * V, sizeof(float) * (size_t)V))
+                mismatches++;
+            if (am[j] != want[have + j + 1]) mismatches++;
+        }
+        accepted_drafts += keep - 1;
+        if (k_runner_accept(r, keep, &err)) goto fail;
+        last = am[keep - 1];
+        have += keep;
+        rounds++;
+        if (have < n_gen && last != want[have]) mismatches++;
+    }
+    printf("SPEC device=%s rounds=%d rows_compared=%d accepted_drafts=%d mismatches=%d\n", d->name, rounds, rows,
+           accepted_drafts, mismatches);
+    k_runner_close(r);
+    k_gpu_model_close(gm);
+    d->close(d);
+    ds4_model_free(m);
+    free(ref);
+    free(lg);
+    free(want);
+    free(toks);
+    return mismatches ? 1 : 0;
+fail:
+    fprintf(stderr, "spec: %s\n", err.message);
+    return 1;
+}
+
 int main(int argc, char **argv) {
     if (argc >= 5 && !strcmp(argv[1], "--bench")) return bench(argv[2], argv[3], atoi(argv[4]));
+    if (argc >= 5 && !strcmp(argv[1], "--spec")) return spec(argv[2], argv[3], atoi(argv[4]));
     if (argc < 4) {
         fprintf(stderr, "usage: test_gpu_model MODEL TOKENS.i32 OUT_PREFIX [N_GREEDY] | --bench MODEL CTXS STEPS\n");
         return 2;
@@ -180,7 +267,7 @@ int main(int argc, char **argv) {
     }
     const int64_t prefill_launches = k_runner_launches(r);
     k_runner_close(r);
-    if (k_runner_open(d, m, n + n_greedy + 1, &r, &err)) return 1;
+    if (k_runner_open(gm, n + n_greedy + 1, &r, &err)) return 1;
     for (int64_t t = 0; t < n; t++)
         if (k_runner_eval(r, toks + t, 1, 0, lg + t * c.n_vocab, am + t, &err)) {
             fprintf(stderr, "decode row %lld: %s\n", (long long)t, err.message);
@@ -202,6 +289,7 @@ int main(int argc, char **argv) {
            d->name, (long long)n, (unsigned long long)k_runner_device_bytes(r), (long long)prefill_launches,
            (long long)step_launches);
     k_runner_close(r);
+    k_gpu_model_close(gm);
     d->close(d);
     ds4_model_free(m);
     free(lg);

@@ -54,6 +54,8 @@ def main() -> int:
     base += ["-Icsrc", "-pthread"]
     if target == "cuda":
         base.append("-DK_TEST_CUDA")
+    # planted faults for the tests (tests/test_gpu_model.py), e.g. -DPLANT_ACCEPT_NO_REPLAY
+    base += os.environ.get("GPU_MODEL_DEFS", "").split()
     units: list[tuple[str, list[str]]] = [(s, []) for s in build_core.GENERIC_SOURCES]
     units += [(s, flags) for s, flags in build_core.SIMD_VARIANTS.get(build_core.machine(), [])]
     units += [("metal/metal_stub.c", [])] + [(s, []) for s in GPU_C]

@@ -10,6 +10,8 @@
 #     eval and from one eval per row, plus greedy tokens — written under
 #     $OUT/model_outputs.tar, compared on the development machine with the
 #     CPU and llama.cpp (the same checks as tests/test_gpu_model.py);
+#     greedy speculative decoding == serial decoding, logits bit for bit
+#     (test_gpu_model --spec) on those and on the 0.8B bench shape;
 #     compute-sanitizer memcheck over a 16-token run;
 #  3. bench: expands the bench-model recipes in gpu/bench/ (numpy + gguf-py,
 #     GGUF_PY_DIR on PYTHONPATH when gguf-py is not installed) and times
@@ -43,6 +45,9 @@ s["s16"].astype(np.int32).tofile("/tmp/ds4py-gpu/s16.i32")
 PY
 timeout 120 $BIN tests/golden/models/dense-q8_0.gguf $W/s100.i32 $W/golden 16
 [ -f gpu/bench/demo_tokens.i32 ] && timeout 120 $BIN ds4py/models/demo-q8_0.gguf gpu/bench/demo_tokens.i32 $W/demo 8
+step "speculative == serial (verify/accept, bit for bit)"
+timeout 120 $BIN --spec tests/golden/models/dense-q8_0.gguf $W/s16.i32 64
+timeout 120 $BIN --spec ds4py/models/demo-q8_0.gguf gpu/bench/demo_tokens.i32 64
 step memcheck
 timeout 150 compute-sanitizer --tool memcheck --print-limit 20 $BIN tests/golden/models/dense-q8_0.gguf $W/s16.i32 $W/mc 4 2>&1 | tail -5
 
@@ -56,6 +61,7 @@ done
 if [ -f "$W/dense08b-q4_k_m.gguf" ]; then
   "$PYBIN" -c "import numpy as np; np.array([11, 2222, 33333, 144444], dtype=np.int32).tofile('$W/b4.i32')"
   timeout 200 $BIN $W/dense08b-q4_k_m.gguf $W/b4.i32 $W/bench08 4
+  timeout 120 $BIN --spec $W/dense08b-q4_k_m.gguf $W/b4.i32 64
 fi
 (cd $W && tar cf - golden.* demo.* bench08.* 2>/dev/null) > "$OUT/model_outputs.tar"
 
