@@ -21,7 +21,7 @@ import amalgamate  # noqa: E402
 # Minimum number of PASS lines per suite, so a suite that silently runs no
 # checks (a loop over an empty shape list) fails instead of passing.
 SUITES = {"tables": 7, "f16": 2, "rmsnorm": 18, "quantize": 5, "matvec": 12, "rope": 4, "attn": 8,
-          "kquant": 20, "gdn": 8, "argmax": 4}
+          "kquant": 20, "gdn": 8, "argmax": 4, "glue": 10}
 
 
 def build(tmp_dir, name, defs=""):

@@ -4,7 +4,7 @@
  * tests/test_gpu_emul.py runs it per suite and with planted faults).
  *
  *   test_gpu_emul [suite ...]     suites: tables f16 rmsnorm quantize matvec
- *                                 rope attn kquant gdn argmax (default: all)
+ *                                 rope attn kquant gdn argmax glue (default: all)
  *
  * Prints one line per check, "PASS suite: ..." or "FAIL suite: ...", and
  * exits 1 if any check failed. References are the project's own CPU code
@@ -422,6 +422,72 @@ static void suite_rope(void) {
             check(!memcmp(x, ref, sizeof(float) * nx), "head_dim=%u n_rot=%u: bit-identical (untouched "
                   "dims and gaps too)", dh, n_rot);
         free(x), free(ref), free(cs), free(sn);
+    }
+}
+
+/* -------------------------------------------------------------- glue -- */
+/* The layer loop's elementwise kernels (elementwise.h) against the CPU's
+ * expressions (forward.c add_rows, ffn.c, attention.c output gate, the F16
+ * K/V store): bit-identical under the emulator, where exp is libm's. */
+static void suite_glue(void) {
+    for (uint32_t n = 1; n <= 1000; n += 333) {
+        float *x = malloc(sizeof(float) * n), *y = malloc(sizeof(float) * n), *ref = malloc(sizeof(float) * n);
+        for (uint32_t i = 0; i < n; i++) x[i] = frand(-30, 30), y[i] = ref[i] = frand(-30, 30);
+        for (uint32_t i = 0; i < n; i++) ref[i] += x[i];
+        k_add_rows_params pa = {K_TAG_OF(add_rows), n};
+        k_binding ba[] = {K_BIND(add_rows, status, status, 8), K_BIND(add_rows, p, &pa, sizeof pa),
+                          K_BIND(add_rows, x, x, sizeof(float) * n), K_BIND(add_rows, y, y, sizeof(float) * n)};
+        if (!launch(K_ID_add_rows, (n + 63) / 64, 1, 1, 64, ba, 4, (int)n & 1, "add_rows"))
+            check(!memcmp(y, ref, sizeof(float) * n), "add_rows n=%u: bit-identical", n);
+        for (uint32_t i = 0; i < n; i++) ref[i] = ds4_silu(y[i]) * x[i];
+        k_swiglu_params ps = {K_TAG_OF(swiglu), n};
+        k_binding bs[] = {K_BIND(swiglu, status, status, 8), K_BIND(swiglu, p, &ps, sizeof ps),
+                          K_BIND(swiglu, up, x, sizeof(float) * n), K_BIND(swiglu, gate, y, sizeof(float) * n)};
+        if (!launch(K_ID_swiglu, (n + 63) / 64, 1, 1, 64, bs, 4, EMUL_REVERSE, "swiglu"))
+            check(!memcmp(y, ref, sizeof(float) * n), "swiglu n=%u: bit-identical to ds4_silu(g) * u", n);
+        free(x), free(y), free(ref);
+    }
+    {   /* output gate: rows x heads, the gate half after each head's query */
+        const uint32_t rows = 3, nh = 5, dh = 7, qs = 2 * nh * dh + 3, na = rows * nh * dh;
+        float *qf = malloc(sizeof(float) * rows * qs), *a = malloc(sizeof(float) * na), *ref = malloc(sizeof(float) * na);
+        for (uint32_t i = 0; i < rows * qs; i++) qf[i] = frand(-8, 8);
+        for (uint32_t i = 0; i < na; i++) a[i] = ref[i] = frand(-3, 3);
+        for (uint32_t t = 0; t < rows; t++)
+            for (uint32_t h = 0; h < nh; h++)
+                for (uint32_t d = 0; d < dh; d++)
+                    ref[(t * nh + h) * dh + d] *= ds4_sigmoid(qf[t * qs + 2 * h * dh + dh + d]);
+        k_attn_gate_params pg = {K_TAG_OF(attn_gate), rows, nh, dh, qs};
+        k_binding bg[] = {K_BIND(attn_gate, status, status, 8), K_BIND(attn_gate, p, &pg, sizeof pg),
+                          K_BIND(attn_gate, qf, qf, sizeof(float) * rows * qs), K_BIND(attn_gate, a, a, sizeof(float) * na)};
+        if (!launch(K_ID_attn_gate, (na + 31) / 32, 1, 1, 32, bg, 4, EMUL_FORWARD, "attn_gate"))
+            check(!memcmp(a, ref, sizeof(float) * na), "attn_gate: bit-identical to a * ds4_sigmoid(gate)");
+        free(qf), free(a), free(ref);
+    }
+    {   /* K/V rows into pages through a shuffled page table, crossing a page */
+        const uint32_t nkv = 3, dh = 5, rows = 4, pos0 = K_ATTN_BLOCK - 2, n_pages = 3, stride = nkv * dh + 1;
+        const uint32_t pages[2] = {2, 0};
+        const size_t pool = (size_t)n_pages * nkv * K_ATTN_BLOCK * dh;
+        uint16_t *kp = calloc(pool, 2), *vp = calloc(pool, 2), *kr = calloc(pool, 2), *vr = calloc(pool, 2);
+        float *k = malloc(sizeof(float) * rows * stride), *v = malloc(sizeof(float) * rows * stride);
+        for (uint32_t i = 0; i < rows * stride; i++) k[i] = frand(-70000, 70000), v[i] = frand(-1e-6f, 1e-6f);
+        for (uint32_t t = 0; t < rows; t++)
+            for (uint32_t h = 0; h < nkv; h++)
+                for (uint32_t d = 0; d < dh; d++) {
+                    const uint32_t pos = pos0 + t;
+                    const size_t o = (((size_t)pages[pos / K_ATTN_BLOCK] * nkv + h) * K_ATTN_BLOCK + pos % K_ATTN_BLOCK) * dh + d;
+                    kr[o] = ds4_f32_to_fp16(k[t * stride + h * dh + d]);
+                    vr[o] = ds4_f32_to_fp16(v[t * stride + h * dh + d]);
+                }
+        k_kv_store_params pk = {K_TAG_OF(kv_store), rows, pos0, nkv, dh, stride, n_pages};
+        k_binding bk[] = {K_BIND(kv_store, status, status, 8), K_BIND(kv_store, p, &pk, sizeof pk),
+                          K_BIND(kv_store, k, k, sizeof(float) * rows * stride),
+                          K_BIND(kv_store, v, v, sizeof(float) * rows * stride),
+                          K_BIND(kv_store, pages, pages, sizeof pages), K_BIND(kv_store, kpool, kp, pool * 2),
+                          K_BIND(kv_store, vpool, vp, pool * 2)};
+        if (!launch(K_ID_kv_store, (rows * nkv * dh + 31) / 32, 1, 1, 32, bk, 7, EMUL_REVERSE, "kv_store"))
+            check(!memcmp(kp, kr, pool * 2) && !memcmp(vp, vr, pool * 2),
+                  "kv_store across a page boundary: the CPU's fp16 rows at the paged places, nothing else written");
+        free(kp), free(vp), free(kr), free(vr), free(k), free(v);
     }
 }
 
@@ -1025,7 +1091,7 @@ int main(int argc, char **argv) {
     } suites[] = {{"tables", suite_tables}, {"f16", suite_f16},   {"rmsnorm", suite_rmsnorm},
                   {"quantize", suite_quantize}, {"matvec", suite_matvec}, {"rope", suite_rope},
                   {"attn", suite_attn}, {"kquant", suite_kquant}, {"gdn", suite_gdn},
-                  {"argmax", suite_argmax}};
+                  {"argmax", suite_argmax}, {"glue", suite_glue}};
     const int n_suites = (int)(sizeof suites / sizeof suites[0]);
     for (int i = 1; i < argc; i++) {
         int found = 0;
