@@ -7,7 +7,7 @@ LOCK = flock /tmp/ds4py-build.lock
 KERNEL_TESTS = tests/test_quants_scalar.py tests/test_quants_llamacpp.py tests/test_gguf_reader.py
 
 .PHONY: dev build build-fast test test-python test-scalar test-neon test-neon-run test-reference bench bench-spec fuzz lint clean
-.PHONY: test-gpu-emul gpu-emul-bin gpu-model-bin cuda cuda-test cuda-bench cuda-model
+.PHONY: test-gpu-emul gpu-emul-bin gpu-model-bin cuda cuda-test cuda-bench cuda-model bench-gpu
 
 dev:
 	$(PY) -m pip install -e '.[test]'
@@ -85,6 +85,12 @@ gpu-model-bin:
 
 cuda-model:
 	$(PY) gpu/tools/build_model_test.py cuda build/gpu-model-cuda > /dev/null
+
+# On the GPU machine: build, correctness outputs, speculative == serial,
+# memcheck, the bench models' decode/prefill and a per-kernel profile
+# (GGUF_PY: a directory holding gguf-py when it is not installed there).
+bench-gpu:
+	bash gpu/tools/device_model.sh $(GGUF_PY)
 
 # The CUDA backend's kernels and host (needs nvcc; built and run on the GPU
 # machine, see docs/gpu.md). CUDA_ARCH: sm_90 is the H200.
