@@ -55,11 +55,14 @@ SIMD_VARIANTS = {
         ("csrc/quants/avx2.c", ["-mavx2", "-mfma", "-mf16c"]),
         ("csrc/quants/avx512.c", ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw",
                                   "-mavx512dq", "-mavx512vl", "-mavx512vnni"]),
+        ("csrc/quants/attn_avx512.c", ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw",
+                                       "-mavx512dq", "-mavx512vl"]),
         ("csrc/quants/neon.c", []),
     ],
     "arm64": [
         ("csrc/quants/avx2.c", []),
         ("csrc/quants/avx512.c", []),
+        ("csrc/quants/attn_avx512.c", []),
         ("csrc/quants/neon.c", ["-march=armv8.2-a+dotprod+fp16"]),
     ],
 }

@@ -10,11 +10,22 @@
  * DS4_KV_PAGE. Each block yields a partial (max, sum, acc); partials are
  * merged in ascending block order by one merge routine. A prefill row runs
  * the blocks one after the other on one thread; a decode row (chunk of one)
- * computes the blocks' partials in parallel and merges them afterwards;
- * its work items are (kv head, block), each serving the kv head's whole GQA
- * group so every K/V row is read once per token, not once per query head.
- * Both do the same float operations in the same order, so a row's output
- * does not depend on which path, chunk or thread count produced it.
+ * computes the blocks' partials in parallel and merges them afterwards.
+ * Work items are (row, kv head) for prefill and (kv head, block) for a
+ * decode row: each serves the kv head's whole GQA group, so every K/V row
+ * is read once per item, not once per query head. Both do the same float
+ * operations in the same order, so a row's output does not depend on which
+ * path, chunk or thread count produced it.
+ *
+ * The F16 recipe per block runs in three passes (block_f16_staged), each
+ * head's float operations exactly those of the position-by-position loop
+ * (block_partial_f16, which DS4_ATTN_REFERENCE=1 runs instead: the oracle
+ * tests/test_attention_staged.py compares against, bit for bit): (1) the
+ * block's scores for all heads, each K row widened once; (2) per head the
+ * online-softmax scalars (running max, expf weights, rescale factors, sum),
+ * whose expf calls no longer wait on the V accumulation; (3) the V
+ * accumulation, every V row widened once for the group (attn_simd.h; an
+ * AVX-512 kernel when the session runs that kernel set).
  *
  * Numerics per precision (K·Q, softmax, ·V):
  *  EXACT: K/V pages F32. Score = F32 dot of the K row with the F32 query,
@@ -64,8 +75,13 @@
  */
 #include "forward.h"
 #include "../paths.h"
+#include "../quants/attn_simd.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 typedef struct {
     float *qf;    /* attn_q rows: per head [q_h | gate_h], 2*n_head*d_h */
@@ -78,14 +94,20 @@ int64_t ds4_attn_work_per_row(const ds4_model_config *c) {
     return 3 * c->n_head * c->head_dim + 2 * c->n_head_kv * c->head_dim;
 }
 
-/* scores of one block, the merge state's acc, one block's acc, one V row,
- * and for the F16 recipe a float copy of the F16 accumulator, the F16-rounded
- * query widened to float (dh floats), the F16 accumulator (dh halves, one
- * float per half: generous), plus the widened queries of one GQA group for
- * the decode group kernel (group * dh floats). */
+static int64_t group_of(const ds4_model_config *c) {
+    const int64_t g = c->n_head_kv > 0 ? c->n_head / c->n_head_kv : 1;
+    return g > 0 ? g : 1;
+}
+
+/* Per-thread scratch, carved by scratch_of: for the position-by-position
+ * loops one block's scores and six dh rows (merge state, block acc, a V
+ * row, the F16 accumulator in float and in halves, the widened query); for
+ * the staged F16 recipe, per head of the GQA group: the block's weights
+ * and the two factor rows (3 * DS4_KV_PAGE), the widened query, a merge state
+ * and a block partial (2 + dh each), plus one widened K row. */
 int64_t ds4_attn_thread_floats(const ds4_model_config *c) {
-    const int64_t group = c->n_head_kv > 0 ? c->n_head / c->n_head_kv : 1;
-    return DS4_KV_PAGE + 6 * c->head_dim + (group > 0 ? group : 1) * c->head_dim;
+    const int64_t g = group_of(c), dh = c->head_dim;
+    return DS4_KV_PAGE + 6 * dh + g * (3 * DS4_KV_PAGE + dh + 2 * (2 + dh)) + dh;
 }
 
 static attn_work carve(const ds4_fwd *f) {
@@ -109,12 +131,42 @@ static void rope(float *x, const float *cs, const float *sn, int64_t half) {
     }
 }
 
+/* DS4_ATTN_REFERENCE=1: run the F16 recipe position by position
+ * (block_partial_f16 per head) instead of the staged passes. Read once. */
+static pthread_once_t g_ref_once = PTHREAD_ONCE_INIT;
+static int g_ref;
+
+static void read_ref_env(void) {
+    const char *v = getenv("DS4_ATTN_REFERENCE");
+    g_ref = v && strcmp(v, "1") == 0;
+}
+
+static int attn_reference(void) {
+    pthread_once(&g_ref_once, read_ref_env);
+    return g_ref;
+}
+
 /* ------------------------------------------------------------ split-K -- */
+
+/* The staged F16 recipe's V step (attn_simd.h): the portable loop over the
+ * kernel set's own steps, or an ISA kernel giving the same bits. */
+typedef void (*f16_acc_fn)(float *a, int64_t as, int64_t G, const uint16_t *v, int64_t P,
+                           const float *w, const float *r, int64_t rs, int64_t dh,
+                           const uint16_t *nk, const uint16_t *nv, int64_t nP);
+
+/* The staged recipe's scores (attn_simd.h), bit-identical to the kernel
+ * set's own dots only for the set they were written against. */
+typedef void (*f16_scores_fn)(const uint16_t *k, int64_t P, const float *q, int64_t G,
+                              int64_t dh, float scale, float *s, int64_t ss,
+                              const uint16_t *v);
 
 typedef struct {
     const ds4_fwd *f;
     uint8_t *const *kp, *const *vp;
     float scale;
+    f16_acc_fn acc;       /* NULL: the portable V step */
+    f16_scores_fn scores; /* NULL: the set's to_float + vec_dot_f32[F32] */
+    int staged;     /* F16 recipe in three passes (else position by position) */
 } kv_view;
 
 /* Per-thread scratch of one work item (see ds4_attn_thread_floats). */
@@ -126,11 +178,18 @@ typedef struct {
     float *tmp;    /* F16 recipe: the F16 accumulator in float, dh */
     float *qw;     /* F16 recipe: the query rounded to F16, widened back, dh */
     uint16_t *a16; /* F16 recipe: the F16 accumulator, dh */
-    float *qgw;    /* decode group kernel: the group's queries as qw, group*dh */
+    /* staged F16 recipe, G = the GQA group */
+    float *sw;     /* G x DS4_KV_PAGE: scores, then the weights expf(s - M) */
+    float *sr;     /* G x DS4_KV_PAGE: rescale factors of the accumulator (1: none) */
+    float *sm;     /* G x DS4_KV_PAGE: the factors ms of the sum S = S*ms + vs */
+    float *qgw;    /* G x dh: the group's queries as qw */
+    float *ms;     /* G x (2 + dh): merge states (M, L, A) of the rows path */
+    float *bp;     /* G x (2 + dh): block partials (M, S, acc) of the rows path */
+    float *kf;     /* dh: one K row widened */
 } attn_scratch;
 
 static attn_scratch scratch_of(const ds4_fwd *f, int ith) {
-    const int64_t dh = f->c.head_dim;
+    const int64_t dh = f->c.head_dim, g = group_of(&f->c);
     float *ts = f->thread_scratch + (int64_t)ith * f->per_thread_floats;
     attn_scratch s;
     s.scores = ts;
@@ -140,7 +199,13 @@ static attn_scratch scratch_of(const ds4_fwd *f, int ith) {
     s.tmp = s.vtmp + dh;
     s.qw = s.tmp + dh;
     s.a16 = (uint16_t *)(s.tmp + 2 * dh);
-    s.qgw = s.tmp + 3 * dh;
+    s.sw = s.tmp + 3 * dh;
+    s.sr = s.sw + g * DS4_KV_PAGE;
+    s.sm = s.sr + g * DS4_KV_PAGE;
+    s.qgw = s.sm + g * DS4_KV_PAGE;
+    s.ms = s.qgw + g * dh;
+    s.bp = s.ms + g * (2 + dh);
+    s.kf = s.bp + g * (2 + dh);
     return s;
 }
 
@@ -198,9 +263,14 @@ static void block_partial_f32(const kv_view *kv, int64_t kvh, const float *q, in
  * and the V accumulator kept in F16: after every scale or add each element
  * is rounded back to F16 (a = f16(a + v*w), the product and sum rounded to
  * float first). S = S*ms + w in float. The block's F16 accumulator is
- * widened to float for the merge. */
-static void block_partial_f16(const kv_view *kv, int64_t kvh, int64_t b, int64_t n_vis,
-                              const attn_scratch *sc, float *m, float *l, float *acc) {
+ * widened to float for the merge.
+ *
+ * This is the definition of the recipe, run as written only under
+ * DS4_ATTN_REFERENCE=1: sessions run block_f16_staged, which gives the
+ * same bits faster. */
+static void block_partial_f16(const kv_view *kv, int64_t kvh, const float *qw, int64_t b,
+                              int64_t n_vis, const attn_scratch *sc, float *m, float *l,
+                              float *acc) {
     const ds4_fwd *f = kv->f;
     const int64_t dh = f->c.head_dim;
     const int64_t p0 = b * DS4_KV_PAGE;
@@ -214,7 +284,7 @@ static void block_partial_f16(const kv_view *kv, int64_t kvh, int64_t b, int64_t
     for (int64_t d = 0; d < dh; d++) a[d] = 0.0f;
     for (int64_t p = p0; p < p1; p++) {
         float s = 0.0f;
-        dot(dh, &s, ds4_kv_row(f, kv->kp, kvh, p), sc->qw);
+        dot(dh, &s, ds4_kv_row(f, kv->kp, kvh, p), qw);
         s *= kv->scale;
         float ms = 1.0f, vs = 1.0f;
         if (s > M) {
@@ -244,11 +314,135 @@ static void block_partial_f16(const kv_view *kv, int64_t kvh, int64_t b, int64_t
     *l = S;
 }
 
+/* attn_simd.h's V step on the kernel set's own steps (f16_acc_row, or
+ * to_float / multiply-add / from_float / to_float), for sets without an
+ * ISA kernel: the operations block_partial_f16 makes, head by head. */
+static void f16_acc_portable(const ds4_fwd *f, const attn_scratch *sc, float *a, int64_t as,
+                             int64_t G, const uint16_t *v, int64_t P, const float *w,
+                             const float *r, int64_t rs) {
+    const int64_t dh = f->c.head_dim;
+    ds4_to_float_fn to_f = f->k->to_float[DS4_TYPE_F16];
+    ds4_from_float_fn from_f = f->k->from_float[DS4_TYPE_F16];
+    for (int64_t i = 0; i < P; i++) {
+        const uint16_t *vi = v + i * dh;
+        for (int64_t g = 0; g < G; g++) {
+            float *ag = a + g * as;
+            const float x = r[g * rs + i], vs = w[g * rs + i];
+            if (x != 1.0f) {
+                for (int64_t d = 0; d < dh; d++) ag[d] *= x;
+                from_f(ag, sc->a16, dh);
+                to_f(sc->a16, ag, dh);
+            }
+            if (f->k->f16_acc_row) {
+                f->k->f16_acc_row(ag, vi, vs, dh);
+            } else {
+                to_f(vi, sc->vtmp, dh);
+                for (int64_t d = 0; d < dh; d++) ag[d] += sc->vtmp[d] * vs;
+                from_f(ag, sc->a16, dh);
+                to_f(sc->a16, ag, dh);
+            }
+        }
+    }
+}
+
+/* block_partial_f16 for the G query heads of kv head kvh (queries qgw,
+ * G x dh, already rounded to F16 and widened), in three passes over the
+ * block. Head g's partial goes to st + g*hstride: [0] = M, [1] = S,
+ * [2..2+dh) = the F16 accumulator widened. Per head the float operations
+ * and their order are block_partial_f16's:
+ *  1. scores: the K row widened once (exact) and dotted with each query by
+ *     the set's vec_dot_f32[F32], which every set builds from the same loop
+ *     as vec_dot_f32[F16] (F16_DOT_WHY): the same sums;
+ *  2. softmax scalars, position by position: on a new max the rescale
+ *     factor expf(Mold - M) (1 = none: the first position, whose
+ *     accumulator is zero; a factor that rounds to exactly 1 changes no
+ *     F16 value either, so skipping it is the same), else the weight
+ *     expf(s - M); then S = S*ms + vs (ms = expf(Mold - M) on a new max,
+ *     else 1), up to four heads' chains interleaved;
+ *  3. the V accumulation with those factors (attn_simd.h).
+ * Pass 2's expf calls depend only on the scores, so they overlap each
+ * other instead of waiting on each position's V step. Memory hints (AVX-512
+ * kernels only; they change no value): `next` asks pass 3 to bring block
+ * b+1's K and V rows into cache (the caller runs b+1 next on this thread),
+ * `prefetched` says the previous block did so for this one, else pass 1
+ * brings this block's V rows in for pass 3. */
+static void block_f16_staged(const kv_view *kv, int64_t kvh, int64_t G, const float *qgw,
+                             int64_t b, int64_t n_vis, const attn_scratch *sc, float *st,
+                             int64_t hstride, int prefetched, int next) {
+    const ds4_fwd *f = kv->f;
+    const int64_t dh = f->c.head_dim;
+    const int64_t p0 = b * DS4_KV_PAGE;
+    const int64_t P = (p0 + DS4_KV_PAGE < n_vis ? p0 + DS4_KV_PAGE : n_vis) - p0;
+    ds4_vec_dot_fn dot = f->k->vec_dot_f32[DS4_TYPE_F32];
+    ds4_to_float_fn to_f = f->k->to_float[DS4_TYPE_F16];
+    /* A block lies in one page, where a kv head's rows are contiguous. */
+    const uint16_t *k0 = (const uint16_t *)ds4_kv_row(f, kv->kp, kvh, p0);
+    const uint16_t *v0 = (const uint16_t *)ds4_kv_row(f, kv->vp, kvh, p0);
+    if (kv->scores) {
+        kv->scores(k0, P, qgw, G, dh, kv->scale, sc->sw, DS4_KV_PAGE, prefetched ? NULL : v0);
+    } else {
+        for (int64_t i = 0; i < P; i++) {
+            to_f(k0 + i * dh, sc->kf, dh);
+            for (int64_t g = 0; g < G; g++) {
+                float s = 0.0f;
+                dot(dh, &s, sc->kf, qgw + g * dh);
+                sc->sw[g * DS4_KV_PAGE + i] = s * kv->scale;
+            }
+        }
+    }
+    for (int64_t g = 0; g < G; g++) {
+        float *w = sc->sw + g * DS4_KV_PAGE, *r = sc->sr + g * DS4_KV_PAGE;
+        float *m = sc->sm + g * DS4_KV_PAGE;
+        float M = -INFINITY;
+        for (int64_t i = 0; i < P; i++) {
+            const float s = w[i];
+            float ms = 1.0f, vs = 1.0f, x = 1.0f;
+            if (s > M) {
+                const float Mold = M;
+                M = s;
+                ms = expf(Mold - M);
+                if (Mold != -INFINITY) x = ms;
+            } else {
+                vs = expf(s - M);
+            }
+            w[i] = vs;
+            r[i] = x;
+            m[i] = ms;
+        }
+        float *o = st + g * hstride;
+        o[0] = M;
+        for (int64_t d = 0; d < dh; d++) o[2 + d] = 0.0f;
+    }
+    /* S = S*ms + vs, position by position, for up to four heads at once:
+     * each head's chain of dependent multiply-adds overlaps the others'. */
+    for (int64_t g0 = 0; g0 < G; g0 += 4) {
+        const int64_t n = G - g0 < 4 ? G - g0 : 4;
+        float S[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int64_t i = 0; i < P; i++)
+            for (int64_t j = 0; j < n; j++) {
+                const int64_t o = (g0 + j) * DS4_KV_PAGE + i;
+                S[j] = S[j] * sc->sm[o] + sc->sw[o];
+            }
+        for (int64_t j = 0; j < n; j++) st[(g0 + j) * hstride + 1] = S[j];
+    }
+    if (kv->acc) {
+        /* block b+1 (it exists when `next`: the row sees past this block) */
+        const int64_t q0 = p0 + DS4_KV_PAGE;
+        const int64_t nP = n_vis - q0 < DS4_KV_PAGE ? n_vis - q0 : DS4_KV_PAGE;
+        const int pf = next && nP > 0;
+        kv->acc(st + 2, hstride, G, v0, P, sc->sw, sc->sr, DS4_KV_PAGE, dh,
+                pf ? (const uint16_t *)ds4_kv_row(f, kv->kp, kvh, q0) : NULL,
+                pf ? (const uint16_t *)ds4_kv_row(f, kv->vp, kvh, q0) : NULL, pf ? nP : 0);
+    } else {
+        f16_acc_portable(f, sc, st + 2, hstride, G, v0, P, sc->sw, sc->sr, DS4_KV_PAGE);
+    }
+}
+
 static void block_partial(const kv_view *kv, int64_t kvh, const float *q, int64_t b,
                           int64_t n_vis, const attn_scratch *sc, float *m, float *l,
                           float *acc) {
     if (kv->f->attn_f16)
-        block_partial_f16(kv, kvh, b, n_vis, sc, m, l, acc);
+        block_partial_f16(kv, kvh, q, b, n_vis, sc, m, l, acc);
     else
         block_partial_f32(kv, kvh, q, b, n_vis, sc, m, l, acc);
 }
@@ -294,7 +488,10 @@ static void finish(const ds4_fwd *f, float *out, float L, const float *A, int64_
  * (exact) and taking every set's vec_dot_f32[F16] gives the same bits as
  * vec_dot[F16] (each set builds both from one loop, products of the same
  * floats summed in the same order) while converting only the K row per
- * position: the conversions, not memory, bound this loop. */
+ * position: the conversions, not memory, bound this loop. The same holds
+ * one step further: each set builds vec_dot_f32[F32] from that loop too, so
+ * the staged pass widens the K row once for the group and takes
+ * vec_dot_f32[F32]. */
 
 /* The F16 recipe's query: q rounded to F16 once per (row, head), widened
  * back to float into qw (a16 is free between blocks). */
@@ -303,97 +500,66 @@ static void prep_query_to(const ds4_fwd *f, const float *q, const attn_scratch *
     f->k->to_float[DS4_TYPE_F16](sc->a16, qw, f->c.head_dim);
 }
 
-static void prep_query(const ds4_fwd *f, const float *q, const attn_scratch *sc) {
-    if (f->attn_f16) prep_query_to(f, q, sc, sc->qw);
+/* The queries a head of row t reads: the F16 recipe's widened F16 copy or
+ * the F32 row itself. */
+static const float *query_of(const attn_ctx *c, const attn_scratch *sc, int64_t t, int64_t h) {
+    const ds4_fwd *f = c->kv.f;
+    const float *q = c->qf + t * c->qf_stride + 2 * h * f->c.head_dim;
+    if (!f->attn_f16) return q;
+    prep_query_to(f, q, sc, sc->qw);
+    return sc->qw;
 }
 
-/* Items (t, h) of a prefill chunk: all blocks of the row, merged as they go. */
+/* Items (t, kv head) of a prefill chunk: every query head of the group,
+ * all blocks of the row, merged as they go. */
 static void rows_items(void *vctx, int64_t i0, int64_t i1, int ith) {
     const attn_ctx *c = vctx;
     const ds4_fwd *f = c->kv.f;
-    const int64_t dh = f->c.head_dim;
+    const int64_t dh = f->c.head_dim, G = c->group, stride = 2 + dh;
     const attn_scratch sc = scratch_of(f, ith);
+    const int64_t n_kv = c->n_head / G;
     for (int64_t it = i0; it < i1; it++) {
-        const int64_t t = it / c->n_head, h = it % c->n_head;
-        const float *q = c->qf + t * c->qf_stride + 2 * h * dh;
+        const int64_t t = it / n_kv, kvh = it % n_kv, h0 = kvh * G;
         const int64_t n_vis = c->pos0 + t + 1;
         const int64_t nb = (n_vis + DS4_KV_PAGE - 1) / DS4_KV_PAGE;
-        prep_query(f, q, &sc);
-        float M = 0.0f, L = 0.0f;
-        for (int64_t b = 0; b < nb; b++) {
-            float mb, lb;
-            block_partial(&c->kv, h / c->group, q, b, n_vis, &sc, &mb, &lb, sc.acc);
-            merge(&M, &L, sc.A, mb, lb, sc.acc, dh, b == 0);
-        }
-        finish(f, c->attn + t * c->n_head * dh + h * dh, L, sc.A, dh);
-    }
-}
-
-/* block_partial_f16 for all `group` query heads of kv head kvh at once,
- * position by position: each K and V row is read from memory once for the
- * whole GQA group (instead of once per query head), and the group's
- * independent per-head chains overlap in the core. Each head's float
- * operations are exactly block_partial_f16's, in the same order (same dot,
- * expf, f16_acc_row / three-pass fallback), so its partial is bit-identical
- * to what block_partial_f16 gives; the rows path (prefill, and decode with
- * one block) keeps calling block_partial_f16. Head h0+g's running state
- * lives in its partial slot: parts[g*stride] = M, [+1] = S, [+2..] = the
- * F16 accumulator widened to float. */
-static void block_group_f16(const kv_view *kv, int64_t kvh, int64_t group, int64_t b,
-                            int64_t n_vis, const attn_scratch *sc, float *parts,
-                            int64_t stride) {
-    const ds4_fwd *f = kv->f;
-    const int64_t dh = f->c.head_dim;
-    const int64_t p0 = b * DS4_KV_PAGE;
-    const int64_t p1 = p0 + DS4_KV_PAGE < n_vis ? p0 + DS4_KV_PAGE : n_vis;
-    ds4_vec_dot_fn dot = f->k->vec_dot_f32[DS4_TYPE_F16]; /* see F16_DOT_WHY */
-    ds4_to_float_fn to_f = f->k->to_float[DS4_TYPE_F16];
-    ds4_from_float_fn from_f = f->k->from_float[DS4_TYPE_F16];
-    for (int64_t g = 0; g < group; g++) {
-        float *st = parts + g * stride;
-        st[0] = -INFINITY;
-        st[1] = 0.0f;
-        for (int64_t d = 0; d < dh; d++) st[2 + d] = 0.0f;
-    }
-    for (int64_t p = p0; p < p1; p++) {
-        const uint8_t *kr = ds4_kv_row(f, kv->kp, kvh, p);
-        const uint16_t *vr = (const uint16_t *)ds4_kv_row(f, kv->vp, kvh, p);
-        for (int64_t g = 0; g < group; g++) {
-            float *st = parts + g * stride, *a = st + 2;
-            float s = 0.0f;
-            dot(dh, &s, kr, sc->qgw + g * dh);
-            s *= kv->scale;
-            float ms = 1.0f, vs = 1.0f;
-            if (s > st[0]) {
-                const float Mold = st[0];
-                st[0] = s;
-                ms = expf(Mold - s);
-                if (Mold != -INFINITY) {
-                    for (int64_t d = 0; d < dh; d++) a[d] *= ms;
-                    from_f(a, sc->a16, dh);
-                    to_f(sc->a16, a, dh);
+        float *out = c->attn + t * c->n_head * dh;
+        if (c->kv.staged) {
+            for (int64_t g = 0; g < G; g++)
+                prep_query_to(f, c->qf + t * c->qf_stride + 2 * (h0 + g) * dh, &sc,
+                              sc.qgw + g * dh);
+            for (int64_t b = 0; b < nb; b++) {
+                block_f16_staged(&c->kv, kvh, G, sc.qgw, b, n_vis, &sc, sc.bp, stride, b > 0,
+                                 b + 1 < nb);
+                for (int64_t g = 0; g < G; g++) {
+                    float *m = sc.ms + g * stride;
+                    const float *p = sc.bp + g * stride;
+                    merge(&m[0], &m[1], m + 2, p[0], p[1], p + 2, dh, b == 0);
                 }
-            } else {
-                vs = expf(s - st[0]);
             }
-            if (f->k->f16_acc_row) {
-                f->k->f16_acc_row(a, vr, vs, dh);
-            } else {
-                to_f(vr, sc->vtmp, dh);
-                for (int64_t d = 0; d < dh; d++) a[d] += sc->vtmp[d] * vs;
-                from_f(a, sc->a16, dh);
-                to_f(sc->a16, a, dh);
+            for (int64_t g = 0; g < G; g++) {
+                const float *m = sc.ms + g * stride;
+                finish(f, out + (h0 + g) * dh, m[1], m + 2, dh);
             }
-            st[1] = st[1] * ms + vs;
+            continue;
+        }
+        for (int64_t h = h0; h < h0 + G; h++) {
+            const float *q = query_of(c, &sc, t, h);
+            float M = 0.0f, L = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                float mb, lb;
+                block_partial(&c->kv, kvh, q, b, n_vis, &sc, &mb, &lb, sc.acc);
+                merge(&M, &L, sc.A, mb, lb, sc.acc, dh, b == 0);
+            }
+            finish(f, out + h * dh, L, sc.A, dh);
         }
     }
 }
 
 /* Items (kv head, b) of a decode row: block b's partial for every query
  * head of the kv head's GQA group, each K/V block read once for the group
- * (the F16 recipe in one interleaved pass, the F32 recipe head after head
- * while the 256-position block is still in cache). Partial of head h, block
- * b at part + (h*nb + b)*(2 + dh), as merge_items reads them. */
+ * (the staged F16 recipe in one pass over the block, the others head after
+ * head while the 256-position block is still in cache). Partial of head h,
+ * block b at part + (h*nb + b)*(2 + dh), as merge_items reads them. */
 static void part_items(void *vctx, int64_t i0, int64_t i1, int ith) {
     const attn_ctx *c = vctx;
     const ds4_fwd *f = c->kv.f;
@@ -402,17 +568,20 @@ static void part_items(void *vctx, int64_t i0, int64_t i1, int ith) {
     const int64_t n_vis = c->pos0 + 1;
     for (int64_t it = i0; it < i1; it++) {
         const int64_t kvh = it / c->nb, b = it % c->nb, h0 = kvh * c->group;
-        if (f->attn_f16) {
+        if (c->kv.staged) {
             for (int64_t g = 0; g < c->group; g++)
                 prep_query_to(f, c->qf + 2 * (h0 + g) * dh, &sc, sc.qgw + g * dh);
-            block_group_f16(&c->kv, kvh, c->group, b, n_vis, &sc,
-                            c->part + (h0 * c->nb + b) * stride, c->nb * stride);
+            /* items i0..i1 are this thread's: block b was prefetched by
+             * item it-1, block b+1 (item it+1) is prefetched here */
+            block_f16_staged(&c->kv, kvh, c->group, sc.qgw, b, n_vis, &sc,
+                             c->part + (h0 * c->nb + b) * stride, c->nb * stride,
+                             it > i0 && b > 0, it + 1 < i1 && b + 1 < c->nb);
             continue;
         }
         for (int64_t h = h0; h < h0 + c->group; h++) {
             float *p = c->part + (h * c->nb + b) * stride;
-            const float *q = c->qf + 2 * h * dh;
-            block_partial(&c->kv, kvh, q, b, n_vis, &sc, &p[0], &p[1], p + 2);
+            block_partial(&c->kv, kvh, query_of(c, &sc, 0, h), b, n_vis, &sc, &p[0], &p[1],
+                          p + 2);
         }
     }
 }
@@ -430,6 +599,13 @@ static void merge_items(void *vctx, int64_t h0, int64_t h1, int ith) {
         }
         finish(f, c->attn + h * dh, L, sc.A, dh);
     }
+}
+
+/* The staged recipe's kernels for this session: AVX-512 ones while the
+ * session runs the AVX-512 kernel set (and they were compiled in), else
+ * the portable loops (NULL). */
+static int avx512_kernels(const ds4_fwd *f) {
+    return f->k == ds4_kernels_for(DS4_ISA_AVX512) && ds4_attn_f16_acc_avx512_ok();
 }
 
 /* ------------------------------------------------------------- layer -- */
@@ -475,6 +651,9 @@ void ds4_attn_block(ds4_fwd *f, const ds4_layer *L, ds4_kv_layer *kvl, int64_t n
     ac.kv.kp = kvl->k;
     ac.kv.vp = kvl->v;
     ac.kv.scale = c->attn_scale;
+    ac.kv.staged = f->attn_f16 && !attn_reference();
+    ac.kv.acc = ac.kv.staged && avx512_kernels(f) ? ds4_attn_f16_acc_avx512 : NULL;
+    ac.kv.scores = ac.kv.staged && avx512_kernels(f) ? ds4_attn_f16_scores_avx512 : NULL;
     ac.qf = w.qf;
     ac.qf_stride = qf_dim;
     ac.attn = w.attn;
@@ -483,19 +662,22 @@ void ds4_attn_block(ds4_fwd *f, const ds4_layer *L, ds4_kv_layer *kvl, int64_t n
     ac.group = nh / nkv; /* grouped GQA: q head h reads kv head h/group (pitfall 3) */
     ac.nb = (pos0 + 1 + DS4_KV_PAGE - 1) / DS4_KV_PAGE;
     ac.part = f->attn_part;
+    const int split = n == 1 && ac.nb > 1;
     if (ds4_paths_on()) {
-        const char *split =
-            f->attn_f16 ? "split-K decode, 256-blocks per GQA group, F16 KV, Q/V in F16"
-                        : "split-K decode, 256-blocks per GQA group, F32 Q/V";
-        const char *rows = f->attn_f16 ? "rows, 256-blocks, F16 KV, Q/V in F16"
-                                       : "rows, 256-blocks, F32 Q/V";
-        ds4_path_note(f->path_layer, "attention", n == 1 && ac.nb > 1 ? split : rows);
+        char v[96];
+        snprintf(v, sizeof v, "%s, 256-blocks per GQA group, %s",
+                 split ? "split-K decode" : "rows",
+                 !f->attn_f16 ? "F32 Q/V"
+                 : !ac.kv.staged ? "F16 KV, Q/V in F16, reference loop"
+                 : ac.kv.acc ? "F16 KV, Q/V in F16, staged, scores+V step avx512"
+                             : "F16 KV, Q/V in F16, staged, scores+V step portable");
+        ds4_path_note(f->path_layer, "attention", v);
     }
-    if (n == 1 && ac.nb > 1) {
+    if (split) {
         ds4_pool_for(f->pool, nkv * ac.nb, part_items, &ac);
         ds4_pool_for(f->pool, nh, merge_items, &ac);
     } else {
-        ds4_pool_for(f->pool, n * nh, rows_items, &ac);
+        ds4_pool_for(f->pool, n * nkv, rows_items, &ac);
     }
 
     /* Output gate: attn * sigmoid(gate), gate_h interleaved after q_h. */
