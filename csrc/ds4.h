@@ -163,6 +163,22 @@ int ds4_matmul_rows(int isa, int type, const void *w, size_t w_row_bytes, int64_
 /* Name of the multi-row kernel `isa` runs for `type` (NULL: none). */
 const char *ds4_matmul_rows_kernel(int isa, int type);
 
+/* One token's gated-DeltaNet update of nr state rows of dk floats (row m
+ * at S + m*dk, forward/gdn.c): S_m *= decay; u = S_m . k;
+ * d = (v[m] - u) * beta; S_m += k * d; then, if out, out[m] = S_m . q.
+ * kernel = 1 runs `isa`'s multi-row kernel (DS4_ERR_UNSUPPORTED where it
+ * has none), 0 the portable per-row loop over the ISA's float dot; the two
+ * must agree bit for bit (tests/test_prefill_kernels.py). For tests. */
+int ds4_gdn_rows(int isa, int kernel, float *S, int64_t nr, const float *k, const float *q,
+                 int64_t dk, float decay, const float *v, float beta, float *out,
+                 ds4_error *err);
+/* y[i] = x[i] / (1 + expf(-x[i])) * (m ? m[i] : 1) for i < n, as the
+ * forward pass computes SiLU on `isa`: its vectorised kernel where the set
+ * has one (bit for bit the C formula), else the C formula; *vectorised
+ * says which ran. For tests. */
+int ds4_silu_row(int isa, float *y, const float *x, const float *m, int64_t n,
+                 int *vectorised, ds4_error *err);
+
 /* Memory bandwidth in GB/s (1e9 bytes/s), best of reps passes over
  * `bytes`-sized arrays with n_threads threads (csrc/membw.c): READ sums one
  * array, TRIAD is STREAM's a = b + s*c (3 arrays' bytes per pass). For the

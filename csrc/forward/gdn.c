@@ -68,6 +68,16 @@ static void conv_shift(const float *in, float *out, const float *rows, int64_t s
     }
 }
 
+/* y = SiLU(x) * m (m NULL: SiLU(x)) over n values: ds4_silu, vectorised
+ * where the kernel set can do it bit for bit (quants.h silu_mul). */
+static void silu_row(const ds4_fwd *f, float *y, const float *x, const float *m, int64_t n) {
+    if (f->k->silu_mul) {
+        f->k->silu_mul(y, x, m, n);
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) y[i] = m ? ds4_silu(x[i]) * m[i] : ds4_silu(x[i]);
+}
+
 /* Causal depthwise conv, no bias, taps oldest -> newest (spec §3.4, pitfall
  * 5), then SiLU. The state is read from `in`; the new state (the last K-1
  * raw rows) goes to `out` (== in, except in a verify). */
@@ -87,8 +97,9 @@ static void conv_step(ds4_fwd *f, const ds4_layer *L, const float *in, float *ou
             const float *tap = cw + ch * K;
             float acc = 0.0f;
             for (int64_t kk = 0; kk < K; kk++) acc += tap[kk] * rows[kk][ch];
-            o[ch] = ds4_silu(acc);
+            o[ch] = acc;
         }
+        silu_row(f, o, o, NULL, cd);
     }
     conv_shift(in, out, w->qkv, cd, n, K, cd);
 }
@@ -115,13 +126,17 @@ static inline void delta_row(float *Sm, const float *k, float decay, float vm, f
 static inline void delta_update(const ds4_kernel_set *ks, float *S, const float *k,
                                 const float *v, float g, float beta, int64_t dk, int64_t dv) {
     const float decay = expf(g);
-    if (ks->gdn_row) { /* the same operations, vectorised (quants.h) */
-        for (int64_t m = 0; m < dv; m++) ks->gdn_row(S + m * dk, k, NULL, dk, decay, v[m], beta, NULL);
+    if (ks->gdn_rows) { /* the same operations, vectorised (quants.h) */
+        ks->gdn_rows(S, dv, k, NULL, dk, decay, v, beta, NULL);
         return;
     }
     ds4_vec_dot_fn dot = ks->vec_dot_f32[DS4_TYPE_F32];
     for (int64_t m = 0; m < dv; m++) delta_row(S + m * dk, k, decay, v[m], beta, dot, dk);
 }
+
+/* State rows per block in delta_heads: 32 rows of d_k = 128 floats are
+ * 16 KiB, which stay in L1 while the chunk's tokens pass over them. */
+#define GDN_ROW_BLOCK 32
 
 typedef struct {
     ds4_fwd *f;
@@ -150,30 +165,41 @@ static void delta_heads(void *vctx, int64_t j0, int64_t j1, int ith) {
         float *S = c->out->ssm + j * dk * dv;
         if (c->in != c->out)
             memcpy(S, c->in->ssm + j * dk * dv, (size_t)(dk * dv) * sizeof(float));
-        for (int64_t t = 0; t < c->n; t++) {
-            const float *row = c->w.cv + t * cd;
-            const float *q = row + kh * dk, *k = row + key_dim + kh * dk;
-            const float *v = row + 2 * key_dim + j * dv;
-            float *o = c->w.o + t * vd + j * dv;
-            /* the update and the output row by row, in the same pass: o_m
-             * reads row m after its update, as it would after all of them */
-            const float decay = expf(c->w.g[t * nv + j]), beta = c->w.beta[t * nv + j];
-            for (int64_t m = 0; m < dv; m++) {
-                float *Sm = S + m * dk;
-                float s = 0.0f;
-                if (f->k->gdn_row) {
-                    f->k->gdn_row(Sm, k, q, dk, decay, v[m], beta, &s);
-                } else {
-                    delta_row(Sm, k, decay, v[m], beta, dot, dk);
-                    dot(dk, &s, Sm, q);
+        /* The delta rule is row-local: row m of S needs only row m, and
+         * o_m of token t only row m after token t. So the state goes in
+         * blocks of rows, each taken through all the chunk's tokens while
+         * it sits in L1 (a 64 KiB head state streamed once per chunk
+         * instead of once per token); every row still sees the same
+         * operations in the same token order, so no value changes. */
+        float decay[DS4_CHUNK_ROWS];
+        for (int64_t t = 0; t < c->n; t++) decay[t] = expf(c->w.g[t * nv + j]);
+        for (int64_t m0 = 0; m0 < dv; m0 += GDN_ROW_BLOCK) {
+            const int64_t nr = dv - m0 < GDN_ROW_BLOCK ? dv - m0 : GDN_ROW_BLOCK;
+            for (int64_t t = 0; t < c->n; t++) {
+                const float *row = c->w.cv + t * cd;
+                const float *q = row + kh * dk, *k = row + key_dim + kh * dk;
+                const float *v = row + 2 * key_dim + j * dv + m0;
+                float *o = c->w.o + t * vd + j * dv + m0;
+                const float beta = c->w.beta[t * nv + j];
+                float *Sb = S + m0 * dk;
+                if (f->k->gdn_rows) {
+                    f->k->gdn_rows(Sb, nr, k, q, dk, decay[t], v, beta, o);
+                    continue;
                 }
-                o[m] = s * oscale;
+                for (int64_t m = 0; m < nr; m++) {
+                    delta_row(Sb + m * dk, k, decay[t], v[m], beta, dot, dk);
+                    o[m] = 0.0f;
+                    dot(dk, &o[m], Sb + m * dk, q);
+                }
             }
+        }
+        for (int64_t t = 0; t < c->n; t++) {
+            float *o = c->w.o + t * vd + j * dv;
+            for (int64_t m = 0; m < dv; m++) o[m] = o[m] * oscale;
             /* Gated RMSNorm over the head: norm(o) * ssm_norm * SiLU(z)
              * (spec §3.9; transformers Qwen3_5RMSNormGated). */
             ds4_rmsnorm(o, norm_w, o, dv, cf->rms_eps);
-            const float *z = c->w.z + t * vd + j * dv;
-            for (int64_t m = 0; m < dv; m++) o[m] *= ds4_silu(z[m]);
+            silu_row(f, o, c->w.z + t * vd + j * dv, o, dv);
         }
     }
 }
@@ -323,8 +349,8 @@ void ds4_gdn_layer(ds4_fwd *f, int64_t il, int64_t n) {
     gdn_ctx ctx = {f, L, st, st_out, w, n};
     if (ds4_paths_on())
         ds4_path_note(f->path_layer, "gdn recurrence",
-                      f->k->gdn_row ? "gdn_row (SIMD), one pass per state row"
-                                    : "portable loop + vec_dot_f32, one pass per state row");
+                      f->k->gdn_rows ? "gdn_row (SIMD) x 32-row blocks, chunk tokens per block"
+                                     : "portable loop + vec_dot_f32, 32-row blocks");
     ds4_pool_for(f->pool, nv, delta_heads, &ctx);
 
     ds4_mm_job out = ds4_mm(&L->ssm_out, 0, 0, E, w.o, vd, f->y, E, n);

@@ -34,10 +34,15 @@
 #include "../paths.h"
 
 #include <stdio.h>
+#include <string.h>
 
 /* Output rows per work item: small enough to spread a decode step's
  * matrices over the threads, large enough to amortise the dispatch. */
 #define MM_TILE 8
+/* A GEMM's (n_rows > 1) work item: 16 outputs, so each token row's results
+ * of an item are one whole 64-byte line of y, written once (with 8, every
+ * line of y was fetched and written by two items). */
+#define MM_GEMM_TILE 16
 /* Jobs per dispatch; longer lists go in slices (one expert = two jobs). */
 #define MM_MAX_JOBS 64
 /* Token rows per dot_rows call: as many as the kernels keep in registers
@@ -152,12 +157,18 @@ static void quant_items(void *vctx, int64_t i0, int64_t i1, int ith) {
     }
 }
 
+/* Output rows of a job's work item (see MM_GEMM_TILE). */
+static int64_t job_tile(const ds4_mm_job *jb) { return jb->n_rows > 1 ? MM_GEMM_TILE : MM_TILE; }
+
 /* Item rows of a multi-row job: row chunks outer, so the chunk's activation
- * rows stay in cache while the tile's weight rows pass over them. */
+ * rows stay in cache while the tile's weight rows pass over them. A chunk's
+ * results are gathered in sb and stored row by row (contiguous runs of y)
+ * instead of one float per row and output. */
 static void mm_rows_tile(const mm_ctx *c, int j, int64_t o0, int64_t o1) {
     const ds4_mm_job *jb = &c->jobs[j];
     const void *ptr[MM_ROWS_CALL];
     float s[MM_ROWS_CALL];
+    float sb[MM_ROWS_CALL][MM_GEMM_TILE];
     for (int64_t r0 = 0; r0 < jb->n_rows; r0 += MM_ROWS_CALL) {
         const int nr = (int)(jb->n_rows - r0 < MM_ROWS_CALL ? jb->n_rows - r0 : MM_ROWS_CALL);
         for (int r = 0; r < nr; r++) {
@@ -169,10 +180,11 @@ static void mm_rows_tile(const mm_ctx *c, int j, int64_t o0, int64_t o1) {
             /* later row chunks find the tile's weights in cache */
             if (r0 == 0) prefetch_ahead(jb->w + (size_t)o * jb->row_bytes, jb->row_bytes, end);
             c->rows[j](jb->n_in, nr, s, jb->w + (size_t)o * jb->row_bytes, ptr);
-            for (int r = 0; r < nr; r++) {
-                const int64_t yr = jb->y_idx ? jb->y_idx[r0 + r] : r0 + r;
-                jb->y[yr * jb->y_stride + o] = s[r];
-            }
+            for (int r = 0; r < nr; r++) sb[r][o - o0] = s[r];
+        }
+        for (int r = 0; r < nr; r++) {
+            const int64_t yr = jb->y_idx ? jb->y_idx[r0 + r] : r0 + r;
+            memcpy(jb->y + yr * jb->y_stride + o0, sb[r], (size_t)(o1 - o0) * sizeof(float));
         }
     }
 }
@@ -186,8 +198,9 @@ static void mm_items(void *vctx, int64_t i0, int64_t i1, int ith) {
         const ds4_mm_job *jb = &c->jobs[j];
         const ds4_vec_dot_fn dot = c->dot[j];
         const uint8_t *act = c->act[j];
-        int64_t o0 = (it - c->tile_start[j]) * MM_TILE;
-        int64_t o1 = o0 + MM_TILE < jb->n_out ? o0 + MM_TILE : jb->n_out;
+        const int64_t tile = job_tile(jb);
+        int64_t o0 = (it - c->tile_start[j]) * tile;
+        int64_t o1 = o0 + tile < jb->n_out ? o0 + tile : jb->n_out;
         if (c->rows[j]) {
             mm_rows_tile(c, j, o0, o1);
             continue;
@@ -266,7 +279,7 @@ static void dispatch(ds4_fwd *f, mm_ctx *c, const int *job_src) {
             c->act[j] = c->src[job_src[j]].q;
             c->act_stride[j] = c->src[job_src[j]].q_stride;
         }
-        const int64_t tiles = jb->n_rows > 0 ? (jb->n_out + MM_TILE - 1) / MM_TILE : 0;
+        const int64_t tiles = jb->n_rows > 0 ? (jb->n_out + job_tile(jb) - 1) / job_tile(jb) : 0;
         c->tile_start[j + 1] = c->tile_start[j] + tiles;
         if (jb->n_rows > 0) f->cnt.weight_bytes += (uint64_t)jb->n_out * jb->row_bytes;
     }

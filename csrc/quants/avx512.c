@@ -29,6 +29,8 @@
  */
 #include "quants.h"
 
+#include <math.h>
+
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && \
     defined(__AVX512VL__) && defined(__AVX512VNNI__) && defined(__AVX2__) && \
     defined(__FMA__) && defined(__F16C__)
@@ -201,13 +203,99 @@ static void f16_acc_row(float *a, const uint16_t *v, float vs, int64_t n) {
     }
 }
 
-/* ------------------------------------------------------ GDN state row -- */
-/* quants.h gdn_row, with this set's own dot_f32_f32 for both dots (so the
- * sums are the ones gdn.c's portable loop gets from vec_dot_f32[F32]) and
- * the elementwise steps as separate IEEE multiplies and adds, the same
- * roundings the portable C loop makes; masked loads/stores for a tail. */
-static void gdn_row(float *Sm, const float *k, const float *q, int64_t dk, float decay,
-                    float vm, float beta, float *out) {
+/* ----------------------------------------------------- GDN state rows -- */
+/* quants.h gdn_rows: per row, the portable loop's float operations (gdn.c
+ * delta_row, with this set's dot_f32_f32 for both dots: the same FMAs into
+ * the same four accumulators, combined and reduced in the same order), so
+ * the values are those of the per-row loop whatever nr is.
+ *
+ * For d_k = 128 (every Qwen3.5 size) a row lives in eight zmm registers:
+ * loaded once, decayed, dotted with k, updated, dotted with q, stored once
+ * (the general form below makes four passes over it).
+ *
+ * Denormals. A decay below 2^-64 (the random-weight bench model has ~5% of
+ * them; a real model's gates can get there too) makes S*decay subnormal,
+ * and an Intel core then takes a microcode assist (~100 cycles) on every
+ * vector multiply or FMA whose result or input is subnormal: such a row
+ * costs ~20x a normal one. Adds with subnormals and double arithmetic do
+ * not assist, so for a tiny decay the row
+ *  - forms S*decay in double (the product of two floats is exact in
+ *    double, and one rounding to float is the float multiply's rounding,
+ *    subnormal results included), and
+ *  - skips the dot with k when it cannot matter: d = (v_m - S.k)*beta, and
+ *    if |S.k| < ulp(v_m)/4 (bounded via max|S| and sum|k|, see below)
+ *    then v_m - S.k rounds to v_m, so d = v_m*beta bit for bit; otherwise
+ *    it runs the dot as usual.
+ * Both are exact, so the threshold only decides speed, never a value. */
+#define GDN_TINY_DECAY 0x1p-64f
+
+/* dot_f32_f32 of 8 vectors (n = 128) in registers with y: accumulator c % 4
+ * takes vector c, then ((a0+a1)+(a2+a3)), fold512, hsum256. */
+static inline __attribute__((always_inline)) float dot8_regs(const __m512 x[8], const float *y) {
+    __m512 a[4];
+    _Pragma("GCC unroll 8") for (int c = 0; c < 4; c++) a[c] = _mm512_fmadd_ps(x[c], _mm512_loadu_ps(y + 16 * c), _mm512_setzero_ps());
+    _Pragma("GCC unroll 8") for (int c = 4; c < 8; c++) a[c - 4] = _mm512_fmadd_ps(x[c], _mm512_loadu_ps(y + 16 * c), a[c - 4]);
+    return hsum256(fold512(_mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3]))));
+}
+
+/* x * d rounded once to float, computed in double (exact product). */
+static inline __m512 mul_via_double(__m512 x, __m512d d) {
+    const __m256 lo = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(x)), d));
+    const __m256 hi = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_cvtps_pd(_mm512_extractf32x8_ps(x, 1)), d));
+    return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+}
+
+static void gdn_rows_128(float *S, int64_t nr, const float *k, const float *q, float decay,
+                         const float *v, float beta, float *out) {
+    const __m512 dc = _mm512_set1_ps(decay);
+    /* 0 is no subnormal hazard (S*0 is a zero, no assist): the float path */
+    const int tiny = decay < GDN_TINY_DECAY && decay != 0.0f;
+    const __m512d dcd = _mm512_set1_pd((double)decay);
+    /* ksum >= sum |k_i| (float sums of non-negative terms, each rounding
+     * relative 2^-24; the 1.01 below covers them); NaN or Inf k fails
+     * every comparison, so the dot then runs. */
+    float ksum = 0.0f;
+    if (tiny) {
+        __m512 a = _mm512_setzero_ps();
+        _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++) a = _mm512_add_ps(a, _mm512_abs_ps(_mm512_loadu_ps(k + 16 * c)));
+        ksum = hsum256(fold512(a));
+    }
+    for (int64_t m = 0; m < nr; m++) {
+        float *Sm = S + m * 128;
+        __m512 x[8];
+        float u = 0.0f;
+        int skip = 0;
+        if (!tiny) {
+            _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++) x[c] = _mm512_mul_ps(_mm512_loadu_ps(Sm + 16 * c), dc);
+        } else {
+            __m512 mx = _mm512_setzero_ps();
+            __mmask16 bad = 0;
+            _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++) {
+                x[c] = mul_via_double(_mm512_loadu_ps(Sm + 16 * c), dcd);
+                mx = _mm512_max_ps(mx, _mm512_abs_ps(x[c]));
+                bad |= _mm512_fpclass_ps_mask(x[c], 0x99); /* QNaN, SNaN, +-Inf */
+            }
+            /* |computed S.k| <= sum|S_i k_i| (1 + 2^-24)^136 + 136 * 2^-150
+             * (each FMA/add rounds by a relative 2^-24, or by 2^-150 in the
+             * subnormal range) < 1.01 * max|S| * sum|k| + 2^-140; and
+             * |v_m| * 2^-26 <= ulp(v_m)/4 (subnormal v_m included). In
+             * double, so no bound itself underflows. */
+            const double bound = 1.01 * (double)_mm512_reduce_max_ps(mx) * (double)ksum + 0x1p-140;
+            skip = !bad && v[m] != 0.0f && bound < fabs((double)v[m]) * 0x1p-26;
+        }
+        if (!skip) u = dot8_regs(x, k);
+        const __m512 dm = _mm512_set1_ps((v[m] - u) * beta);
+        _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++) {
+            x[c] = _mm512_add_ps(x[c], _mm512_mul_ps(_mm512_loadu_ps(k + 16 * c), dm));
+            _mm512_storeu_ps(Sm + 16 * c, x[c]);
+        }
+        if (out) out[m] = dot8_regs(x, q);
+    }
+}
+
+/* Any d_k: the row in four passes (decay, dot, update, dot), masked tail. */
+static void gdn_row_any(float *Sm, const float *k, const float *q, int64_t dk, float decay,
+                        float vm, float beta, float *out) {
     const __m512 dc = _mm512_set1_ps(decay);
     int64_t i = 0;
     for (; i + 16 <= dk; i += 16) _mm512_storeu_ps(Sm + i, _mm512_mul_ps(_mm512_loadu_ps(Sm + i), dc));
@@ -230,6 +318,121 @@ static void gdn_row(float *Sm, const float *k, const float *q, int64_t dk, float
         *out = 0.0f;
         dot_f32_f32(dk, out, Sm, q);
     }
+}
+
+static void gdn_rows(float *S, int64_t nr, const float *k, const float *q, int64_t dk,
+                     float decay, const float *v, float beta, float *out) {
+    if (dk == 128) {
+        gdn_rows_128(S, nr, k, q, decay, v, beta, out);
+        return;
+    }
+    for (int64_t m = 0; m < nr; m++)
+        gdn_row_any(S + m * dk, k, q, dk, decay, v[m], beta, out ? out + m : NULL);
+}
+
+/* -------------------------------------------------------------- SiLU -- */
+/* quants.h silu_mul: x / (1 + expf(-x)) with glibc's expf computed 8 lanes
+ * at a time, bit for bit. x86-64 glibc runs __expf_fma on every CPU with
+ * FMA (all AVX-512 ones): sysdeps/ieee754/flt-32/e_expf.c (after ARM's
+ * optimized-routines) built with FMA contraction. In double: k = round(x *
+ * 32/ln2) by the 1.5 * 2^52 shift, r = x * 32/ln2 - k (one FMA), 2^(k/32)
+ * = T[k % 32] with k/32 added to the exponent, and e^x = 2^(k/32) * (1 +
+ * C2 r + (C1 + C0 r) r^2), the three polynomial steps FMAs as glibc's
+ * build has them, then one rounding to float. The constants are glibc's
+ * __exp2f_data (e_exp2f_data.c: EXP2F_TABLE_BITS 5, the _scaled
+ * polynomial). |x| >= 85 (glibc's special-case test, top12(x) > 0x42a)
+ * and NaN go lane by lane to libm expf itself. The add and the divide are
+ * the C formula's float operations, so the values are forward/norm.c
+ * ds4_silu's. Because this leans on one libm's algorithm, the set installs
+ * it only after checking it against this process's expf (expf_vec_matches
+ * below); a libm that computes otherwise keeps the scalar loop. */
+static const uint64_t expf_tab[32] = {
+    0x3ff0000000000000, 0x3fefd9b0d3158574, 0x3fefb5586cf9890f, 0x3fef9301d0125b51,
+    0x3fef72b83c7d517b, 0x3fef54873168b9aa, 0x3fef387a6e756238, 0x3fef1e9df51fdee1,
+    0x3fef06fe0a31b715, 0x3feef1a7373aa9cb, 0x3feedea64c123422, 0x3feece086061892d,
+    0x3feebfdad5362a27, 0x3feeb42b569d4f82, 0x3feeab07dd485429, 0x3feea47eb03a5585,
+    0x3feea09e667f3bcd, 0x3fee9f75e8ec5f74, 0x3feea11473eb0187, 0x3feea589994cce13,
+    0x3feeace5422aa0db, 0x3feeb737b0cdc5e5, 0x3feec49182a3f090, 0x3feed503b23e255d,
+    0x3feee89f995ad3ad, 0x3feeff76f2fb5e47, 0x3fef199bdd85529c, 0x3fef3720dcef9069,
+    0x3fef5818dcfba487, 0x3fef7c97337b9b5f, 0x3fefa4afa2a490da, 0x3fefd0765b6e4540};
+
+static inline __m512d pd_bits(uint64_t b) { return _mm512_castsi512_pd(_mm512_set1_epi64((long long)b)); }
+
+/* expf of 8 floats in the normal range (|x| < 85), as double, not yet rounded. */
+static inline __m512d expf_core8(__m256 x) {
+    const __m512d xd = _mm512_cvtps_pd(x);
+    const __m512d inv = pd_bits(0x40471547652b82feull), shift = pd_bits(0x4338000000000000ull);
+    const __m512d z = _mm512_fmadd_pd(inv, xd, shift);
+    const __m512i ki = _mm512_castpd_si512(z);
+    const __m512d kd = _mm512_sub_pd(z, shift);
+    const __m512d r = _mm512_fmsub_pd(inv, xd, kd);
+    /* T[ki % 32]: two 16-entry lookups on bits 0..3, bit 4 picks one */
+    const __m512i t0 = _mm512_loadu_si512(expf_tab), t1 = _mm512_loadu_si512(expf_tab + 8);
+    const __m512i t2 = _mm512_loadu_si512(expf_tab + 16), t3 = _mm512_loadu_si512(expf_tab + 24);
+    const __m512i lo = _mm512_permutex2var_epi64(t0, ki, t1), hi = _mm512_permutex2var_epi64(t2, ki, t3);
+    const __mmask8 upper = _mm512_test_epi64_mask(ki, _mm512_set1_epi64(16));
+    const __m512i t = _mm512_add_epi64(_mm512_mask_blend_epi64(upper, lo, hi), _mm512_slli_epi64(ki, 47));
+    const __m512d c0 = pd_bits(0x3ebc6af84b912394ull), c1 = pd_bits(0x3f2ebfce50fac4f3ull);
+    const __m512d c2 = pd_bits(0x3f962e42ff0c52d6ull);
+    const __m512d p = _mm512_fmadd_pd(c0, r, c1);
+    const __m512d r2 = _mm512_mul_pd(r, r);
+    const __m512d y = _mm512_fmadd_pd(p, r2, _mm512_fmadd_pd(r, c2, _mm512_set1_pd(1.0)));
+    return _mm512_mul_pd(y, _mm512_castsi512_pd(t));
+}
+
+/* expf of 16 floats; lanes glibc treats specially (top12 > 0x42a: |x| >=
+ * 85, Inf, NaN) through libm. */
+static inline __m512 expf16(__m512 x) {
+    const __m512i top = _mm512_and_si512(_mm512_srli_epi32(_mm512_castps_si512(x), 20),
+                                         _mm512_set1_epi32(0x7ff));
+    const __mmask16 special = _mm512_cmpgt_epi32_mask(top, _mm512_set1_epi32(0x42a));
+    const __m256 lo = _mm512_cvtpd_ps(expf_core8(_mm512_castps512_ps256(x)));
+    const __m256 hi = _mm512_cvtpd_ps(expf_core8(_mm512_extractf32x8_ps(x, 1)));
+    __m512 e = _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+    if (special) {
+        float xs[16], es[16];
+        _mm512_storeu_ps(xs, x);
+        _mm512_storeu_ps(es, e);
+        for (int l = 0; l < 16; l++)
+            if (special & (1u << l)) es[l] = expf(xs[l]);
+        e = _mm512_loadu_ps(es);
+    }
+    return e;
+}
+
+static void silu_mul(float *y, const float *x, const float *m, int64_t n) {
+    int64_t i = 0;
+    const __m512 sign = _mm512_set1_ps(-0.0f);
+    for (; i + 16 <= n; i += 16) {
+        const __m512 v = _mm512_loadu_ps(x + i);
+        const __m512 e = expf16(_mm512_xor_ps(v, sign)); /* expf(-x) */
+        __m512 s = _mm512_div_ps(v, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+        if (m) s = _mm512_mul_ps(s, _mm512_loadu_ps(m + i));
+        _mm512_storeu_ps(y + i, s);
+    }
+    for (; i < n; i++) {
+        const float s = x[i] / (1.0f + expf(-x[i]));
+        y[i] = m ? s * m[i] : s;
+    }
+}
+
+/* expf16 == this process's expf on probes over the normal range (every
+ * table index and both signs of r, steps of 2^-7 through [-85, 85]) and
+ * the special-case edges; a libm other than the one expf16 mirrors fails
+ * it at once (a different algorithm misses on a large share of inputs). */
+static int expf_vec_matches(void) {
+    float xs[16];
+    int l = 0;
+    for (float a = -85.0f; a <= 85.0f; a += 0x1p-7f) {
+        xs[l++] = a;
+        if (l < 16) continue;
+        float es[16];
+        _mm512_storeu_ps(es, expf16(_mm512_loadu_ps(xs)));
+        for (int j = 0; j < 16; j++)
+            if (ds4_bits_from_f32(es[j]) != ds4_bits_from_f32(expf(xs[j]))) return 0;
+        l = 0;
+    }
+    return 1;
 }
 
 /* ---------------------------------------------- 32-wide blocks x Q8_x -- */
@@ -690,7 +893,8 @@ int ds4_kernels_init_avx512(ds4_kernel_set *k) {
     k->vec_dot[DS4_TYPE_IQ4_XS] = dot_iq4_xs;
     k->vec_dot[DS4_TYPE_Q4_64A] = dot_q4_64a;
     k->vec_dot[DS4_TYPE_Q2_64A] = dot_q2_64a;
-    k->gdn_row = gdn_row;
+    k->gdn_rows = gdn_rows;
+    if (expf_vec_matches()) k->silu_mul = silu_mul;
     k->f16_acc_row = f16_acc_row;
     k->dot_rows[DS4_TYPE_Q8_0] = dot_rows_q8_0;
     k->pack_rows[DS4_TYPE_Q8_0] = pack_q8x;

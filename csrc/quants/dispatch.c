@@ -16,8 +16,8 @@ static pthread_once_t g_once = PTHREAD_ONCE_INIT;
  * replaced vec_dot but not dot_rows. */
 static void drop_stale_rows(ds4_kernel_set *k, const ds4_kernel_set *parent) {
     if (k->vec_dot_f32[DS4_TYPE_F32] != parent->vec_dot_f32[DS4_TYPE_F32] &&
-        k->gdn_row == parent->gdn_row)
-        k->gdn_row = NULL; /* it mirrors the parent's float dot */
+        k->gdn_rows == parent->gdn_rows)
+        k->gdn_rows = NULL; /* it mirrors the parent's float dot */
     for (int t = 0; t < DS4_TYPE_COUNT; t++)
         if (k->vec_dot[t] != parent->vec_dot[t] && k->dot_rows[t] == parent->dot_rows[t]) {
             k->dot_rows[t] = NULL;

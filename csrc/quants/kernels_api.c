@@ -5,6 +5,7 @@
 #include "quants.h"
 #include "../error.h"
 
+#include <math.h>
 #include <stdlib.h>
 
 static int check_type(int type, ds4_error *err) {
@@ -169,5 +170,57 @@ int ds4_matmul_rows(int isa, int type, const void *w, size_t w_row_bytes, int64_
         for (int64_t r = 0; r < nr; r++) out[r * n_out + o] = s[r];
     }
     free(ptr); free(s); free(packed);
+    return ds4_ok(err);
+}
+
+/* The portable loop of forward/gdn.c delta_row (the reference the
+ * kernels mirror), written out here so a test can hold them side by side. */
+int ds4_gdn_rows(int isa, int kernel, float *S, int64_t nr, const float *k, const float *q,
+                 int64_t dk, float decay, const float *v, float beta, float *out,
+                 ds4_error *err) {
+    const ds4_kernel_set *ks;
+    int rc;
+    if ((rc = get_set(isa, &ks, err))) return rc;
+    if (nr < 0 || dk <= 0)
+        return ds4_fail(err, DS4_ERR_ARG, "bad GDN shape (%lld rows of %lld)", (long long)nr,
+                        (long long)dk);
+    if (kernel) {
+        if (!ks->gdn_rows)
+            return ds4_fail(err, DS4_ERR_UNSUPPORTED, "ISA %s has no GDN rows kernel",
+                            ds4_isa_name(isa));
+        ks->gdn_rows(S, nr, k, q, dk, decay, v, beta, out);
+        return ds4_ok(err);
+    }
+    const ds4_vec_dot_fn dot = ks->vec_dot_f32[DS4_TYPE_F32];
+    for (int64_t m = 0; m < nr; m++) {
+        float *Sm = S + m * dk;
+        for (int64_t i = 0; i < dk; i++) Sm[i] *= decay;
+        float u = 0.0f;
+        dot(dk, &u, Sm, k);
+        const float dm = (v[m] - u) * beta;
+        for (int64_t i = 0; i < dk; i++) Sm[i] += k[i] * dm;
+        if (out) {
+            out[m] = 0.0f;
+            dot(dk, &out[m], Sm, q);
+        }
+    }
+    return ds4_ok(err);
+}
+
+int ds4_silu_row(int isa, float *y, const float *x, const float *m, int64_t n,
+                 int *vectorised, ds4_error *err) {
+    const ds4_kernel_set *ks;
+    int rc;
+    if ((rc = get_set(isa, &ks, err))) return rc;
+    if (n < 0) return ds4_fail(err, DS4_ERR_ARG, "negative row length %lld", (long long)n);
+    *vectorised = ks->silu_mul != NULL;
+    if (ks->silu_mul) {
+        ks->silu_mul(y, x, m, n);
+        return ds4_ok(err);
+    }
+    for (int64_t i = 0; i < n; i++) {
+        const float s = x[i] / (1.0f + expf(-x[i]));
+        y[i] = m ? s * m[i] : s;
+    }
     return ds4_ok(err);
 }

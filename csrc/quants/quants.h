@@ -120,12 +120,19 @@ typedef struct {
     ds4_dot_rows_fn dot_rows[DS4_TYPE_COUNT];
     ds4_pack_rows_fn pack_rows[DS4_TYPE_COUNT];
     const char *dot_rows_name[DS4_TYPE_COUNT];
-    /* Optional: one row of a GDN state update (forward/gdn.c delta_row):
-     * Sm *= decay; u = dot(Sm, k); d = (vm - u)*beta; Sm += k*d (multiply,
-     * then add: no FMA); then, if out, *out = dot(Sm, q); both dots this
-     * set's vec_dot_f32[F32]. NULL: gdn.c's portable loop does the same. */
-    void (*gdn_row)(float *Sm, const float *k, const float *q, int64_t dk, float decay,
-                    float vm, float beta, float *out);
+    /* Optional: rows [0, nr) of a GDN head's state for one token, row m at
+     * S + m*dk (forward/gdn.c delta_row): Sm *= decay; u = dot(Sm, k);
+     * d = (v[m] - u)*beta; Sm += k*d (multiply, then add: no FMA); then, if
+     * out, out[m] = dot(Sm, q); both dots this set's vec_dot_f32[F32]. Each
+     * row's values are those of that per-row loop, whatever nr is. NULL:
+     * gdn.c's portable loop does the same. */
+    void (*gdn_rows)(float *S, int64_t nr, const float *k, const float *q, int64_t dk,
+                     float decay, const float *v, float beta, float *out);
+    /* Optional: y[i] = x[i] / (1 + expf(-x[i])) * m[i] (m NULL: no
+     * multiply) for i < n, bit for bit forward/norm.c ds4_silu with this
+     * process's libm expf (the set's file says how it makes sure). NULL:
+     * the forward's scalar loop. */
+    void (*silu_mul)(float *y, const float *x, const float *m, int64_t n);
     /* Optional: a[d] = f32(f16(a[d] + f32(v[d]) * vs)) for d < n, v F16 (the
      * F16-accumulated attention step, forward/attention.c block_partial_f16):
      * multiply, then add, then round to F16 nearest-even and widen back,
