@@ -591,8 +591,11 @@ int ds4_dflash_propose_n(ds4_dflash_ctx *c, int32_t anchor, int64_t pos, int64_t
             ds4_rmsnorm(c->h + r * E, L->ffn_norm, c->a + r * E, E, cf->rms_eps);
         mm(c, L->gate, E, cf->n_ff, c->a, c->g, cf->n_ff, B);
         mm(c, L->up, E, cf->n_ff, c->a, c->u, cf->n_ff, B);
-        for (int64_t i = 0; i < B * cf->n_ff; i++)
-            c->g[i] = ds4_silu(c->g[i]) * c->u[i];
+        if (c->k->silu_mul) /* the same bits as the loop (quants.h silu_mul) */
+            c->k->silu_mul(c->g, c->g, c->u, B * cf->n_ff);
+        else
+            for (int64_t i = 0; i < B * cf->n_ff; i++)
+                c->g[i] = ds4_silu(c->g[i]) * c->u[i];
         mm(c, L->down, cf->n_ff, E, c->g, c->t, E, B);
         for (int64_t i = 0; i < B * E; i++)
             c->h[i] += c->t[i];

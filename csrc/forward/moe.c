@@ -156,9 +156,16 @@ void ds4_ffn_moe(ds4_fwd *f, const ds4_layer *L, int64_t n) {
     }
     ds4_matmul(f, jobs, nj);
 
-    for (int64_t i = 0; i < n * k * Fe; i++) w.g[i] = ds4_silu(w.g[i]) * w.u[i];
-    if (shared)
-        for (int64_t i = 0; i < n * Fs; i++) w.sg[i] = ds4_silu(w.sg[i]) * w.su[i];
+    /* SwiGLU: the set's vectorised SiLU where it has one, the same bits as
+     * the loops (quants.h silu_mul; ffn.c) */
+    if (f->k->silu_mul) {
+        f->k->silu_mul(w.g, w.g, w.u, n * k * Fe);
+        if (shared) f->k->silu_mul(w.sg, w.sg, w.su, n * Fs);
+    } else {
+        for (int64_t i = 0; i < n * k * Fe; i++) w.g[i] = ds4_silu(w.g[i]) * w.u[i];
+        if (shared)
+            for (int64_t i = 0; i < n * Fs; i++) w.sg[i] = ds4_silu(w.sg[i]) * w.su[i];
+    }
 
     nj = 0;
     for (int64_t e = 0; e < ne; e++) {
