@@ -219,11 +219,15 @@ def test_regime_change_resumes_drafting():
     pol = AdaptivePolicy(cost=ds4_cost)
     rounds, _ = simulate(pol, lambda r, k: 0 if r < U else k, 3000)
     first = rounds[:U]
-    # phase 1 latches: after the first few rounds only probes draft
+    # phase 1 latches: after the first few rounds drafting is rare -- the
+    # depth-1 probes, and (the discounted estimate relaxing back above
+    # ds4's break-even, at most once per ~100 rounds after failures:
+    # PATIENCE_CAP) a cost-model round now and then
     warm = next(i for i, (k, _) in enumerate(first) if k == 0)
     assert warm <= 10
     probes_before = [i for i, (k, _) in enumerate(first) if k and i > warm]
-    assert all(first[i][0] == 1 for i in probes_before) and len(probes_before) >= 4
+    assert 4 <= len(probes_before) <= 12, probes_before
+    assert sum(k for k, _ in first[warm:]) <= 16
     interval = min(4 * 2 ** len(probes_before), 256)
     bound = sum(min(interval * 2 ** i, 256) + 1 for i in range(4)) + 1
     # resumed: the first round after the switch that is not a depth-1 probe,
@@ -235,8 +239,10 @@ def test_regime_change_resumes_drafting():
     # and then it keeps drafting, deeper than a probe
     tail = later[resumed:resumed + 50]
     assert all(k > 0 for k, _ in tail) and max(k for k, _ in tail) >= 3
-    # without probes the same schedule never drafts again (the test can fail)
-    pol0 = AdaptivePolicy(cost=ds4_cost, probe_interval=0)
+    # without probes, and with the earlier estimator (which keeps phase 1's
+    # failures: no relaxation either), the same schedule never drafts again
+    # (the test can fail)
+    pol0 = AdaptivePolicy(cost=ds4_cost, probe_interval=0, discount=None)
     rounds0, _ = simulate(pol0, lambda r, k: 0 if r < U else k, 3000)
     assert all(k == 0 for k, _ in rounds0[U:])
 
@@ -478,11 +484,11 @@ def bernoulli(p: float, seed: int):
 
 
 def test_running_mean_start_then_ema():
-    """The starting estimate weighs prior_weight (2) observations: the first
-    observations of drafting rounds move p by 1/3, 1/4, ... 1/(2+n+1) until
-    that is below steady_alpha (0.05, from n = 18 on); a probe's by at least
-    alpha (0.25)."""
-    pol = AdaptivePolicy(cost=ds4_cost)
+    """The earlier estimator (discount=None): the starting estimate weighs
+    prior_weight (2) observations: the first observations of drafting rounds
+    move p by 1/3, 1/4, ... 1/(2+n+1) until that is below steady_alpha
+    (0.05, from n = 18 on); a probe's by at least alpha (0.25)."""
+    pol = AdaptivePolicy(cost=ds4_cost, discount=None)
     p = pol.p[0]
     for n in range(22):
         pol.observe(1, 1)
@@ -494,7 +500,7 @@ def test_running_mean_start_then_ema():
     pol.observe(2, 1)
     assert pol.p[1] == pytest.approx(q * (1 - 1 / 3), rel=1e-12)
     # a probe (the cost model says 0, probes after 4 idle rounds)
-    pol = AdaptivePolicy(cost=never, burst=0)
+    pol = AdaptivePolicy(cost=never, burst=0, discount=None)
     for _ in range(5):
         k = pol.choose(7)
     assert k == 1 and pol.last_was_probe
@@ -691,3 +697,122 @@ def test_explores_the_next_width_until_it_is_measured():
     assert later.count(0) <= 4 and later.count(2) >= len(later) - 12
     pol0 = AdaptivePolicy(burst=0, max_depth=3, explore=0, costs=pol.costs)
     assert pol0.explore == 0
+
+
+# ------------------------------------------------ discounted estimator --
+
+
+def test_discounted_mean_hand_values():
+    """The default estimator: p = (S + 2 start) / (W + 2), S and W the
+    discounted sums of observations and weights; every round multiplies
+    both by 0.85 ** (1 / patience); a round failing at its first draft
+    doubles the patience (cap 16), one accepting a draft resets it to 1.
+    The values are written out from that formula."""
+    pol = AdaptivePolicy(cost=never, burst=0, probe_interval=0)
+    s0 = pol.p[0]
+    assert s0 == pytest.approx(0.85 * 0.98, rel=1e-12)
+
+    def p_of(S, W):
+        return (S + 2 * s0) / (W + 2)
+    pol.choose(7)                       # a round passes: nothing observed yet, no change
+    assert pol.p[0] == s0
+    pol.observe(1, 1)                   # S = 1, W = 1
+    assert pol.p[0] == pytest.approx(p_of(1, 1), rel=1e-12)
+    pol.choose(7)                       # one round: x 0.85
+    assert pol.p[0] == pytest.approx(p_of(0.85, 0.85), rel=1e-12)
+    pol.observe(1, 0)                   # a failure: S = 0.85, W = 1.85; patience 2
+    assert pol.p[0] == pytest.approx(p_of(0.85, 1.85), rel=1e-12)
+    assert pol.patience == 2
+    pol.choose(7)                       # x 0.85 ** (1/2)
+    g = 0.85 ** 0.5
+    assert pol.p[0] == pytest.approx(p_of(0.85 * g, 1.85 * g), rel=1e-12)
+    pol.pass_quiet(0)
+    for _ in range(5):                  # four more failures: patience 4, 8, 16, 16
+        pol.observe(1, 0)
+    assert pol.patience == 16
+    pol.observe(2, 1)                   # a draft accepted: patience back to 1
+    assert pol.patience == 1
+    # positions never observed do not move
+    assert pol.p[3] == pytest.approx(0.85 * 0.98 ** 4, rel=1e-12)
+    with pytest.raises(ValueError):
+        AdaptivePolicy(discount=1.0)
+    with pytest.raises(ValueError):
+        AdaptivePolicy(prior_weight=0)
+
+
+def test_pass_quiet_ages_like_the_rounds_it_replaces():
+    """n quiet rounds reported at once age the estimate as n choose()
+    calls would (the runner's fast path must not change the policy)."""
+    a = AdaptivePolicy(cost=never, burst=0)
+    b = AdaptivePolicy(cost=never, burst=0)
+    for pol in (a, b):
+        pol.choose(7)
+        pol.observe(2, 1)
+        pol.observe(1, 0)
+    for _ in range(3):
+        assert a.choose(7) == 0
+    assert b.choose(7) == 0 and b.quiet >= 2
+    b.pass_quiet(2)
+    assert a.p == pytest.approx(b.p, rel=1e-12) and a.weight == pytest.approx(b.weight)
+
+
+# Measured costs of the demo model on the 2-core CPU, in plain steps (the
+# policy's own estimates in `python bench/bench_spec.py --reps 3`, quiet
+# machine, this session's notes): verify of w rows, a draft step, a round's
+# overhead. Widths in between are interpolated.
+DEMO_VERIFY = {1: 1.0, 2: 1.47, 3: 1.91, 4: 2.38, 5: 2.8, 9: 3.88, 16: 5.9}
+
+
+def demo_trace_cost(d: int) -> float:
+    if d == 0:
+        return 1.0
+    w = d + 1
+    ks = sorted(DEMO_VERIFY)
+    lo = max(k for k in ks if k <= w)
+    hi = min(k for k in ks if k >= w)
+    v = DEMO_VERIFY[lo] if hi == lo else \
+        DEMO_VERIFY[lo] + (DEMO_VERIFY[hi] - DEMO_VERIFY[lo]) * (w - lo) / (hi - lo)
+    return v + 0.18 * d + 0.11
+
+
+def replay(policy, L, cost=demo_trace_cost) -> float:
+    """Tokens per plain step of a generation whose position i accepts L[i]
+    drafts (the first token comes from the prompt's pass)."""
+    n = len(L) + 1
+    t, i, made = 0.0, 0, 1
+    while made < n:
+        cap = min(n - made - 1, 15)
+        k = min(policy.choose(cap), cap) if cap > 0 else 0
+        if k == 0:
+            t, i, made = t + cost(0), i + 1, made + 1
+            continue
+        m = min(L[i], k)
+        policy.observe(k, m)
+        t, i, made = t + cost(k), i + m + 1, made + m + 1
+    return made / t
+
+
+def test_trace_replay():
+    """The demo model's real acceptance traces (tests/golden/spec, made by
+    tests/reference/make_spec_traces.py: 21 generations, code / prose /
+    math / chat, bench and held-out prompts) replayed under the measured
+    CPU costs: the adaptive policy must match the best fixed depth on
+    average (it cannot know the text in advance; measured 1.118 vs the best
+    fixed depth's 1.110) and never fall below plain decoding on any
+    generation (measured worst 1.03; the 0.97 bound leaves room for a cost
+    table a few % off). The earlier estimator (discount=None) averages 1.05
+    and sits at depth 0 for all of the math prompt: the bound is not vacuous."""
+    import json
+    import os
+    path = os.path.join(os.path.dirname(__file__), "golden", "spec", "demo_traces.json")
+    traces = json.load(open(path))["traces"]
+    assert len(traces) == 21
+    fixed = {k: sum(replay(FixedPolicy(k), t["L"]) for t in traces) / len(traces)
+             for k in range(1, 6)}
+    best = max(fixed.values())
+    ours = [replay(AdaptivePolicy(cost=demo_trace_cost), t["L"]) for t in traces]
+    mean = sum(ours) / len(ours)
+    assert mean >= best - 0.005, (mean, fixed)
+    assert min(ours) >= 0.97, ours
+    old = [replay(AdaptivePolicy(cost=demo_trace_cost, discount=None), t["L"]) for t in traces]
+    assert sum(old) / len(old) < best - 0.03

@@ -501,7 +501,9 @@ def test_stop_round_does_not_update_acceptance():
     check(case, r, 40, eos={eos}, policy=pol, drafter=Oracle(r))
     want = AdaptivePolicy(cost=cheap)
     for d, a, s in rec.observed[:-1]:
+        want.choose(7)      # a round passes (the estimate ages per round)
         want.observe(d, a, s)
+    want.choose(7)
     want.observe(7, acc, True)
     assert pol.p == want.p
 

@@ -229,12 +229,14 @@ static void f16_acc_row(float *a, const uint16_t *v, float vs, int64_t n) {
  * Both are exact, so the threshold only decides speed, never a value. */
 #define GDN_TINY_DECAY 0x1p-64f
 
-/* dot_f32_f32 of 8 vectors (n = 128) in registers with y: accumulator c % 4
- * takes vector c, then ((a0+a1)+(a2+a3)), fold512, hsum256. */
-static inline __attribute__((always_inline)) float dot8_regs(const __m512 x[8], const float *y) {
+/* dot_f32_f32 of nv = 4 or 8 vectors (n = 64 or 128) in registers with y:
+ * accumulator c % 4 takes vector c, then ((a0+a1)+(a2+a3)), fold512,
+ * hsum256 -- FLOAT_DOT512's operations for those n, in its order. */
+static inline __attribute__((always_inline)) float dot_regs(const __m512 *x, const float *y,
+                                                           const int nv) {
     __m512 a[4];
     _Pragma("GCC unroll 8") for (int c = 0; c < 4; c++) a[c] = _mm512_fmadd_ps(x[c], _mm512_loadu_ps(y + 16 * c), _mm512_setzero_ps());
-    _Pragma("GCC unroll 8") for (int c = 4; c < 8; c++) a[c - 4] = _mm512_fmadd_ps(x[c], _mm512_loadu_ps(y + 16 * c), a[c - 4]);
+    _Pragma("GCC unroll 8") for (int c = 4; c < nv; c++) a[c - 4] = _mm512_fmadd_ps(x[c], _mm512_loadu_ps(y + 16 * c), a[c - 4]);
     return hsum256(fold512(_mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3]))));
 }
 
@@ -245,8 +247,11 @@ static inline __m512 mul_via_double(__m512 x, __m512d d) {
     return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
 }
 
-static void gdn_rows_128(float *S, int64_t nr, const float *k, const float *q, float decay,
-                         const float *v, float beta, float *out) {
+/* d_k = 16 * nv (nv = 4: d_k 64, small models and the demo; nv = 8: d_k
+ * 128, every Qwen3.5 size): the row lives in nv zmm registers. */
+static inline __attribute__((always_inline)) void gdn_rows_regs(
+    float *S, int64_t nr, const float *k, const float *q, float decay, const float *v,
+    float beta, float *out, const int nv) {
     const __m512 dc = _mm512_set1_ps(decay);
     /* 0 is no subnormal hazard (S*0 is a zero, no assist): the float path */
     const int tiny = decay < GDN_TINY_DECAY && decay != 0.0f;
@@ -257,20 +262,20 @@ static void gdn_rows_128(float *S, int64_t nr, const float *k, const float *q, f
     float ksum = 0.0f;
     if (tiny) {
         __m512 a = _mm512_setzero_ps();
-        _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++) a = _mm512_add_ps(a, _mm512_abs_ps(_mm512_loadu_ps(k + 16 * c)));
+        _Pragma("GCC unroll 8") for (int c = 0; c < nv; c++) a = _mm512_add_ps(a, _mm512_abs_ps(_mm512_loadu_ps(k + 16 * c)));
         ksum = hsum256(fold512(a));
     }
     for (int64_t m = 0; m < nr; m++) {
-        float *Sm = S + m * 128;
+        float *Sm = S + m * 16 * nv;
         __m512 x[8];
         float u = 0.0f;
         int skip = 0;
         if (!tiny) {
-            _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++) x[c] = _mm512_mul_ps(_mm512_loadu_ps(Sm + 16 * c), dc);
+            _Pragma("GCC unroll 8") for (int c = 0; c < nv; c++) x[c] = _mm512_mul_ps(_mm512_loadu_ps(Sm + 16 * c), dc);
         } else {
             __m512 mx = _mm512_setzero_ps();
             __mmask16 bad = 0;
-            _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++) {
+            _Pragma("GCC unroll 8") for (int c = 0; c < nv; c++) {
                 x[c] = mul_via_double(_mm512_loadu_ps(Sm + 16 * c), dcd);
                 mx = _mm512_max_ps(mx, _mm512_abs_ps(x[c]));
                 bad |= _mm512_fpclass_ps_mask(x[c], 0x99); /* QNaN, SNaN, +-Inf */
@@ -279,17 +284,18 @@ static void gdn_rows_128(float *S, int64_t nr, const float *k, const float *q, f
              * (each FMA/add rounds by a relative 2^-24, or by 2^-150 in the
              * subnormal range) < 1.01 * max|S| * sum|k| + 2^-140; and
              * |v_m| * 2^-26 <= ulp(v_m)/4 (subnormal v_m included). In
-             * double, so no bound itself underflows. */
+             * double, so no bound itself underflows. For d_k = 64 there are
+             * fewer terms: the same bound holds. */
             const double bound = 1.01 * (double)_mm512_reduce_max_ps(mx) * (double)ksum + 0x1p-140;
             skip = !bad && v[m] != 0.0f && bound < fabs((double)v[m]) * 0x1p-26;
         }
-        if (!skip) u = dot8_regs(x, k);
+        if (!skip) u = dot_regs(x, k, nv);
         const __m512 dm = _mm512_set1_ps((v[m] - u) * beta);
-        _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++) {
+        _Pragma("GCC unroll 8") for (int c = 0; c < nv; c++) {
             x[c] = _mm512_add_ps(x[c], _mm512_mul_ps(_mm512_loadu_ps(k + 16 * c), dm));
             _mm512_storeu_ps(Sm + 16 * c, x[c]);
         }
-        if (out) out[m] = dot8_regs(x, q);
+        if (out) out[m] = dot_regs(x, q, nv);
     }
 }
 
@@ -323,7 +329,11 @@ static void gdn_row_any(float *Sm, const float *k, const float *q, int64_t dk, f
 static void gdn_rows(float *S, int64_t nr, const float *k, const float *q, int64_t dk,
                      float decay, const float *v, float beta, float *out) {
     if (dk == 128) {
-        gdn_rows_128(S, nr, k, q, decay, v, beta, out);
+        gdn_rows_regs(S, nr, k, q, decay, v, beta, out, 8);
+        return;
+    }
+    if (dk == 64) {
+        gdn_rows_regs(S, nr, k, q, decay, v, beta, out, 4);
         return;
     }
     for (int64_t m = 0; m < nr; m++)
