@@ -18,7 +18,8 @@ Shapes (issue 18):
   moe        a Qwen3.5-35B-A3B-like MoE scaled to this machine: 20 layers,
              E 2048, H 16 / KV 2, head 256, Hk 16 / Hv 32, dk = dv = 128,
              64 experts top-8, expert FFN 512, shared expert 512, untied head;
-  dense08b_l6  the dense shape cut to 6 layers (a faster smoke run).
+  dense08b_l6  the dense shape cut to 6 layers (a faster smoke run);
+  dense08b_mtp the dense shape plus one random nextn (MTP) block (bench_spec).
 The vocabulary is synthetic (token strings "<t…>", no merges): the benchmark
 feeds token ids, never text.
 """
@@ -65,11 +66,16 @@ class Shape:
     tied: bool = True
     attn_interval: int = 4
     n_rot: int = 64      # partial rotary 0.25 of head 256
+    n_nextn: int = 0     # nextn (MTP) blocks after the trunk: 0 or 1 (bench_spec's drafter)
 
 
 SHAPES = {
     "dense08b": Shape("qwen35", 24, 1024, 8, 2, 256, 16, 16, 128, n_ff=3584),
     "dense08b_l6": Shape("qwen35", 6, 1024, 8, 2, 256, 16, 16, 128, n_ff=3584),
+    # the 0.8B shape with one random nextn head (bench/bench_spec.py: a random
+    # head drafts noise, so this measures verify widths and what the policy
+    # costs where drafting never pays, on a memory-bound model)
+    "dense08b_mtp": Shape("qwen35", 24, 1024, 8, 2, 256, 16, 16, 128, n_ff=3584, n_nextn=1),
     # Qwen3.5-27B-like (issue 19's H200 bench; too big to make on a CI-class
     # machine): 64 layers, E 5120, H 24 / KV 4, head 256, Hk 16 / Hv 48, FFN 17408
     "dense27b": Shape("qwen35", 64, 5120, 24, 4, 256, 16, 48, 128, n_ff=17408),
@@ -127,6 +133,21 @@ def tensors(s: Shape) -> list[tuple[str, tuple[int, ...]]]:
         else:
             out += [(b + "ffn_gate.weight", (E, s.n_ff)), (b + "ffn_up.weight", (E, s.n_ff)),
                     (b + "ffn_down.weight", (s.n_ff, E))]
+    for il in range(s.n_layer, s.n_layer + s.n_nextn):
+        # the nextn block: a full-attention dense block after the trunk plus
+        # its input projection and norms (the converter's names)
+        b = f"blk.{il}."
+        out += [(b + "nextn.eh_proj.weight", (2 * E, E)), (b + "nextn.enorm.weight", (E,)),
+                (b + "nextn.hnorm.weight", (E,)), (b + "nextn.shared_head_norm.weight", (E,)),
+                (b + "attn_norm.weight", (E,)), (b + "post_attention_norm.weight", (E,)),
+                (b + "attn_q.weight", (E, 2 * s.n_head * s.head_dim)),
+                (b + "attn_k.weight", (E, s.n_head_kv * s.head_dim)),
+                (b + "attn_v.weight", (E, s.n_head_kv * s.head_dim)),
+                (b + "attn_output.weight", (s.n_head * s.head_dim, E)),
+                (b + "attn_q_norm.weight", (s.head_dim,)),
+                (b + "attn_k_norm.weight", (s.head_dim,)),
+                (b + "ffn_gate.weight", (E, s.n_ff)), (b + "ffn_up.weight", (E, s.n_ff)),
+                (b + "ffn_down.weight", (s.n_ff, E))]
     return out
 
 
@@ -134,7 +155,7 @@ def metadata(s: Shape, quant: str) -> dict:
     a = s.arch
     md = {
         "general.architecture": a, "general.type": "model", "general.name": "ds4py-bench",
-        f"{a}.block_count": s.n_layer, f"{a}.context_length": 262144,
+        f"{a}.block_count": s.n_layer + s.n_nextn, f"{a}.context_length": 262144,
         f"{a}.embedding_length": s.n_embd, f"{a}.attention.head_count": s.n_head,
         f"{a}.attention.head_count_kv": s.n_head_kv,
         f"{a}.rope.dimension_sections": [11, 11, 10, 0],  # Qwen3.5's mrope_section
@@ -155,6 +176,12 @@ def metadata(s: Shape, quant: str) -> dict:
         "tokenizer.ggml.padding_token_id": s.n_vocab - 2,
         "tokenizer.ggml.add_bos_token": False,
     }
+    if s.n_nextn:
+        # the layer kinds spelled out: the interval rule alone would make the
+        # nextn block (index n_layer) a GDN layer
+        md[f"{a}.nextn_predict_layers"] = s.n_nextn
+        md[f"{a}.attention.recurrent_layers"] = (
+            [not _is_attn(s, il) for il in range(s.n_layer)] + [False] * s.n_nextn)
     if a == "qwen35moe":
         md |= {f"{a}.expert_count": s.n_expert, f"{a}.expert_used_count": s.n_expert_used,
                f"{a}.expert_feed_forward_length": s.n_ff_exp,
@@ -179,7 +206,10 @@ def plan_types(s: Shape, quant: str) -> dict[str, str]:
 
 def model_path(name: str, quant: str) -> str:
     s = SHAPES[name]
-    key = json.dumps([GENERATOR_VERSION, dataclasses.asdict(s), quant]).encode()
+    shape = dataclasses.asdict(s)
+    if not s.n_nextn:   # added later: files without a head keep their names
+        del shape["n_nextn"]
+    key = json.dumps([GENERATOR_VERSION, shape, quant]).encode()
     tag = hashlib.sha256(key).hexdigest()[:10]
     return os.path.join(cache_dir(), f"{name}-{quant.lower()}-{tag}.gguf")
 
@@ -209,6 +239,8 @@ def write_model(s: Shape, quant: str, path: str) -> None:
                 w.add_metadata(k, v, type="UINT32")
             elif isinstance(v, float):
                 w.add_metadata(k, v, type="FLOAT32")
+            elif v and isinstance(v[0], bool):
+                w.add_metadata(k, v, type="ARRAY", element_type="BOOL")
             elif v and isinstance(v[0], int):
                 w.add_metadata(k, v, type="ARRAY", element_type="INT32")
             else:

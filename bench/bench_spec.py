@@ -34,6 +34,17 @@ MTP head). ``make bench-spec`` runs this.
    step, round overhead, in plain steps) and the acceptance per draft
    position at depth 4 -- the breakdown of what limits the speed-up.
 
+A model without a usable text tokenizer (the random bench models,
+bench/bench_models.py ``dense08b_mtp``: synthetic vocabulary, one random
+nextn head) runs one "random-ids" workload instead: two prompts of 64 seeded
+random token ids, through ds4py.spec.speculative_generate (the generate
+loop's rounds without text handling): serial = FixedPolicy(0), adaptive =
+AdaptivePolicy(), depth K = FixedPolicy(K). A random head's drafts are
+noise, so this shows what verify widths cost on a memory-bound model and
+what the adaptive policy costs where drafting never pays.
+
+    python bench/bench_spec.py -m $(python bench/bench_models.py dense08b_mtp-Q4_K_M)
+
 Not a test: numbers depend on the machine and its load.
 """
 
@@ -83,6 +94,52 @@ def verify_throughput(model, prompt, ref, widths=WIDTHS, reps=3) -> dict:
                 if rep:
                     out[w].append((i - 1) / t)
     return out
+
+
+def ids_workload(model, n_prompts: int = 2, length: int = 64) -> list[list[int]]:
+    """Seeded random prompts (token ids) for a model without a text tokenizer."""
+    import numpy as np
+    rng = np.random.default_rng(1234)
+    return [rng.integers(0, model.config.vocab_size - 2, length).tolist()
+            for _ in range(n_prompts)]
+
+
+def run_ids_workload(model, prompts, n, reps) -> dict:
+    """run_workload's figures for id prompts, through speculative_generate."""
+    from ds4py.spec import AdaptivePolicy, FixedPolicy, speculative_generate
+    policies = [("serial", lambda: FixedPolicy(0)), ("adaptive", AdaptivePolicy)] + \
+        [(f"depth {k}", lambda k=k: FixedPolicy(k)) for k in (1, 2, 3, 4)]
+    refs: dict = {}
+    res: dict = {name: {"tps": [], "cpu_ms": [], "last": None} for name, _ in policies}
+    for rep in range(reps + 1):
+        order = policies if rep % 2 == 0 else policies[::-1]
+        for name, make in order:
+            toks = secs = cpu = 0.0
+            drafted = accepted = 0
+            depth_counts: dict = {}
+            for i, ids in enumerate(prompts):
+                c0 = time.process_time()
+                out, st = speculative_generate(model, ids, n, policy=make())
+                cpu += time.process_time() - c0
+                if name == "serial":
+                    refs.setdefault(i, out)
+                elif i in refs and out != refs[i]:
+                    raise SystemExit(f"{name}: output differs from serial on prompt {i}")
+                toks += len(out) - 1     # the first token comes from the prompt's pass
+                secs += st["decode_s"]
+                drafted += st.get("drafted", 0)
+                accepted += st.get("accepted", 0)
+                for k, v in (st.get("depth_counts") or {}).items():
+                    depth_counts[k] = depth_counts.get(k, 0) + v
+            if rep:
+                r = res[name]
+                r["tps"].append(toks / secs if secs else 0.0)
+                r["cpu_ms"].append(1e3 * cpu / toks if toks else 0.0)
+                r["last"] = {"acceptance": accepted / drafted if drafted else None,
+                             "mean_accepted_length": None,
+                             "depth_counts": dict(sorted(depth_counts.items())),
+                             "policy": None}
+    return res
 
 
 def modes() -> list[tuple[str, dict]]:
@@ -156,9 +213,19 @@ def main() -> None:
     report: dict = {"model": name, "threads": args.threads, "tokens": args.tokens,
                     "reps": args.reps, "verify": {}, "workloads": {}}
 
-    code = model.tokenizer.encode(WORKLOADS["code"][0][0])
-    ref = ds4py.generate(model, code, max_tokens=max(args.tokens, 64), temperature=0,
-                         draft=False).tokens
+    try:
+        code = model.tokenizer.encode(WORKLOADS["code"][0][0])
+        id_prompts = None
+    except ds4py.TokenizerError as e:
+        print(f"no text tokenizer ({e}): the random-ids workload")
+        id_prompts = ids_workload(model)
+        code = id_prompts[0]
+    if id_prompts is None:
+        ref = ds4py.generate(model, code, max_tokens=max(args.tokens, 64), temperature=0,
+                             draft=False).tokens
+    else:
+        from ds4py.spec import FixedPolicy, speculative_generate
+        ref, _ = speculative_generate(model, code, max(args.tokens, 64), policy=FixedPolicy(0))
     vt = verify_throughput(model, code, ref, reps=args.reps)
     print("\noracle-fed verify throughput (verified tok/s, draft cost excluded; "
           "min / median / max)")
@@ -170,10 +237,15 @@ def main() -> None:
               f"vs width 1   verify({w}) = {w * base_v / med:.2f} width-1 steps")
         report["verify"][w] = {"min": min(v), "median": med, "max": max(v)}
 
-    for wl in args.workload or list(WORKLOADS):
-        res = run_workload(model, WORKLOADS[wl], args.tokens, args.reps)
+    names = ["random-ids"] if id_prompts is not None else (args.workload or list(WORKLOADS))
+    for wl in names:
+        if id_prompts is not None:
+            res = run_ids_workload(model, id_prompts, args.tokens, args.reps)
+        else:
+            res = run_workload(model, WORKLOADS[wl], args.tokens, args.reps)
         base = statistics.median(res["serial"]["tps"])
-        print(f"\n{wl}: {len(WORKLOADS[wl])} prompt(s)")
+        n_prompts = len(id_prompts) if id_prompts is not None else len(WORKLOADS[wl])
+        print(f"\n{wl}: {n_prompts} prompt(s)")
         print(f"  {'mode':<9} {'tok/s min':>9} {'median':>8} {'max':>8} {'x serial':>8} "
               f"{'cpu ms/t':>8} {'accept':>7} {'len':>5}  depths (last rep)")
         report["workloads"][wl] = {}
