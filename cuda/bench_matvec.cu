@@ -1,13 +1,20 @@
 // bench_matvec.cu — microbenchmark of the shared matvec kernels on the GPU
 // (make cuda-bench; gpu/tools/device_check.sh runs it on the H200).
 //
-//   bench_matvec [n_in n_out]        default 5120 17408 (a 27B-like FFN)
+//   bench_matvec                 every shape of issue 19's matvec goal:
+//                                5120x17408, 17408x5120, 5120x6144 (27B-like),
+//                                1024x3584, 3584x1024 (0.8B-like), n_in x n_out
+//   bench_matvec n_in n_out      that shape only
 //
-// Times k_matvec_kq* (Q4_K, Q6_K, Q5_K) and k_matvec_q8_0 at widths 1, 2, 4, 8, 16
-// with CUDA events over many launches, and prints weight bytes read per
-// launch / time as GB/s beside the H200's ~4300 GB/s. Several copies of the
-// weights are cycled so the 50 MB L2 cannot serve them. Random bytes with
-// finite fp16 scales: speed does not depend on the values.
+// Times k_matvec_kq* (Q4_K, Q5_K, Q6_K) and k_matvec_q8_0 at widths 1, 2,
+// 4, 8, 16 with CUDA events over many back-to-back launches, and prints
+// weight + activation bytes read per launch / time as GB/s beside the
+// H200's ~4300 GB/s, then a summary table (% per width, width 16's time
+// over width 1's). Enough copies of the weights (>= 150 MB) are cycled
+// that the 50 MB L2 cannot serve them. Small shapes (2 MB of weights: ~0.5
+// us at 4300 GB/s) include the gap between launches, so they read low.
+// Random bytes with finite fp16 scales: speed does not depend on values.
+// BENCH_NSG=1..4 picks the SIMD-groups per threadgroup (default 4).
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -67,73 +74,97 @@ static void fill_acts(uint8_t *x, size_t n_blocks, int kq) {
     }
 }
 
-static void bench(int type, uint32_t n_in, uint32_t n_out, uint32_t width) {
+static const char *type_name(int type) {
+    return type == K_TYPE_Q4_K ? "Q4_K" : type == K_TYPE_Q5_K ? "Q5_K" : type == K_TYPE_Q6_K ? "Q6_K" : "Q8_0";
+}
+
+// One summary cell per (type, shape, width): % of 4300 GB/s.
+#define N_WIDTHS 5
+static const uint32_t widths[N_WIDTHS] = {1, 2, 4, 8, 16};
+
+// Times one (type, shape) at every width: microseconds per launch into
+// us[w]; weight + activation bytes read per launch / time as GB/s.
+static void bench_shape(int type, uint32_t n_in, uint32_t n_out, double us_out[N_WIDTHS], double pct_out[N_WIDTHS]) {
     const int kq = type != 0;
     const uint32_t qk = kq ? 256 : 32;
-    const size_t bs = kq ? K_KQ_BLOCK_BYTES(type) : 34, nb = n_in / qk;
-    const size_t wbytes = (size_t)n_out * nb * bs, xbytes = (size_t)width * nb * (kq ? 292 : 34);
-    const int copies = 6; // 6 x ~50 MB: well past the L2
-    uint8_t *hw = (uint8_t *)malloc(wbytes), *hx = (uint8_t *)malloc(xbytes);
-    fill_acts(hx, (size_t)width * nb, kq);
-    uint8_t *dw[copies], *dx;
+    const size_t bs = kq ? K_KQ_BLOCK_BYTES(type) : 34, nb = n_in / qk, xbs = kq ? 292 : 34;
+    const size_t wbytes = (size_t)n_out * nb * bs, xmax = (size_t)K_MATVEC_MAX_ROWS * nb * xbs;
+    // enough copies of the weights to cycle through 3x the 50 MB L2, at
+    // least 6: each launch then reads its weights from HBM
+    int copies = (int)((150e6 + wbytes - 1) / wbytes);
+    if (copies < 6) copies = 6;
+    uint8_t *hw = (uint8_t *)malloc(wbytes), *hx = (uint8_t *)malloc(xmax);
+    fill_acts(hx, (size_t)K_MATVEC_MAX_ROWS * nb, kq);
+    fill_weights(hw, (size_t)n_out * nb, type); // the same bytes at every copy: what defeats the L2
+    uint8_t **dw = (uint8_t **)malloc(sizeof(uint8_t *) * copies), *dx;
     float *dy;
     uint32_t *dstatus;
-    fill_weights(hw, (size_t)n_out * nb, type); // the same bytes at 6 addresses: what defeats the L2
     for (int c = 0; c < copies; c++) {
         CK(cudaMalloc(&dw[c], wbytes));
         CK(cudaMemcpy(dw[c], hw, wbytes, cudaMemcpyHostToDevice));
     }
-    CK(cudaMalloc(&dx, xbytes));
-    CK(cudaMemcpy(dx, hx, xbytes, cudaMemcpyHostToDevice));
-    CK(cudaMalloc(&dy, sizeof(float) * width * n_out));
+    CK(cudaMalloc(&dx, xmax));
+    CK(cudaMemcpy(dx, hx, xmax, cudaMemcpyHostToDevice));
+    CK(cudaMalloc(&dy, sizeof(float) * K_MATVEC_MAX_ROWS * n_out));
     CK(cudaMalloc(&dstatus, 8));
     CK(cudaMemset(dstatus, 0, 8));
-    // SIMD-groups per threadgroup: BENCH_NSG (1..4), else 4 (measured best)
+    // SIMD-groups per threadgroup: BENCH_NSG (1..4), else 4
     const char *env = getenv("BENCH_NSG");
     const uint32_t nsg = env && atoi(env) >= 1 && atoi(env) <= 4 ? (uint32_t)atoi(env) : 4;
-    const uint32_t tg = 32 * nsg, grid[3] = {K_MATVEC_GROUPS(n_out, nsg), 1, 1};
-    const int kid = K_MATVEC_KQ_KERNEL(width); // the variant for this width
-    k_matvec_kq_params pk = {K_TAG(kid), (uint32_t)type, n_in, n_out, width, n_out};
-    k_matvec_q8_0_params p8 = {K_TAG_OF(matvec_q8_0), n_in, n_out, width, n_out};
-    char err[400];
+    const uint32_t tg = 32 * nsg;
     cudaEvent_t t0, t1;
     CK(cudaEventCreate(&t0));
     CK(cudaEventCreate(&t1));
-    const int warm = 5, iters = 60;
-    float ms = 0;
-    for (int it = -warm; it < iters; it++) {
-        if (it == 0) CK(cudaEventRecord(t0));
-        uint8_t *w = dw[(it + warm) % copies];
-        int rc;
-        if (kq) {
-            k_binding b[] = {K_BIND(matvec_kq, status, dstatus, 8), K_BIND(matvec_kq, p, &pk, sizeof pk),
-                             K_BIND(matvec_kq, w, w, wbytes), K_BIND(matvec_kq, xq, dx, xbytes),
-                             K_BIND(matvec_kq, y, dy, sizeof(float) * width * n_out)};
-            rc = k_cuda_launch(kid, grid, tg, b, 5, 0, err, sizeof err);
-        } else {
-            k_binding b[] = {K_BIND(matvec_q8_0, status, dstatus, 8), K_BIND(matvec_q8_0, p, &p8, sizeof p8),
-                             K_BIND(matvec_q8_0, w, w, wbytes), K_BIND(matvec_q8_0, xq, dx, xbytes),
-                             K_BIND(matvec_q8_0, y, dy, sizeof(float) * width * n_out)};
-            rc = k_cuda_launch(K_ID_matvec_q8_0, grid, tg, b, 5, 0, err, sizeof err);
+    for (int wi = 0; wi < N_WIDTHS; wi++) {
+        const uint32_t width = widths[wi];
+        const size_t xbytes = (size_t)width * nb * xbs;
+        const int kid = K_MATVEC_KQ_KERNEL(width); // the variant for this width
+        const uint32_t grid[3] = {kq ? K_MATVEC_KQ_GROUPS(width, n_out, nsg) : K_MATVEC_GROUPS(n_out, nsg), 1, 1};
+        k_matvec_kq_params pk = {K_TAG(kid), (uint32_t)type, n_in, n_out, width, n_out};
+        k_matvec_q8_0_params p8 = {K_TAG_OF(matvec_q8_0), n_in, n_out, width, n_out};
+        char err[400];
+        // at least 60 launches and 2 passes over the copies
+        const int warm = 5, iters = 2 * copies > 60 ? 2 * copies : 60;
+        float ms = 0;
+        for (int it = -warm; it < iters; it++) {
+            if (it == 0) CK(cudaEventRecord(t0));
+            uint8_t *w = dw[(it + warm) % copies];
+            int rc;
+            if (kq) {
+                k_binding b[] = {K_BIND(matvec_kq, status, dstatus, 8), K_BIND(matvec_kq, p, &pk, sizeof pk),
+                                 K_BIND(matvec_kq, w, w, wbytes), K_BIND(matvec_kq, xq, dx, xbytes),
+                                 K_BIND(matvec_kq, y, dy, sizeof(float) * width * n_out)};
+                rc = k_cuda_launch(kid, grid, tg, b, 5, 0, err, sizeof err);
+            } else {
+                k_binding b[] = {K_BIND(matvec_q8_0, status, dstatus, 8), K_BIND(matvec_q8_0, p, &p8, sizeof p8),
+                                 K_BIND(matvec_q8_0, w, w, wbytes), K_BIND(matvec_q8_0, xq, dx, xbytes),
+                                 K_BIND(matvec_q8_0, y, dy, sizeof(float) * width * n_out)};
+                rc = k_cuda_launch(K_ID_matvec_q8_0, grid, tg, b, 5, 0, err, sizeof err);
+            }
+            if (rc) {
+                printf("FAIL launch: %s\n", err);
+                exit(1);
+            }
         }
-        if (rc) {
-            printf("FAIL launch: %s\n", err);
+        CK(cudaEventRecord(t1));
+        CK(cudaEventSynchronize(t1));
+        CK(cudaEventElapsedTime(&ms, t0, t1));
+        uint32_t st[2];
+        CK(cudaMemcpy(st, dstatus, 8, cudaMemcpyDeviceToHost));
+        const double us = 1000.0 * ms / iters, gbs = (double)(wbytes + xbytes) / (us * 1e3);
+        us_out[wi] = us, pct_out[wi] = 100.0 * gbs / 4300.0;
+        printf("BENCH matvec %s tg=%3u n_in=%5u n_out=%5u width=%2u: %8.1f us/launch, weights %6.1f MB x %2d copies, "
+               "%7.1f GB/s = %5.1f%% of 4300 GB/s%s\n", type_name(type), tg, n_in, n_out, width, us, wbytes / 1e6, copies,
+               gbs, pct_out[wi], st[0] ? " (STATUS RAISED)" : "");
+        if (st[0]) {
+            printf("FAIL matvec %s raised status 0x%x\n", type_name(type), st[0]);
             exit(1);
         }
     }
-    CK(cudaEventRecord(t1));
-    CK(cudaEventSynchronize(t1));
-    CK(cudaEventElapsedTime(&ms, t0, t1));
-    uint32_t st[2];
-    CK(cudaMemcpy(st, dstatus, 8, cudaMemcpyDeviceToHost));
-    const double us = 1000.0 * ms / iters, gbs = (double)(wbytes + xbytes) / (us * 1e3);
-    const char *name = type == K_TYPE_Q4_K ? "Q4_K" : type == K_TYPE_Q5_K ? "Q5_K" : type == K_TYPE_Q6_K ? "Q6_K" : "Q8_0";
-    printf("BENCH matvec %s tg=%3u n_in=%u n_out=%u width=%2u: %8.1f us/launch, weights %.1f MB, %7.1f GB/s = %4.1f%% of "
-           "4300 GB/s%s\n", name, tg, n_in, n_out, width, us, wbytes / 1e6, gbs, 100.0 * gbs / 4300.0,
-           st[0] ? " (STATUS RAISED)" : "");
     for (int c = 0; c < copies; c++) cudaFree(dw[c]);
     cudaFree(dx), cudaFree(dy), cudaFree(dstatus);
-    free(hw), free(hx);
+    cudaEventDestroy(t0), cudaEventDestroy(t1);
+    free(dw), free(hw), free(hx);
 }
 
 // Time `iters` launches of one bound kernel; microseconds per launch.
@@ -220,21 +251,44 @@ static void bench_gdn_argmax(void) {
     free(h);
 }
 
+// The shapes (n_in x n_out) of issue 19's matvec goal: a 27B-like FFN up
+// / down and attention-sized projection, and the 0.8B FFN up / down.
+static const uint32_t shapes[][2] = {{5120, 17408}, {17408, 5120}, {5120, 6144}, {1024, 3584}, {3584, 1024}};
+#define N_SHAPES (sizeof shapes / sizeof shapes[0])
+
 int main(int argc, char **argv) {
-    const uint32_t n_in = argc > 2 ? (uint32_t)atoi(argv[1]) : 5120, n_out = argc > 2 ? (uint32_t)atoi(argv[2]) : 17408;
-    if (n_in % 256 || n_out == 0) {
-        printf("FAIL n_in must be a multiple of 256\n");
+    // no arguments: every shape; "n_in n_out": that shape only
+    const int one = argc > 2;
+    const uint32_t a_in = one ? (uint32_t)atoi(argv[1]) : 0, a_out = one ? (uint32_t)atoi(argv[2]) : 0;
+    if (one && (a_in % 256 || a_in == 0 || a_out == 0)) {
+        printf("FAIL n_in must be a positive multiple of 256, n_out positive\n");
         return 2;
     }
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
-    printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
-    // Q4_K / Q6_K: a Q4_K_M file's FFN types; widths 1 (decode), 2..16
-    // (verify; matvec_kq1 / kq4 / kq serve 1 / 2..4 / 5..16)
-    const int types[] = {K_TYPE_Q4_K, K_TYPE_Q6_K, K_TYPE_Q5_K, 0};
-    const uint32_t widths[] = {1, 2, 4, 8, 16};
+    printf("device: %s, %d SMs, L2 %d MB; matvec rows per SIMD-group %d\n", prop.name, prop.multiProcessorCount,
+           prop.l2CacheSize >> 20, (int)K_MATVEC_ROWS_PER_SIMD);
+    // widths 1 (decode), 2..16 (verify; matvec_kq1 / kq4 / kq serve 1 /
+    // 2..4 / 5..16); Q4_K / Q6_K: a Q4_K_M file's types
+    const int types[] = {K_TYPE_Q4_K, K_TYPE_Q5_K, K_TYPE_Q6_K, 0};
+    const size_t ns = one ? 1 : N_SHAPES;
+    static double us[4][N_SHAPES][N_WIDTHS], pct[4][N_SHAPES][N_WIDTHS];
     for (int t = 0; t < 4; t++)
-        for (int w = 0; w < 5; w++) bench(types[t], n_in, n_out, widths[w]);
+        for (size_t s = 0; s < ns; s++)
+            bench_shape(types[t], one ? a_in : shapes[s][0], one ? a_out : shapes[s][1], us[t][s], pct[t][s]);
+    // the summary: % of 4300 GB/s per width, and the time of width 16
+    // over width 1 (1.0 = extra rows free)
+    printf("\nSUMMARY matvec, %% of 4300 GB/s (weights + activations read per launch / time):\n");
+    printf("%-5s %-12s %6s %6s %6s %6s %6s  %9s %9s\n", "type", "n_in x n_out", "w1", "w2", "w4", "w8", "w16", "us w1",
+           "t16/t1");
+    for (int t = 0; t < 4; t++)
+        for (size_t s = 0; s < ns; s++) {
+            char shape[32];
+            snprintf(shape, sizeof shape, "%ux%u", one ? a_in : shapes[s][0], one ? a_out : shapes[s][1]);
+            printf("%-5s %-12s", type_name(types[t]), shape);
+            for (int w = 0; w < N_WIDTHS; w++) printf(" %5.1f%%", pct[t][s][w]);
+            printf("  %9.1f %9.2f\n", us[t][s][0], us[t][s][N_WIDTHS - 1] / us[t][s][0]);
+        }
     bench_gdn_argmax();
     return 0;
 }

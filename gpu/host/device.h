@@ -36,6 +36,14 @@ struct k_device {
     int (*launch)(k_device *d, int id, const uint32_t grid[3], uint32_t tg, const k_binding *b, int nb);
     int (*sync)(k_device *d);
     void (*close)(k_device *d);
+    /* Optional (NULL: not offered): the launches and device copies between
+     * step_begin and step_end form one step that the device may replay as
+     * a whole (CUDA: captured into a graph, updated in place from the last
+     * step's and launched once -- no launch gap between small kernels).
+     * No upload, download or sync in between; a failure inside a step
+     * makes step_end fail. */
+    int (*step_begin)(k_device *d);
+    int (*step_end)(k_device *d);
     char err[512];
     void *impl;
 };
@@ -48,6 +56,9 @@ k_device *k_device_cuda_open(char *err, size_t cap);
 /* With K_CUDA_PROFILE=1 in the environment: print GPU time per kernel
  * (event pairs around each launch) since the last call, then reset. */
 void k_cuda_profile_print(const char *label);
+/* With K_CUDA_GRAPH=1: print how many steps ran as graphs, and how many of
+ * them updated the previous executable graph instead of instantiating one. */
+void k_cuda_graph_stats(const char *label);
 
 #ifdef __cplusplus
 }

@@ -50,6 +50,7 @@ typedef struct {
     void *attn_norm, *post_norm;
     /* GDN */
     dev_mat qkv, gate, beta, alpha, ssm_out;
+    dev_mat gdn_in; /* qkv|gate|beta|alpha concatenated (upload_group; p NULL: types differ) */
     void *conv_w; /* F32 [conv_dim][K] */
     void *hp;     /* F32 [ssm_a (n_v) | dt_bias (n_v) | ssm_norm (d)]: gdn_delta's hp */
     /* gated attention */
@@ -57,13 +58,14 @@ typedef struct {
     void *q_norm, *k_norm;
     /* dense FFN */
     dev_mat ffn_gate, ffn_up, ffn_down;
+    dev_mat ffn_in; /* ffn_gate|ffn_up concatenated (p NULL: types differ) */
 } dev_layer;
 
 /* A session's device state of one layer. */
 typedef struct {
     void *conv_state, *ssm;   /* GDN: the recurrent state */
     void *conv_bak, *ssm_bak; /* GDN: the state before the last verify */
-    float *cap_qkv, *cap_z, *cap_ab; /* GDN: a verify's rows (accept replays them) */
+    float *cap_in;            /* GDN: a verify's input rows [qkv | z | ab] (accept replays them) */
     void *kpool, *vpool;      /* attention: F16 KV pages */
 } dev_state;
 
@@ -102,11 +104,12 @@ struct k_runner {
     k_allocs mem;
     dev_state *S;
     int64_t n_ctx, n_pages, n_past, launches;
+    int fuse;               /* fused glue kernels (fused.h); K_RUNNER_FUSE=0: the unfused sequence */
     int capturing;          /* inside a verify: GDN layers keep their rows */
     int64_t ver_n, ver_pos; /* the last verify's rows and first position (0: none) */
     void *pages; /* u32 page table: identity (one sequence, no sharing yet) */
     /* scratch, ROWS rows each */
-    float *h, *x, *y, *qkv, *z, *ab, *cv, *o, *qf, *qn, *kraw, *kn, *vv, *attn, *g, *u, *logits;
+    float *h, *x, *y, *gin, *cv, *o, *qf, *qn, *kraw, *kn, *vv, *attn, *g, *u, *gu, *logits;
     float *part, *cs, *sn;
     uint8_t *xq8, *xqk;
     uint32_t *idx, *status;
@@ -184,6 +187,51 @@ static int upload_mat(k_gpu_model *r, const ds4_tensor *t, dev_mat *out, ds4_err
     return out->p ? 0 : err->code;
 }
 
+/* Matrices that read the same activations (a GDN layer's four input
+ * projections, the FFN's gate and up), uploaded as ONE matrix with their
+ * rows concatenated in order when they share a type and n_in, so one
+ * matvec launch computes all their outputs (issue 19: fewer launches); a
+ * row's sum never depends on the launch that computes it (quant_q8_0.h /
+ * quant_kq.h), so the bits are those of separate launches. Each keeps its
+ * own dev_mat, pointing inside (the offsets are multiples of the matrices'
+ * sizes: 144/176-byte K-quant blocks stay 16-aligned, 34/210-byte ones
+ * 2-aligned). Mixed types: separate uploads, cat->p stays NULL. */
+static int upload_group(k_gpu_model *r, const ds4_tensor *const *t, dev_mat *const *out, int k, dev_mat *cat,
+                        ds4_error *err) {
+    memset(cat, 0, sizeof *cat);
+    int same = 1, rc;
+    size_t total = 0;
+    for (int i = 0; i < k; i++) {
+        same &= mat_type_ok(t[i]->type) && t[i]->type == t[0]->type && t[i]->ne[0] == t[0]->ne[0];
+        total += t[i]->row_bytes * (size_t)t[i]->ne[1];
+    }
+    if (!same || k < 2) {
+        for (int i = 0; i < k; i++)
+            if ((rc = upload_mat(r, t[i], out[i], err))) return rc;
+        return 0;
+    }
+    uint8_t *host = malloc(total), *dev;
+    if (!host) return ds4_fail(err, DS4_ERR_NOMEM, "out of host memory");
+    size_t off = 0;
+    for (int i = 0; i < k; i++) {
+        const size_t bytes = t[i]->row_bytes * (size_t)t[i]->ne[1];
+        memcpy(host + off, t[i]->data, bytes);
+        off += bytes;
+    }
+    dev = mem_upload(r->dev, &r->mem, host, total, err);
+    free(host);
+    if (!dev) return err->code;
+    *cat = (dev_mat){dev, t[0]->type, t[0]->ne[0], 0, total};
+    off = 0;
+    for (int i = 0; i < k; i++) {
+        const size_t bytes = t[i]->row_bytes * (size_t)t[i]->ne[1];
+        *out[i] = (dev_mat){dev + off, t[i]->type, t[i]->ne[0], t[i]->ne[1], bytes};
+        cat->n_out += t[i]->ne[1];
+        off += bytes;
+    }
+    return 0;
+}
+
 static void *upload_f32(k_gpu_model *r, const ds4_tensor *t, int64_t n, ds4_error *err) {
     if (t->type != DS4_TYPE_F32) {
         ds4_fail(err, DS4_ERR_UNSUPPORTED, "%s: tensor %s must be F32 on the GPU", r->dev->name, t->name);
@@ -234,13 +282,18 @@ typedef struct {
     int64_t y_stride;
 } mm_job;
 
-/* Quantize the activation rows once per activation type (Q8_0 for Q8_0
- * weights, Q8_K for the K-quants: the CPU's fast precision pairs,
- * quant_q8_0.h / quant_kq.h), then one matvec per job over all rows. */
+/* The activation type a matrix's matvec reads (K_NQ_Q8_0 for Q8_0
+ * weights, K_NQ_Q8_K for the K-quants: the CPU's fast precision pairs). */
+static unsigned act_flag(const dev_mat *w) { return w->type == DS4_TYPE_Q8_0 ? K_NQ_Q8_0 : K_NQ_Q8_K; }
+
+/* Quantize the activation rows once per activation type (quant_q8_0.h /
+ * quant_kq.h) unless `ready` says a fused kernel already wrote them into
+ * r->xq8 / r->xqk (K_NQ_Q8_0 / K_NQ_Q8_K), then one matvec per job over all
+ * rows. */
 static int matmul(k_runner *r, const float *x, int64_t x_stride, int64_t n_rows, const mm_job *jobs,
-                  int n_jobs, ds4_error *err) {
+                  int n_jobs, unsigned ready, ds4_error *err) {
     const int64_t n_in = jobs[0].w->n_in;
-    int have8 = 0, havek = 0, rc;
+    int have8 = (ready & K_NQ_Q8_0) != 0, havek = (ready & K_NQ_Q8_K) != 0, rc;
     for (int j = 0; j < n_jobs; j++) {
         const dev_mat *w = jobs[j].w;
         const size_t ybytes = F4((n_rows - 1) * jobs[j].y_stride + w->n_out);
@@ -281,7 +334,7 @@ static int matmul(k_runner *r, const float *x, int64_t x_stride, int64_t n_rows,
                              K_BIND(matvec_kq, w, w->p, w->bytes),
                              K_BIND(matvec_kq, xq, r->xqk, (size_t)(n_rows * n_in / 256) * 292),
                              K_BIND(matvec_kq, y, jobs[j].y, ybytes)};
-            rc = launch(r, id, K_MATVEC_GROUPS((uint32_t)w->n_out, MATVEC_TG / 32), 1, 1, MATVEC_TG, b, 5,
+            rc = launch(r, id, K_MATVEC_KQ_GROUPS((uint32_t)n_rows, (uint32_t)w->n_out, MATVEC_TG / 32), 1, 1, MATVEC_TG, b, 5,
                         err);
         }
         if (rc) return rc;
@@ -294,6 +347,34 @@ static int add_rows(k_runner *r, const float *x, float *y, int64_t n, ds4_error 
     k_binding b[] = {STATUS_BIND(add_rows), K_BIND(add_rows, p, &p, sizeof p), K_BIND(add_rows, x, x, F4(n)),
                      K_BIND(add_rows, y, y, F4(n))};
     return launch(r, K_ID_add_rows, (uint32_t)((n + 255) / 256), 1, 1, 256, b, 4, err);
+}
+
+/* Before a layer's matvecs (and the LM head): h += y over rows [row0, row0 +
+ * n_rows) when `add`, x = rmsnorm(h) * w, x quantized to the activation
+ * types in `want` — one norm_quant launch (fused.h; the quantized rows land
+ * in r->xq8 / r->xqk, `*ready` says which; the float x is not stored:
+ * only matvecs read it), or, unfused (K_RUNNER_FUSE=0, or a row wider than
+ * K_NQ_MAX_N), add_rows + rmsnorm and *ready = 0 (the matvecs quantize).
+ * Either way the same bits (gpu/tests/test_gpu_emul.c suite fused). */
+static int pre_norm(k_runner *r, int add, int64_t row0, int64_t n_rows, const void *w, unsigned want,
+                    unsigned *ready, ds4_error *err) {
+    const int64_t E = r->c.n_embd;
+    float *h = r->h + row0 * E, *y = r->y + row0 * E;
+    *ready = 0;
+    if (!r->fuse || E > K_NQ_MAX_N) {
+        int rc = add ? add_rows(r, y, h, n_rows * E, err) : 0;
+        return rc ? rc : rmsnorm(r, h, w, r->x, E, n_rows, E, err);
+    }
+    k_norm_quant_params p = {K_TAG_OF(norm_quant), (uint32_t)E, (uint32_t)n_rows, (uint32_t)E, r->c.rms_eps,
+                             (add ? K_NQ_ADD : 0u) | want};
+    const size_t span = F4(n_rows * E);
+    k_binding b[] = {STATUS_BIND(norm_quant), K_BIND(norm_quant, p, &p, sizeof p), K_BIND(norm_quant, y, y, span),
+                     K_BIND(norm_quant, h, h, span), K_BIND(norm_quant, w, w, F4(E)),
+                     K_BIND(norm_quant, x, r->x, F4(ROWS * E)), K_BIND(norm_quant, q8, r->xq8, r->xq8_bytes),
+                     K_BIND(norm_quant, qk, r->xqk, r->xqk_bytes)};
+    int rc = launch(r, K_ID_norm_quant, (uint32_t)n_rows, 1, 1, row_tg(E), b, 8, err);
+    if (!rc) *ready = want;
+    return rc;
 }
 
 /* --------------------------------------------------------- the mixers -- */
@@ -334,37 +415,40 @@ static int copy_dev(k_runner *r, void *dst, const void *src, size_t bytes, ds4_e
 }
 
 /* gdn.c ds4_gdn_layer: the four projections, then per token the conv
- * and the delta rule, then ssm_out. In a verify the rows' qkv, z and ab
- * are kept (row0: where this chunk's rows start among the verify's). */
-static int gdn_layer(k_runner *r, dev_layer *L, dev_state *S, int64_t n, int64_t row0, ds4_error *err) {
+ * and the delta rule, then ssm_out. The projections write one row per
+ * token, [qkv (cd) | z (vd) | beta (nv) | alpha (nv)] (W = cd + vd + 2 nv
+ * floats: one launch of the concatenated matrix gdn_in when fused, else
+ * four launches into the same places). In a verify the rows are kept
+ * (row0: where this chunk's rows start among the verify's). */
+static int gdn_layer(k_runner *r, dev_layer *L, dev_state *S, int64_t n, int64_t row0, unsigned ready,
+                     ds4_error *err) {
     const ds4_model_config *c = &r->c;
-    const int64_t E = c->n_embd, cd = conv_dim(c), vd = c->ssm_d_inner, nv = c->ssm_n_v;
-    mm_job in[4] = {{&L->qkv, r->qkv, cd}, {&L->gate, r->z, vd}, {&L->beta, r->ab, 2 * nv},
-                    {&L->alpha, r->ab + nv, 2 * nv}};
-    int rc = matmul(r, r->x, E, n, in, 4, err);
-    if (!rc && r->capturing &&
-        ((rc = copy_dev(r, S->cap_qkv + row0 * cd, r->qkv, F4(n * cd), err)) ||
-         (rc = copy_dev(r, S->cap_z + row0 * vd, r->z, F4(n * vd), err)) ||
-         (rc = copy_dev(r, S->cap_ab + row0 * 2 * nv, r->ab, F4(n * 2 * nv), err))))
-        return rc;
+    const int64_t E = c->n_embd, cd = conv_dim(c), vd = c->ssm_d_inner, nv = c->ssm_n_v, W = cd + vd + 2 * nv;
+    mm_job in[4] = {{&L->qkv, r->gin, W}, {&L->gate, r->gin + cd, W}, {&L->beta, r->gin + cd + vd, W},
+                    {&L->alpha, r->gin + cd + vd + nv, W}};
+    mm_job cat = {&L->gdn_in, r->gin, W};
+    const int one = r->fuse && L->gdn_in.p;
+    int rc = matmul(r, r->x, E, n, one ? &cat : in, one ? 1 : 4, ready, err);
+    if (!rc && r->capturing) rc = copy_dev(r, S->cap_in + row0 * W, r->gin, F4(n * W), err);
     for (int64_t t = 0; t < n && !rc; t++)
-        rc = gdn_token(r, L, S, r->qkv + t * cd, r->z + t * vd, r->ab + t * 2 * nv, r->o + t * vd, err);
+        rc = gdn_token(r, L, S, r->gin + t * W, r->gin + t * W + cd, r->gin + t * W + cd + vd, r->o + t * vd, err);
     if (rc) return rc;
     mm_job out = {&L->ssm_out, r->y, E};
-    return matmul(r, r->o, vd, n, &out, 1, err);
+    return matmul(r, r->o, vd, n, &out, 1, 0, err);
 }
 
 /* attention.c ds4_attn_block: q (+ gate), k, v projections; per-head
  * RMSNorm of q and k; RoPE; the new K/V rows into the F16 pages; split-K
  * attention over positions [0, pos0 + t]; the sigmoid output gate; the
  * output projection. */
-static int attn_layer(k_runner *r, dev_layer *L, dev_state *S, int64_t n, int64_t pos0, ds4_error *err) {
+static int attn_layer(k_runner *r, dev_layer *L, dev_state *S, int64_t n, int64_t pos0, unsigned ready,
+                      ds4_error *err) {
     const ds4_model_config *c = &r->c;
     const int64_t E = c->n_embd, dh = c->head_dim, nh = c->n_head, nkv = c->n_head_kv;
     const int64_t qf_dim = 2 * nh * dh, kv_dim = nkv * dh, half = c->n_rot / 2;
     mm_job in[3] = {{&L->q, r->qf, qf_dim}, {&L->k, r->kraw, kv_dim}, {&L->v, r->vv, kv_dim}};
     int rc;
-    if ((rc = matmul(r, r->x, E, n, in, 3, err))) return rc;
+    if ((rc = matmul(r, r->x, E, n, in, 3, ready, err))) return rc;
     /* q heads sit 2*dh apart in qf (each followed by its gate): normed into qn */
     if ((rc = rmsnorm(r, r->qf, L->q_norm, r->qn, dh, n * nh, 2 * dh, err)) ||
         (rc = rmsnorm(r, r->kraw, L->k_norm, r->kn, dh, n * nkv, dh, err)))
@@ -422,21 +506,38 @@ static int attn_layer(k_runner *r, dev_layer *L, dev_state *S, int64_t n, int64_
     if ((rc = launch(r, K_ID_attn_gate, (uint32_t)((n * nh * dh + 127) / 128), 1, 1, 128, bg, 4, err)))
         return rc;
     mm_job out = {&L->o, r->y, E};
-    return matmul(r, r->attn, nh * dh, n, &out, 1, err);
+    return matmul(r, r->attn, nh * dh, n, &out, 1, 0, err);
 }
 
-/* ffn.c ds4_ffn_dense: down(SiLU(gate x) * up x). */
-static int ffn_layer(k_runner *r, dev_layer *L, int64_t n, ds4_error *err) {
+/* ffn.c ds4_ffn_dense: down(SiLU(gate x) * up x). Fused: gate and up
+ * write one row [g | u] per token (one launch of the concatenated ffn_in,
+ * or two into the same places), and swiglu_quant (fused.h) computes the
+ * SwiGLU and quantizes it for the down projection: the bits of swiglu +
+ * quantize; the float rows are not stored. */
+static int ffn_layer(k_runner *r, dev_layer *L, int64_t n, unsigned ready, ds4_error *err) {
     const int64_t E = r->c.n_embd, F = r->c.n_ff;
-    mm_job in[2] = {{&L->ffn_gate, r->g, F}, {&L->ffn_up, r->u, F}};
+    mm_job out = {&L->ffn_down, r->y, E};
     int rc;
-    if ((rc = matmul(r, r->x, E, n, in, 2, err))) return rc;
+    if (r->fuse) {
+        mm_job in[2] = {{&L->ffn_gate, r->gu, 2 * F}, {&L->ffn_up, r->gu + F, 2 * F}};
+        mm_job cat = {&L->ffn_in, r->gu, 2 * F};
+        if ((rc = matmul(r, r->x, E, n, L->ffn_in.p ? &cat : in, L->ffn_in.p ? 1 : 2, ready, err))) return rc;
+        const unsigned q = act_flag(&L->ffn_down);
+        k_swiglu_quant_params p = {K_TAG_OF(swiglu_quant), (uint32_t)F, (uint32_t)n, (uint32_t)(2 * F), (uint32_t)F, q};
+        k_binding b[] = {STATUS_BIND(swiglu_quant), K_BIND(swiglu_quant, p, &p, sizeof p),
+                         K_BIND(swiglu_quant, gu, r->gu, F4(n * 2 * F)),
+                         K_BIND(swiglu_quant, q8, r->xq8, r->xq8_bytes), K_BIND(swiglu_quant, qk, r->xqk, r->xqk_bytes)};
+        /* 4 SIMD-groups a threadgroup, one per unit (no effect on the bits) */
+        if ((rc = launch(r, K_ID_swiglu_quant, (K_SWIGLU_QUANT_UNITS(p) + 3) / 4, 1, 1, 128, b, 5, err))) return rc;
+        return matmul(r, NULL, F, n, &out, 1, q, err);
+    }
+    mm_job in[2] = {{&L->ffn_gate, r->g, F}, {&L->ffn_up, r->u, F}};
+    if ((rc = matmul(r, r->x, E, n, in, 2, ready, err))) return rc;
     k_swiglu_params p = {K_TAG_OF(swiglu), (uint32_t)(n * F)};
     k_binding b[] = {STATUS_BIND(swiglu), K_BIND(swiglu, p, &p, sizeof p), K_BIND(swiglu, up, r->u, F4(n * F)),
                      K_BIND(swiglu, gate, r->g, F4(n * F))};
     if ((rc = launch(r, K_ID_swiglu, (uint32_t)((n * F + 255) / 256), 1, 1, 256, b, 4, err))) return rc;
-    mm_job out = {&L->ffn_down, r->y, E};
-    return matmul(r, r->g, F, n, &out, 1, err);
+    return matmul(r, r->g, F, n, &out, 1, 0, err);
 }
 
 /* ------------------------------------------------------------ open -- */
@@ -454,9 +555,9 @@ static int open_layers(k_gpu_model *r, ds4_error *err) {
             return err->code;
         int rc;
         if (T->kind == DS4_LAYER_GDN) {
-            if ((rc = upload_mat(r, &T->attn_qkv, &L->qkv, err)) || (rc = upload_mat(r, &T->attn_gate, &L->gate, err)) ||
-                (rc = upload_mat(r, &T->ssm_beta, &L->beta, err)) || (rc = upload_mat(r, &T->ssm_alpha, &L->alpha, err)) ||
-                (rc = upload_mat(r, &T->ssm_out, &L->ssm_out, err)))
+            const ds4_tensor *in[4] = {&T->attn_qkv, &T->attn_gate, &T->ssm_beta, &T->ssm_alpha};
+            dev_mat *const din[4] = {&L->qkv, &L->gate, &L->beta, &L->alpha};
+            if ((rc = upload_group(r, in, din, 4, &L->gdn_in, err)) || (rc = upload_mat(r, &T->ssm_out, &L->ssm_out, err)))
                 return rc;
             if (!(L->conv_w = upload_f32(r, &T->ssm_conv1d, cd * c->ssm_conv_kernel, err))) return err->code;
             float *hp = malloc(F4(2 * nv + d));
@@ -475,8 +576,9 @@ static int open_layers(k_gpu_model *r, ds4_error *err) {
                 !(L->k_norm = upload_f32(r, &T->attn_k_norm, c->head_dim, err)))
                 return err->code;
         }
-        if ((rc = upload_mat(r, &T->ffn_gate, &L->ffn_gate, err)) || (rc = upload_mat(r, &T->ffn_up, &L->ffn_up, err)) ||
-            (rc = upload_mat(r, &T->ffn_down, &L->ffn_down, err)))
+        const ds4_tensor *fin[2] = {&T->ffn_gate, &T->ffn_up};
+        dev_mat *const dfin[2] = {&L->ffn_gate, &L->ffn_up};
+        if ((rc = upload_group(r, fin, dfin, 2, &L->ffn_in, err)) || (rc = upload_mat(r, &T->ffn_down, &L->ffn_down, err)))
             return rc;
     }
     return 0;
@@ -494,9 +596,7 @@ static int open_state(k_runner *r, ds4_error *err) {
         if (r->L[il].kind == DS4_LAYER_GDN) {
             if (!(S->conv_state = dalloc(r, conv, err)) || !(S->ssm = dalloc(r, ssm, err)) ||
                 !(S->conv_bak = dalloc(r, conv, err)) || !(S->ssm_bak = dalloc(r, ssm, err)) ||
-                !(S->cap_qkv = dalloc(r, F4(K_RUNNER_VERIFY_MAX * cd), err)) ||
-                !(S->cap_z = dalloc(r, F4(K_RUNNER_VERIFY_MAX * vd), err)) ||
-                !(S->cap_ab = dalloc(r, F4(K_RUNNER_VERIFY_MAX * 2 * nv), err)))
+                !(S->cap_in = dalloc(r, F4(K_RUNNER_VERIFY_MAX * (cd + vd + 2 * nv)), err)))
                 return err->code;
         } else if (!(S->kpool = dalloc(r, pool, err)) || !(S->vpool = dalloc(r, pool, err))) {
             return err->code;
@@ -521,10 +621,11 @@ static int open_scratch(k_runner *r, ds4_error *err) {
     struct {
         float **p;
         int64_t n;
-    } fl[] = {{&r->h, E},       {&r->x, E},        {&r->y, E},       {&r->qkv, cd},   {&r->z, vd},
-              {&r->ab, 2 * nv}, {&r->cv, cd},      {&r->o, vd},      {&r->qf, qf_dim}, {&r->qn, qf_dim},
+    } fl[] = {{&r->h, E},       {&r->x, E},        {&r->y, E},       {&r->gin, cd + vd + 2 * nv},
+              {&r->cv, cd},      {&r->o, vd},      {&r->qf, qf_dim}, {&r->qn, qf_dim},
               {&r->kraw, kv_dim}, {&r->kn, kv_dim}, {&r->vv, kv_dim}, {&r->attn, qf_dim / 2},
-              {&r->g, c->n_ff}, {&r->u, c->n_ff},  {&r->logits, c->n_vocab}, {&r->cs, half}, {&r->sn, half}};
+              {&r->g, c->n_ff}, {&r->u, c->n_ff},  {&r->gu, 2 * c->n_ff}, {&r->logits, c->n_vocab},
+              {&r->cs, half},   {&r->sn, half}};
     for (size_t i = 0; i < sizeof fl / sizeof fl[0]; i++)
         if (!(*fl[i].p = dalloc(r, F4(ROWS * (fl[i].n > 0 ? fl[i].n : 1)), err))) return err->code;
     if (!(r->part = dalloc(r, F4(r->part_floats), err)) || !(r->xq8 = dalloc(r, r->xq8_bytes, err)) ||
@@ -608,6 +709,10 @@ int k_runner_open(k_gpu_model *g, int64_t n_ctx, k_runner **out, ds4_error *err)
     r->output_norm = g->output_norm;
     r->n_ctx = n_ctx;
     r->n_pages = (n_ctx + K_ATTN_BLOCK - 1) / K_ATTN_BLOCK;
+    {
+        const char *f = getenv("K_RUNNER_FUSE");
+        r->fuse = !(f && !strcmp(f, "0"));
+    }
     r->S = calloc((size_t)g->c.n_main, sizeof *r->S);
     int rc = r->S ? 0 : ds4_fail(err, DS4_ERR_NOMEM, "out of host memory");
     if (!rc) rc = open_state(r, err);
@@ -637,6 +742,9 @@ int64_t k_runner_launches(const k_runner *r) { return r->launches; }
 
 /* ------------------------------------------------------------ eval -- */
 
+static int chunk_launches(k_runner *r, int64_t n, int64_t pos0, int64_t row0, int64_t out0, int want_argmax,
+                          ds4_error *err);
+
 /* Rows [0, n) of one chunk at positions pos0..; outputs for rows >= out0. */
 static int eval_chunk(k_runner *r, const int32_t *tokens, int64_t n, int64_t pos0, int64_t row0, int64_t out0,
                       float *logits, int32_t *argmax, ds4_error *err) {
@@ -657,23 +765,61 @@ static int eval_chunk(k_runner *r, const int32_t *tokens, int64_t n, int64_t pos
             r->dev->upload(r->dev, r->sn, r->h_sn, F4(n * half)))
             return ds4_fail(err, DS4_ERR_INTERNAL, "%s upload: %s", r->dev->name, r->dev->err);
     }
+    /* the chunk's launches are one device step (device.h: a CUDA graph
+     * with K_CUDA_GRAPH=1), between the uploads above and the downloads */
+    if (r->dev->step_begin && r->dev->step_begin(r->dev))
+        return ds4_fail(err, DS4_ERR_INTERNAL, "%s step: %s", r->dev->name, r->dev->err);
+    rc = chunk_launches(r, n, pos0, row0, out0, argmax != NULL, err);
+    if (r->dev->step_end && r->dev->step_end(r->dev) && !rc)
+        rc = ds4_fail(err, DS4_ERR_INTERNAL, "%s step: %s", r->dev->name, r->dev->err);
+    if (rc || out0 >= n) return rc;
+    const int64_t n_out = n - out0;
+    if (argmax) {
+        if (r->dev->download(r->dev, r->h_idx, r->idx, 4 * (size_t)n_out * (1 + K_TOPK_MAX)))
+            return ds4_fail(err, DS4_ERR_INTERNAL, "%s download: %s", r->dev->name, r->dev->err);
+        for (int64_t t = 0; t < n_out; t++) argmax[t] = (int32_t)r->h_idx[t * (1 + K_TOPK_MAX)];
+    }
+    if (logits && r->dev->download(r->dev, logits, r->logits, F4(n_out * V)))
+        return ds4_fail(err, DS4_ERR_INTERNAL, "%s download: %s", r->dev->name, r->dev->err);
+    return 0;
+}
+
+/* eval_chunk's kernels: the layers, then for rows >= out0 the final norm,
+ * the LM head and (want_argmax) the on-device argmax. */
+static int chunk_launches(k_runner *r, int64_t n, int64_t pos0, int64_t row0, int64_t out0, int want_argmax,
+                          ds4_error *err) {
+    const ds4_model_config *c = &r->c;
+    const int64_t E = c->n_embd, V = c->n_vocab;
+    unsigned ready; /* the activation types norm_quant wrote for the next matvecs */
+    int rc;
+    /* each layer's closing residual add (h += y) is done by the next norm:
+     * the next layer's attn_norm or the output norm (pre_norm) */
     for (int64_t il = 0; il < c->n_main; il++) {
         dev_layer *L = &r->L[il];
-        if ((rc = rmsnorm(r, r->h, L->attn_norm, r->x, E, n, E, err)) ||
-            (rc = L->kind == DS4_LAYER_GDN ? gdn_layer(r, L, &r->S[il], n, row0, err)
-                                           : attn_layer(r, L, &r->S[il], n, pos0, err)) ||
-            (rc = add_rows(r, r->y, r->h, n * E, err)) ||
-            (rc = rmsnorm(r, r->h, L->post_norm, r->x, E, n, E, err)) || (rc = ffn_layer(r, L, n, err)) ||
-            (rc = add_rows(r, r->y, r->h, n * E, err)))
+        const unsigned mix = L->kind == DS4_LAYER_GDN
+                                 ? act_flag(&L->qkv) | act_flag(&L->gate) | act_flag(&L->beta) | act_flag(&L->alpha)
+                                 : act_flag(&L->q) | act_flag(&L->k) | act_flag(&L->v);
+        const unsigned ffn = act_flag(&L->ffn_gate) | act_flag(&L->ffn_up);
+        if ((rc = pre_norm(r, il > 0, 0, n, L->attn_norm, mix, &ready, err)) ||
+            (rc = L->kind == DS4_LAYER_GDN ? gdn_layer(r, L, &r->S[il], n, row0, ready, err)
+                                           : attn_layer(r, L, &r->S[il], n, pos0, ready, err)) ||
+            (rc = pre_norm(r, 1, 0, n, L->post_norm, ffn, &ready, err)) || (rc = ffn_layer(r, L, n, ready, err)))
             return rc;
     }
-    if (out0 >= n) return 0;
     const int64_t n_out = n - out0;
     mm_job head = {r->head, r->logits, V};
-    if ((rc = rmsnorm(r, r->h + out0 * E, r->output_norm, r->x, E, n_out, E, err)) ||
-        (rc = matmul(r, r->x, E, n_out, &head, 1, err)))
-        return rc;
-    if (argmax) {
+    if (out0 < n && r->fuse && c->n_main > 0) {
+        /* only the output rows get the last add: h of rows below out0 is
+         * not read again (the next chunk uploads its own embeddings) */
+        if ((rc = pre_norm(r, 1, out0, n_out, r->output_norm, act_flag(r->head), &ready, err))) return rc;
+    } else {
+        if (c->n_main > 0 && (rc = add_rows(r, r->y, r->h, n * E, err))) return rc;
+        if (out0 >= n) return 0;
+        ready = 0;
+        if ((rc = rmsnorm(r, r->h + out0 * E, r->output_norm, r->x, E, n_out, E, err))) return rc;
+    }
+    if ((rc = matmul(r, r->x, E, n_out, &head, 1, ready, err))) return rc;
+    if (want_argmax) {
         k_argmax_rows_params p = {K_TAG_OF(argmax_rows), (uint32_t)V, (uint32_t)n_out, (uint32_t)V, 0};
         k_binding b[] = {STATUS_BIND(argmax_rows), K_BIND(argmax_rows, p, &p, sizeof p),
                          K_BIND(argmax_rows, x, r->logits, F4(n_out * V)),
@@ -681,12 +827,7 @@ static int eval_chunk(k_runner *r, const int32_t *tokens, int64_t n, int64_t pos
         /* one threadgroup per row: the widest (1024) scans a 248k vocabulary
          * in ~55 us on the H200, 256 threads took 333 us */
         if ((rc = launch(r, K_ID_argmax_rows, (uint32_t)n_out, 1, 1, 1024, b, 4, err))) return rc;
-        if (r->dev->download(r->dev, r->h_idx, r->idx, 4 * (size_t)n_out * (1 + K_TOPK_MAX)))
-            return ds4_fail(err, DS4_ERR_INTERNAL, "%s download: %s", r->dev->name, r->dev->err);
-        for (int64_t t = 0; t < n_out; t++) argmax[t] = (int32_t)r->h_idx[t * (1 + K_TOPK_MAX)];
     }
-    if (logits && r->dev->download(r->dev, logits, r->logits, F4(n_out * V)))
-        return ds4_fail(err, DS4_ERR_INTERNAL, "%s download: %s", r->dev->name, r->dev->err);
     return 0;
 }
 
@@ -782,7 +923,7 @@ int k_runner_accept(k_runner *r, int64_t k, ds4_error *err) {
     int rc = 0;
     if (k < r->ver_n) {
         const ds4_model_config *c = &r->c;
-        const int64_t cd = conv_dim(c), vd = c->ssm_d_inner, nv = c->ssm_n_v;
+        const int64_t cd = conv_dim(c), vd = c->ssm_d_inner, nv = c->ssm_n_v, W = cd + vd + 2 * nv;
         const size_t conv = F4((c->ssm_conv_kernel - 1) * cd), ssm = F4(nv * c->ssm_d_state * c->ssm_d_state);
         r->launches = 0;
         for (int64_t il = 0; il < c->n_main && !rc; il++) {
@@ -793,7 +934,7 @@ int k_runner_accept(k_runner *r, int64_t k, ds4_error *err) {
                 break;
 #ifndef PLANT_ACCEPT_NO_REPLAY /* planted fault (tests must turn red): keep the pre-verify state */
             for (int64_t t = 0; t < k && !rc; t++)
-                rc = gdn_token(r, &r->L[il], S, S->cap_qkv + t * cd, S->cap_z + t * vd, S->cap_ab + t * 2 * nv,
+                rc = gdn_token(r, &r->L[il], S, S->cap_in + t * W, S->cap_in + t * W + cd, S->cap_in + t * W + cd + vd,
                                r->o, err);
 #endif
         }

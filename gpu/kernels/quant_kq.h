@@ -14,11 +14,60 @@
  *   Q6_K  210 B: ql[128] @0, qh[64] @128, int8 scales[16] @192, f16 d @208
  */
 
+/* Codes and bsums of values 32 sub .. 32 sub + 31 of one Q8_K block (lane
+ * `lane` holding value 32 sub + lane) at q[o ...], given the block's
+ * largest |x| (amax) and the signed value that has it (mx): bit for bit the
+ * CPU's quant_q8_K (ggml quantize_row_q8_K_ref): iscale = -127/mx, q =
+ * min(127, nearest_int(iscale*x)) with ggml's 1.5*2^23 magic add, bsums =
+ * sums of 16, d = 1/iscale (stored by sub 0); amax 0: all zeros. All 32
+ * lanes call it (uniform control flow): quantize_q8_K and the fused
+ * kernels (fused.h) share it. */
+K_FN void k_q8_K_chunk(float v, float amax, float mx, k_u32 lane, k_u32 sub, K_DEV k_u8 *q, k_u32 o) {
+    if (amax == 0.0f) {
+        K_ST(q, o + 4u + 32u * sub + lane, (k_u8)0);
+        if ((lane & 15u) == 0u) {
+            const k_u32 bo = o + 260u + 2u * (2u * sub + lane / 16u);
+            K_ST(q, bo, (k_u8)0);
+            K_ST(q, bo + 1u, (k_u8)0);
+        }
+        if (sub == 0u && lane == 0u)
+            for (k_u32 b = 0; b < 4u; b++) K_ST(q, o + b, (k_u8)0);
+        return;
+    }
+    const float iscale = -127.0f / mx;
+    const float f = iscale * v + 12582912.0f; /* no contraction: two roundings, as the CPU */
+    const int qi0 = (int)(k_f32_bits(f) & 0x007fffffu) - 0x00400000;
+    const int qi = qi0 < 127 ? qi0 : 127;
+    K_ST(q, o + 4u + 32u * sub + lane, (k_u8)(qi & 0xff));
+    /* bsums[2 sub + lane/16]: the 16 codes of this half-SIMD-group, exact
+     * (integers far below 2^24 in float) */
+    float s = (float)qi;
+    s = s + k_shfl_xor(s, 8u);
+    s = s + k_shfl_xor(s, 4u);
+    s = s + k_shfl_xor(s, 2u);
+    s = s + k_shfl_xor(s, 1u);
+    if ((lane & 15u) == 0u) {
+        const k_u32 bs = (k_u32)(int)s & 0xffffu, bo = o + 260u + 2u * (2u * sub + lane / 16u);
+        K_ST(q, bo, (k_u8)(bs & 0xffu));
+        K_ST(q, bo + 1u, (k_u8)(bs >> 8));
+    }
+    if (sub == 0u && lane == 0u) {
+        const k_u32 db = k_f32_bits(1.0f / iscale);
+        for (k_u32 b = 0; b < 4u; b++) K_ST(q, o + b, (k_u8)((db >> (8u * b)) & 0xffu));
+    }
+}
+
+/* The (|x|, index) rule of quant_q8_K's max: larger |x| wins, equal |x|
+ * the lower index (the CPU's strict > scan; NaN never wins). A total
+ * order on candidates, so any reduction order finds the same winner. */
+K_FN int k_q8_K_beats(float oa, float oi, float amax, float idx) {
+    return oa > amax || (oa == amax && oi < idx);
+}
+
 /* One SIMD-group per 256-value block; lane l holds x[l + 32 i], i < 8.
  * Bit for bit the CPU's quant_q8_K (ggml quantize_row_q8_K_ref): max = the
- * FIRST element of largest |x| (strict >, so NaN never wins), iscale =
- * -127/max, q = min(127, nearest_int(iscale*x)) with ggml's 1.5*2^23 magic
- * add, d = 1/iscale, bsums = sums of 16; an all-zero block is all zeros. */
+ * FIRST element of largest |x| (strict >, so NaN never wins), then
+ * k_q8_K_chunk per 32 values; an all-zero block is all zeros. */
 K_KERNEL(quantize_q8_K) {
     K_CHECK_TAG(quantize_q8_K);
     if (p.n % 256u) {
@@ -37,40 +86,12 @@ K_KERNEL(quantize_q8_K) {
         const float ax = k_fabs(v[i]);
         if (ax > amax) amax = ax, idx = (float)(K_LANE + 32u * i);
     }
-    /* (amax, idx): larger |x| wins, equal |x| the lower index */
     for (k_u32 m = 16u; m >= 1u; m >>= 1) {
         const float oa = k_shfl_xor(amax, m), oi = k_shfl_xor(idx, m);
-        if (oa > amax || (oa == amax && oi < idx)) amax = oa, idx = oi;
+        if (k_q8_K_beats(oa, oi, amax, idx)) amax = oa, idx = oi;
     }
-    const k_u32 o = blk * 292u;
-    if (amax == 0.0f) {
-        for (k_u32 i = K_LANE; i < 292u; i += 32u) K_ST(q, o + i, (k_u8)0);
-        return;
-    }
-    const float mx = K_LD(x, xo + (k_u32)idx);
-    const float iscale = -127.0f / mx;
-    for (k_u32 i = 0; i < 8u; i++) {
-        const float f = iscale * v[i] + 12582912.0f; /* no contraction: two roundings, as the CPU */
-        const int qi0 = (int)(k_f32_bits(f) & 0x007fffffu) - 0x00400000;
-        const int qi = qi0 < 127 ? qi0 : 127;
-        K_ST(q, o + 4u + K_LANE + 32u * i, (k_u8)(qi & 0xff));
-        /* bsums[2i + lane/16]: the 16 codes of this half-SIMD-group, exact
-         * (integers far below 2^24 in float) */
-        float s = (float)qi;
-        s = s + k_shfl_xor(s, 8u);
-        s = s + k_shfl_xor(s, 4u);
-        s = s + k_shfl_xor(s, 2u);
-        s = s + k_shfl_xor(s, 1u);
-        if ((K_LANE & 15u) == 0u) {
-            const k_u32 bs = (k_u32)(int)s & 0xffffu, bo = o + 260u + 2u * (2u * i + K_LANE / 16u);
-            K_ST(q, bo, (k_u8)(bs & 0xffu));
-            K_ST(q, bo + 1u, (k_u8)(bs >> 8));
-        }
-    }
-    if (K_LANE == 0u) {
-        const k_u32 db = k_f32_bits(1.0f / iscale);
-        for (k_u32 b = 0; b < 4u; b++) K_ST(q, o + b, (k_u8)((db >> (8u * b)) & 0xffu));
-    }
+    const float mx = amax == 0.0f ? 0.0f : K_LD(x, xo + (k_u32)idx);
+    for (k_u32 i = 0; i < 8u; i++) k_q8_K_chunk(v[i], amax, mx, K_LANE, i, q, blk * 292u);
 }
 
 
@@ -154,154 +175,185 @@ K_FN k_kq_lane k_kq6_load(K_DEV_IN k_u16 *w16, k_u32 wo, k_u32 t) {
     return L;
 }
 
-/* Super-blocks per octet per step of the K-quant matvec (weight loads
- * first), and the activation tile staged per step. */
+/* How far ahead (in super-blocks of the row) the L2 prefetch runs. */
 #ifndef K_KQ_AHEAD
-#define K_KQ_AHEAD 4u /* super-blocks of L2 prefetch ahead (CUDA) */
+#define K_KQ_AHEAD 8u /* super-blocks of L2 prefetch ahead (CUDA) */
 #endif
-#ifndef K_KQ_STEP
-#define K_KQ_STEP 2u
-#endif
-/* The staged Q8_K tile, per (step block u, row r): the 64 code words with
- * 8 pad words after each 32 (so the 16-byte reads of an octet's 8 lanes
- * hit 8 different bank quads), then d, then the 8 bsums words. */
-#define K_KQ_XW 80u
-#define K_KQ_TILE_WORDS (K_KQ_STEP * K_MATVEC_MAX_ROWS * (K_KQ_XW + 1u + 8u))
-#define K_KQ_PAD(w) ((w) + 8u * ((w) >> 5))
 
-/* One octet (8 lanes) per output row: SIMD-group s serves rows 4s..4s+3,
- * octet g row 4s + g. An octet takes K_KQ_STEP consecutive super-blocks
- * per step and loads their weights first (k_kq45_load / k_kq6_load say
- * which codes lane t holds; for Q4_K/Q5_K an octet's step is 288/352
- * contiguous bytes in 16-byte loads). Meanwhile the threadgroup copies the
- * step's activation super-blocks of all n_rows rows into threadgroup
- * memory (coalesced words; the Q8_K layout is only 4-aligned, the staged
- * one 16-aligned and padded against bank conflicts), so every weight row
- * of the threadgroup and every verify row reads them from there. Every
- * weight word is read once for all n_rows rows. Per super-block and row,
- * each lane forms its exact integer share sum_G sc[G] * (codes . q8)
- * (k_dot4) and, for Q4_K/Q5_K, mins . bsums of its two 16-value runs, and
- * adds the float terms (d_w * d_x) * share and -(dmin_w * d_x) * mins to
- * its own accumulator (no shuffle per block: per-block octet sums cost
- * more instructions than the dot products at width 16); a 3-level
- * butterfly over the octet ends it. The CPU (dot_q*_K_q8_K) splits the
- * same exact value d * S - dmin * M into its 8 integer lanes instead, so
- * the results differ by rounding only (tolerance and its derivation:
- * docs/gpu.md). A row's result never depends on n_rows. Row loops run to the constant
- * K_MATVEC_MAX_ROWS with a guard so acc[] stays in registers. */
+/* The K-quant matvec, the llama.cpp-mmvq recipe in the portable dialect:
+ * no threadgroup memory, no barriers; weights streamed in 16-byte loads,
+ * the Q8_K activations read straight from device memory as words (tiny,
+ * L1/L2-resident; the layout is only 4-aligned).
+ *
+ * Summation order, the same for every variant, width and threadgroup
+ * size: a row's super-blocks fall into 4 phases (ib mod 4); lane t of the
+ * octet serving phase P keeps one accumulator per row, adds 2 float terms
+ * per super-block ib = P, P + 4, P + 8, ... in ascending order, the row's
+ * value is then ((S0 + S1) + (S2 + S3)) where S_P is the octet butterfly
+ * (1, 2, 4) of phase P's 8 accumulators. How the phases are spread over
+ * lanes is the variant's choice (RPS rows per SIMD-group, 1, 2 or 4):
+ * RPS 1 gives each phase its own octet (the 4 octets of a SIMD-group
+ * stream one row, one load instruction reading 4 consecutive super-blocks:
+ * 576 contiguous bytes for Q4_K; S_P + S_P' by shuffles xor 8 and 16);
+ * RPS 4 gives an octet all 4 phases of its row (4 accumulators per row,
+ * every activation word read once for 4 weight rows); RPS 2 in between.
+ * Every weight word is read once and dotted with all n_rows activation
+ * rows.
+ *
+ * Per super-block and row, a lane forms its exact integer share sum_G
+ * sc[G] * (codes . q8) (k_dot4) and, for Q4_K/Q5_K, mins . bsums of its
+ * two 16-value runs, and adds (d_w * d_x) * share and -(dmin_w * d_x) *
+ * mins to its accumulator (no shuffle per block). The CPU (dot_q*_K_q8_K)
+ * splits the same exact value d * S - dmin * M into its 8 integer lanes
+ * instead, so the results differ by rounding only (tolerance:
+ * docs/gpu.md). Loops run to the constants R, RPS and STEP with guards so
+ * acc[] stays in registers. */
 K_FN void k_matvec_kq_rows(const k_matvec_kq_params p, K_DEV_IN k_u8 *w, K_DEV_IN k_u8 *xq, K_DEV float *y,
-                             K_TGM k_u32x4 *xs4, k_u32 tid, k_u32 tg_size, k_u32 simd, k_u32 lane, const k_u32 R) {
-    K_TGM k_u32 *xs = (K_TGM k_u32 *)xs4;
-    K_TGM k_u32x2 *xs2 = (K_TGM k_u32x2 *)xs4;
+                             k_u32 simd, k_u32 lane, const k_u32 R, const k_u32 RPS, const k_u32 STEP) {
     const k_u32 nb = p.n_in / 256u, type = p.wtype, nr = p.n_rows, bs = K_KQ_BLOCK_BYTES(type);
-    /* no SIMD-group may leave: all take part in the tile copies and
-     * barriers. Octets past the last row compute row n_out - 1 and store
-     * nothing. */
-    const k_u32 o = simd * K_MATVEC_ROWS_PER_SIMD + (lane >> 3);
+    const k_u32 OPR = 4u / RPS, PH = RPS; /* octets per row, phases per octet */
+    const k_u32 o0 = simd * RPS;
+    if (o0 >= p.n_out) return; /* a whole SIMD-group: no barrier, no shuffle left waiting */
+    /* octets of a row past the last one compute row n_out - 1 and store
+     * nothing: their SIMD-group's other rows need them in the shuffles */
+    const k_u32 o = o0 + (lane >> 3) / OPR, ph0 = ((lane >> 3) % OPR) * PH;
     const k_u32 orow = o < p.n_out ? o : p.n_out - 1u;
+#ifdef PLANT_KQ_OFF_BY_ONE_ROW
+    /* planted fault (tests must turn red): the next row's weights, in bounds */
+    const k_u32 wrow = orow + 1u < p.n_out ? orow + 1u : orow;
+#else
+    const k_u32 wrow = orow;
+#endif
     const k_u32 t = lane & 7u, q6 = type == K_TYPE_Q6_K;
     K_DEV_IN k_u32x4 *w4 = (K_DEV_IN k_u32x4 *)w;
     K_DEV_IN k_u16 *w16 = (K_DEV_IN k_u16 *)w;
     K_DEV_IN k_u32 *x32 = (K_DEV_IN k_u32 *)xq;
-    /* where lane t's codes meet the Q8_K codes (words of the staged
-     * block, before padding): Q4_K/Q5_K words 16c + 4(t&1) (lo) and + 8
-     * (hi), four each; Q6_K words 32h + 2(t&3) + 8q, two each */
-    const k_u32 xlo = q6 ? 32u * (t >> 2) + 2u * (t & 3u) : 16u * (t >> 1) + 4u * (t & 1u);
+    /* where lane t's codes meet the Q8_K codes (word 1 + i of the 73-word
+     * block holds codes 4i..4i+3): Q4_K/Q5_K words xlo..+3 (lo) and
+     * xlo + 8..+11 (hi); Q6_K words xlo + 8q, + 1 */
+    const k_u32 xlo = 1u + (q6 ? 32u * (t >> 2) + 2u * (t & 3u) : 16u * (t >> 1) + 4u * (t & 1u));
     /* bsums of this lane's two 16-value runs (Q4_K/Q5_K): int16 4c + (t&1)
-     * and 4c + 2 + (t&1): half t&1 of bsums words 2c, 2c + 1 */
-    const k_u32 bsw = 2u * (t >> 1), bsh = 16u * (t & 1u);
-    float acc[K_MATVEC_MAX_ROWS];
-    K_UNROLL for (k_u32 r = 0; r < R; r++) acc[r] = 0.0f;
-    /* the same trip count in all threads (barriers, octet shuffles): a
-     * step past the last super-block uses block 0 (in bounds) and adds
-     * nothing */
-    for (k_u32 base = 0; base < nb; base += K_KQ_STEP) {
+     * and 4c + 2 + (t&1): half t&1 of bsums words 65 + 2c, + 1 */
+    const k_u32 bsw = 65u + 2u * (t >> 1), bsh = 16u * (t & 1u);
+    float acc[4][K_MATVEC_MAX_ROWS];
+    K_UNROLL for (k_u32 h = 0; h < PH; h++)
+        K_UNROLL for (k_u32 r = 0; r < R; r++) acc[h][r] = 0.0f;
+    for (k_u32 base = 0; base < nb; base += 4u * STEP) {
         /* L2 prefetch K_KQ_AHEAD super-blocks ahead: lane t touches the
-         * 32-byte sector t of each (the loads below then wait on L2, not
-         * HBM, and need no registers to be in flight) */
-        K_UNROLL for (k_u32 u = 0; u < K_KQ_STEP; u++)
-            if (base + K_KQ_AHEAD + u < nb && 32u * t < bs)
-                K_PREFETCH(w, (orow * nb + base + K_KQ_AHEAD + u) * bs + 32u * t);
-        k_kq_lane L[K_KQ_STEP];
-        K_UNROLL for (k_u32 u = 0; u < K_KQ_STEP; u++) {
-            const k_u32 blk = orow * nb + (base + u < nb ? base + u : 0u);
-            L[u] = q6 ? k_kq6_load(w16, blk * 210u, t) : k_kq45_load(w4, blk * (bs / 16u), type, t);
-        }
-        /* stage the step's activation blocks: word wi of block (u, r) */
-        for (k_u32 f = tid; f < nr * K_KQ_STEP * 73u; f += tg_size) {
-            const k_u32 r = f / (K_KQ_STEP * 73u), u = (f / 73u) % K_KQ_STEP, wi = f % 73u;
-            const k_u32 ib = base + u < nb ? base + u : 0u, ur = u * K_MATVEC_MAX_ROWS + r;
-            const k_u32 v = K_LD(x32, (r * nb + ib) * 73u + wi);
-            if (wi == 0u) K_ST(xs, K_KQ_STEP * K_MATVEC_MAX_ROWS * K_KQ_XW + ur, v);
-            else if (wi <= 64u) K_ST(xs, ur * K_KQ_XW + K_KQ_PAD(wi - 1u), v);
-            else K_ST(xs, K_KQ_STEP * K_MATVEC_MAX_ROWS * (K_KQ_XW + 1u) + ur * 8u + (wi - 65u), v);
-        }
-        K_BARRIER();
-        K_UNROLL for (k_u32 u = 0; u < K_KQ_STEP; u++) {
-            if (base + u >= nb) continue; /* uniform: the whole threadgroup */
-            K_UNROLL for (k_u32 r = 0; r < R; r++) {
-                if (r >= nr) continue;
-                const k_u32 ur = u * K_MATVEC_MAX_ROWS + r, cw = ur * K_KQ_XW;
-                k_u32 xw[8];
-                if (q6) {
-                    K_UNROLL for (k_u32 q = 0; q < 4u; q++) {
-                        const k_u32x2 v = K_LD(xs2, (cw + K_KQ_PAD(xlo + 8u * q)) / 2u);
-                        xw[2u * q] = v.x, xw[2u * q + 1u] = v.y;
+         * 32-byte sector t of each (the loads then wait on L2, not HBM,
+         * and need no registers to be in flight) */
+        K_UNROLL for (k_u32 u = 0; u < STEP; u++)
+            K_UNROLL for (k_u32 h = 0; h < PH; h++) {
+                const k_u32 pb = base + K_KQ_AHEAD + 4u * u + ph0 + h;
+                if (pb < nb && 32u * t < bs) K_PREFETCH(w, (wrow * nb + pb) * bs + 32u * t);
+            }
+        k_kq_lane L[8]; /* STEP * RPS <= 8 (checked where the variants are made) */
+        K_UNROLL for (k_u32 u = 0; u < STEP; u++) /* all loads before any use */
+            K_UNROLL for (k_u32 h = 0; h < PH; h++) {
+                const k_u32 ib = base + 4u * u + ph0 + h, blk = wrow * nb + (ib < nb ? ib : 0u);
+                L[u * PH + h] = q6 ? k_kq6_load(w16, blk * 210u, t) : k_kq45_load(w4, blk * (bs / 16u), type, t);
+            }
+        K_UNROLL for (k_u32 u = 0; u < STEP; u++)
+            K_UNROLL for (k_u32 h = 0; h < PH; h++) {
+                const k_u32 ib = base + 4u * u + ph0 + h;
+                if (ib >= nb) continue; /* past the row's end: adds nothing */
+                K_UNROLL for (k_u32 r = 0; r < R; r++) {
+                    if (r >= nr) continue;
+                    const k_u32 xb = (r * nb + ib) * 73u;
+                    k_u32 xw[8];
+                    if (q6) {
+                        K_UNROLL for (k_u32 q = 0; q < 4u; q++) {
+                            xw[2u * q] = K_LD(x32, xb + xlo + 8u * q);
+                            xw[2u * q + 1u] = K_LD(x32, xb + xlo + 8u * q + 1u);
+                        }
+                    } else {
+                        K_UNROLL for (k_u32 i = 0; i < 4u; i++) {
+                            xw[i] = K_LD(x32, xb + xlo + i);
+                            xw[4u + i] = K_LD(x32, xb + xlo + 8u + i);
+                        }
                     }
-                } else {
-                    const k_u32x4 lo = K_LD(xs4, (cw + K_KQ_PAD(xlo)) / 4u), hi = K_LD(xs4, (cw + K_KQ_PAD(xlo + 8u)) / 4u);
-                    xw[0] = lo.x, xw[1] = lo.y, xw[2] = lo.z, xw[3] = lo.w;
-                    xw[4] = hi.x, xw[5] = hi.y, xw[6] = hi.z, xw[7] = hi.w;
-                }
-                /* the lane's exact integer share of the super-block (|part|
-                 * <= 32 * 127 * 128 * 32 < 2^24 for every type: exact as
-                 * float) becomes its own float term: no shuffles per block */
-                int part = 0;
-                K_UNROLL for (k_u32 G = 0; G < 4u; G++)
-                    part += L[u].sc[G] * k_dot4(L[u].code[2u * G + 1u], xw[2u * G + 1u], k_dot4(L[u].code[2u * G], xw[2u * G], 0));
-                const float dx = k_bits_f32(K_LD(xs, K_KQ_STEP * K_MATVEC_MAX_ROWS * K_KQ_XW + ur));
-                acc[r] += (L[u].d * dx) * (float)part;
-                if (!q6) {
-                    const k_u32 bo = K_KQ_STEP * K_MATVEC_MAX_ROWS * (K_KQ_XW + 1u) + ur * 8u + bsw;
-                    const k_u32 b0 = (K_LD(xs, bo) >> bsh) & 0xffffu, b1 = (K_LD(xs, bo + 1u) >> bsh) & 0xffffu;
-                    const int mpart = L[u].m_lo * ((int)b0 - (b0 & 0x8000u ? 65536 : 0)) +
-                                      L[u].m_hi * ((int)b1 - (b1 & 0x8000u ? 65536 : 0));
-                    acc[r] -= (L[u].dmin * dx) * (float)mpart;
+                    /* the lane's exact integer share of the super-block
+                     * (|part| <= 32 * 127 * 128 * 32 < 2^24 for every type:
+                     * exact as float) becomes its own float term */
+                    int part = 0;
+                    K_UNROLL for (k_u32 G = 0; G < 4u; G++)
+                        part += L[u * PH + h].sc[G] * k_dot4(L[u * PH + h].code[2u * G + 1u], xw[2u * G + 1u], k_dot4(L[u * PH + h].code[2u * G], xw[2u * G], 0));
+                    const float dx = k_bits_f32(K_LD(x32, xb));
+                    acc[h][r] += (L[u * PH + h].d * dx) * (float)part;
+                    if (!q6) {
+                        const k_u32 b0 = (K_LD(x32, xb + bsw) >> bsh) & 0xffffu, b1 = (K_LD(x32, xb + bsw + 1u) >> bsh) & 0xffffu;
+                        const int mpart = L[u * PH + h].m_lo * ((int)b0 - (b0 & 0x8000u ? 65536 : 0)) +
+                                          L[u * PH + h].m_hi * ((int)b1 - (b1 & 0x8000u ? 65536 : 0));
+                        acc[h][r] -= (L[u * PH + h].dmin * dx) * (float)mpart;
+                    }
                 }
             }
-        }
-        K_BARRIER(); /* the next step's copy overwrites the tile */
     }
     K_UNROLL for (k_u32 r = 0; r < R; r++) {
         if (r >= nr) continue;
-        const float s = k_octet_sum(acc[r]);
-        if (t == 0u && o < p.n_out) K_ST(y, r * p.y_stride + o, s);
+        /* ((S0 + S1) + (S2 + S3)) whatever the spread (a + b == b + a) */
+        float s;
+        if (PH == 1u) {
+            s = k_octet_sum(acc[0][r]);
+            s = s + k_shfl_xor(s, 8u);
+            s = s + k_shfl_xor(s, 16u);
+        } else if (PH == 2u) {
+            s = k_octet_sum(acc[0][r]) + k_octet_sum(acc[1][r]);
+            s = s + k_shfl_xor(s, 8u);
+        } else {
+            s = (k_octet_sum(acc[0][r]) + k_octet_sum(acc[1][r])) + (k_octet_sum(acc[2][r]) + k_octet_sum(acc[3][r]));
+        }
+        if ((lane & (8u * OPR - 1u)) == 0u && o < p.n_out) K_ST(y, r * p.y_stride + o, s);
     }
 }
 
-/* The three width classes: one body, the row count a constant after
- * inlining, so each variant keeps only its accumulators and loads in
- * registers (one kernel for all would run decode at the occupancy of
- * width 16). The last argument is CUDA's resident-threadgroups target,
- * measured on the H200 at 5120 x 17408: width 1 in 56 registers (9
- * threadgroups per SM: the 1088 threadgroups in one wave; at 61 registers
- * it took 1.03 waves and 45 us instead of 37), 2..4 in 80, 5..16 in 170
- * (a 104-byte spill, still 25% faster than 199 registers unspilled). A
- * row's arithmetic is the same in all three, so any width is bit-identical
- * per row to width 1 (tested). The host picks by K_MATVEC_KQ_KERNEL(n_rows). */
-#define K_KQ_VARIANT(K, R, B)                                                              \
+/* The three width classes: one body, the row count, rows per SIMD-group
+ * and super-blocks per octet and step constants after inlining, so each
+ * variant keeps only its accumulators and loads in registers (one kernel
+ * for all would run decode at the occupancy of width 16). A row's
+ * arithmetic is the same in all three (the order above), so any width is
+ * bit-identical per row to width 1 (tested). B is CUDA's
+ * resident-threadgroups target (registers per thread at most 65536 / (128
+ * B)). The host picks by K_MATVEC_KQ_KERNEL(n_rows) and launches
+ * K_MATVEC_KQ_GROUPS(n_rows, ...) threadgroups; a grid that leaves rows
+ * out raises K_ERR_SHAPE (every thread takes the same branch). Each
+ * default is a -D override; they are the best of the H200 sweep
+ * (cuda/bench_matvec, 5 configurations, 2026-11-29): width 1 with STEP 1
+ * and 10 resident threadgroups (48 registers, one wave at 5120 rows) read
+ * Q4_K 5120x17408 at 42.5% of 4300 GB/s (STEP 2 / 9: 37.7%; STEP 4 / 5:
+ * 29%); widths 2..4 one row per SIMD-group and 5..16 two rows with STEP
+ * 2: width 16 at 3.9% instead of 3.1%. */
+#ifndef K_KQ1_STEP
+#define K_KQ1_STEP 1u /* 4 super-blocks of one row in flight per SIMD-group */
+#endif
+#ifndef K_KQ4_STEP
+#define K_KQ4_STEP 1u
+#endif
+#ifndef K_KQ16_STEP
+#define K_KQ16_STEP 2u
+#endif
+#ifndef K_KQ1_TGS
+#define K_KQ1_TGS 10 /* 48 registers (11 spills) */
+#endif
+#ifndef K_KQ4_TGS
+#define K_KQ4_TGS 9
+#endif
+#ifndef K_KQ16_TGS
+#define K_KQ16_TGS 3
+#endif
+#define K_KQ_VARIANT(K, R, RPS, STEP, B)                                                   \
+    typedef char k_##K##_step_fits[(STEP) * (RPS) <= 8u && ((RPS) == 1 || (RPS) == 2 || (RPS) == 4) ? 1 : -1];                         \
     K_KERNEL_BOUNDED(K, K_MATVEC_MAX_TG, B) {                                              \
         K_CHECK_TAG(K);                                                                    \
         const k_u32 bs_ = K_KQ_BLOCK_BYTES(p.wtype);                                       \
         if (p.n_in % 256u || p.n_rows == 0u || p.n_rows > (R) || bs_ == 0u ||             \
-            K_TG_SIZE > K_MATVEC_MAX_TG) {                                                 \
+            K_TG_SIZE > K_MATVEC_MAX_TG || K_NGX * K_NSIMD * (RPS) < p.n_out) {           \
             k_raise(status, K_ERR_SHAPE);                                                  \
             return;                                                                        \
         }                                                                                  \
-        K_TG_ARRAY(k_u32x4, xs4, K_KQ_TILE_WORDS / 4u);                                    \
-        k_matvec_kq_rows(p, w, xq, y, xs4, K_TID, K_TG_SIZE, K_GX * K_NSIMD + K_SIMD, K_LANE, (R)); \
+        k_matvec_kq_rows(p, w, xq, y, K_GX * K_NSIMD + K_SIMD, K_LANE, (R), (RPS), (STEP)); \
     }
 
-K_KQ_VARIANT(matvec_kq1, 1u, 9)
-K_KQ_VARIANT(matvec_kq4, 4u, 6)
-K_KQ_VARIANT(matvec_kq, K_MATVEC_MAX_ROWS, 3)
+K_KQ_VARIANT(matvec_kq1, 1u, K_KQ1_RPS, K_KQ1_STEP, K_KQ1_TGS)
+K_KQ_VARIANT(matvec_kq4, 4u, K_KQ4_RPS, K_KQ4_STEP, K_KQ4_TGS)
+K_KQ_VARIANT(matvec_kq, K_MATVEC_MAX_ROWS, K_KQ16_RPS, K_KQ16_STEP, K_KQ16_TGS)

@@ -8,12 +8,29 @@
 
 K_FN int k_i8(k_u32 byte) { return (int)byte - (byte >= 128u ? 256 : 0); }
 
-/* One SIMD-group per block: lane j holds x[j]. Bit for bit the CPU's
- * quantizer (csrc/quants/scalar.c quant_block_q8_avx2, llama.cpp's AVX2
- * quantize_row_q8_0): amax by max (order-free without NaN), d = amax/127,
- * id = 127/amax (0 when amax is 0), q = round-to-nearest-even(x*id)
- * saturated to int8 (a NaN code becomes -128 as x86's cvtps2dq + packs
- * make it), d stored as fp16 rounded to nearest even. */
+/* One Q8_0 block from one SIMD-group, lane `lane` holding x[lane]: bit
+ * for bit the CPU's quantizer (csrc/quants/scalar.c quant_block_q8_avx2,
+ * llama.cpp's AVX2 quantize_row_q8_0): amax by max (order-free without
+ * NaN), d = amax/127, id = 127/amax (0 when amax is 0), q =
+ * round-to-nearest-even(x*id) saturated to int8 (a NaN code becomes -128
+ * as x86's cvtps2dq + packs make it), d stored as fp16 rounded to nearest
+ * even, at q[o] (d) and q[o + 2 + lane]. All 32 lanes call it (uniform
+ * control flow): quantize_q8_0 and the fused kernels (fused.h) share it. */
+K_FN void k_q8_0_store(float v, k_u32 lane, K_DEV k_u8 *q, k_u32 o) {
+    const float amax = k_simd_max(k_fabs(v));
+    const float d = amax / 127.0f;
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    const float r = k_rint(v * id);
+    const int qi = !(r == r) ? -128 : r >= 127.0f ? 127 : r <= -128.0f ? -128 : (int)r;
+    K_ST(q, o + 2u + lane, (k_u8)(qi & 0xff));
+    if (lane == 0) {
+        const k_u16 dh = k_f2h(d);
+        K_ST(q, o, (k_u8)(dh & 0xffu));
+        K_ST(q, o + 1u, (k_u8)(dh >> 8));
+    }
+}
+
+/* One SIMD-group per block (k_q8_0_store). */
 K_KERNEL(quantize_q8_0) {
     K_CHECK_TAG(quantize_q8_0);
     if (p.n % 32u) {
@@ -24,19 +41,7 @@ K_KERNEL(quantize_q8_0) {
     const k_u32 blk = K_GX * K_NSIMD + K_SIMD;
     if (blk >= p.n_rows * nb) return; /* a whole SIMD-group; no barriers here */
     const k_u32 row = blk / nb, ib = blk % nb;
-    const float v = K_LD(x, row * p.x_stride + ib * 32u + K_LANE);
-    const float amax = k_simd_max(k_fabs(v));
-    const float d = amax / 127.0f;
-    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
-    const float r = k_rint(v * id);
-    const int qi = !(r == r) ? -128 : r >= 127.0f ? 127 : r <= -128.0f ? -128 : (int)r;
-    const k_u32 o = blk * 34u;
-    K_ST(q, o + 2u + K_LANE, (k_u8)(qi & 0xff));
-    if (K_LANE == 0) {
-        const k_u16 dh = k_f2h(d);
-        K_ST(q, o, (k_u8)(dh & 0xffu));
-        K_ST(q, o + 1u, (k_u8)(dh >> 8));
-    }
+    k_q8_0_store(K_LD(x, row * p.x_stride + ib * 32u + K_LANE), K_LANE, q, blk * 34u);
 }
 
 /* Two bytes at an even offset as a little-endian 16-bit value. */
@@ -50,37 +55,56 @@ K_FN k_u32 k_ld_w2(K_DEV_IN k_u16 *b16, k_u32 off) {
 
 /* Blocks per octet per step of the Q8_0 matvec: 4 x 3 16-bit loads per
  * lane in flight before the first use. */
+#ifndef K_Q8_0_STEP
 #define K_Q8_0_STEP 4u
+#endif
 #ifndef K_Q8_0_AHEAD
-#define K_Q8_0_AHEAD 16u /* blocks of L2 prefetch ahead (CUDA) */
+#define K_Q8_0_AHEAD 32u /* blocks of L2 prefetch ahead (CUDA) */
 #endif
 
-/* One octet (8 lanes) per output row o: SIMD-group s serves rows 4s..4s+3,
- * octet g row 4s + g, so the four octets always read the same activation
- * block (one L1 access serves all four). An octet takes K_Q8_0_STEP
- * consecutive blocks per step, all loads first. Lane t holds codes
- * 4t..4t+3 of a block as one word (two 16-bit loads: blocks are 34 bytes,
- * only 2-aligned), so an octet's step reads 136 contiguous bytes. Every
- * weight word is read once and dotted with all n_rows activation rows
- * (k_dot4, one instruction on CUDA); the octet's integer sum is the CPU's
- * sumi (csrc/quants/scalar.c dot_q8_0_q8_0) exactly, and lane ib % 8 adds
- * the CPU's term sumi * (d_w * d_x) to its accumulator: lane t gets blocks
- * t, t+8, ... in ascending order (at most ceil(nb/8)), then a 3-level
- * butterfly over the octet. So a row's result never depends on n_rows
- * (batch invariance), and differs from the CPU's serial block sum only in
- * the order of the same terms (tolerance: docs/gpu.md). */
+/* The sum over the lanes serving one output row: the octet butterfly (1, 2,
+ * 4), then 8 and 16 as K_MATVEC_OCTETS_PER_ROW asks; one fixed order on
+ * every target (the Q8_0 and K-quant matvecs). All 32 lanes call it (uniform control flow). */
+K_FN float k_matvec_row_sum(float v) {
+    v = k_octet_sum(v);
+    if (K_MATVEC_OCTETS_PER_ROW >= 2u) v = v + k_shfl_xor(v, 8u);
+    if (K_MATVEC_OCTETS_PER_ROW >= 4u) v = v + k_shfl_xor(v, 16u);
+    return v;
+}
+
+/* The Q8_0 matvec, no threadgroup memory, no barriers. A SIMD-group serves
+ * K_MATVEC_ROWS_PER_SIMD weight rows (1 by default: the whole SIMD-group
+ * streams one row); the row's OPR = K_MATVEC_OCTETS_PER_ROW octets take its
+ * blocks round robin: at step `base`, octet j loads blocks base + u * OPR +
+ * j (u < K_Q8_0_STEP), so one load instruction of the SIMD-group reads OPR
+ * consecutive blocks. Lane t holds codes 4t..4t+3 of a block as one word
+ * (two 16-bit loads: blocks are 34 bytes, only 2-aligned). Every weight
+ * word is read once and dotted with all n_rows activation rows (k_dot4,
+ * one instruction on CUDA; activations straight from device memory: tiny,
+ * L1/L2-resident); the octet's integer sum is the CPU's sumi
+ * (csrc/quants/scalar.c dot_q8_0_q8_0) exactly, and the octet's k-th block
+ * (ib = k OPR + j) has its term sumi * (d_w * d_x) added by lane k % 8:
+ * lane t of octet j gets blocks ib = j + OPR (t + 8 m), m = 0, 1, ... in
+ * ascending order (at most ceil(nb / (8 OPR))), then the row's
+ * 3 + log2(OPR)-level butterfly (k_matvec_row_sum). So
+ * a row's result never depends on n_rows or the threadgroup size (batch
+ * invariance), and differs from the CPU's serial block sum only in the
+ * order of the same terms (tolerance: docs/gpu.md). */
 K_KERNEL(matvec_q8_0) {
     K_CHECK_TAG(matvec_q8_0);
-    if (p.n_in % 32u || p.n_rows == 0u || p.n_rows > K_MATVEC_MAX_ROWS) {
+    if (p.n_in % 32u || p.n_rows == 0u || p.n_rows > K_MATVEC_MAX_ROWS ||
+        K_NGX * K_NSIMD * K_MATVEC_ROWS_PER_SIMD < p.n_out) { /* a grid that leaves rows out: loudly */
         k_raise(status, K_ERR_SHAPE);
         return;
     }
+    const k_u32 OPR = K_MATVEC_OCTETS_PER_ROW;
     const k_u32 nb = p.n_in / 32u, t = K_LANE & 7u, nr = p.n_rows;
     const k_u32 o0 = (K_GX * K_NSIMD + K_SIMD) * K_MATVEC_ROWS_PER_SIMD;
-    if (o0 >= p.n_out) return; /* a whole SIMD-group */
-    /* an octet past the last row computes row n_out - 1 without storing:
-     * its SIMD-group's other octets need it in the shuffles */
-    const k_u32 o = o0 + (K_LANE >> 3), orow = o < p.n_out ? o : p.n_out - 1u;
+    if (o0 >= p.n_out) return; /* a whole SIMD-group; no barriers here */
+    /* octets of a row past the last one compute row n_out - 1 without
+     * storing: their SIMD-group's other rows need them in the shuffles */
+    const k_u32 o = o0 + (K_LANE >> 3) / OPR, j = (K_LANE >> 3) % OPR;
+    const k_u32 orow = o < p.n_out ? o : p.n_out - 1u;
 #ifdef PLANT_OFF_BY_ONE_ROW
     /* planted fault (tests must turn red): the next row's weights, in bounds */
     const k_u32 wrow = orow + 1u < p.n_out ? orow + 1u : orow;
@@ -93,25 +117,28 @@ K_KERNEL(matvec_q8_0) {
      * compiler unrolls them and keeps acc[] in registers */
     float acc[K_MATVEC_MAX_ROWS];
     K_UNROLL for (k_u32 r = 0; r < K_MATVEC_MAX_ROWS; r++) acc[r] = 0.0f;
-    /* the same trip count in all 32 lanes (the octet sums shuffle): a step
-     * past the last block reads block 0 (in bounds) and adds nothing */
-    for (k_u32 base = 0; base < nb; base += K_Q8_0_STEP) {
-        /* L2 prefetch K_Q8_0_AHEAD blocks ahead: lanes 0..4 of the octet
-         * touch the 5 sectors of that step's 4 blocks (136 bytes), never
-         * past the row's last byte */
-        if (base + K_Q8_0_AHEAD < nb && t < 5u) {
-            const k_u32 pf = (base + K_Q8_0_AHEAD) * 34u + 32u * t;
-            K_PREFETCH(w, wrow * nb * 34u + (pf < nb * 34u ? pf : nb * 34u - 1u));
+    /* the same trip count in all 32 lanes (the octet sums shuffle): a block
+     * past the row's end reads block 0 (in bounds) and adds nothing */
+    for (k_u32 base = 0; base < nb; base += OPR * K_Q8_0_STEP) {
+        /* L2 prefetch K_Q8_0_AHEAD blocks ahead: lanes 0..1 of octet j
+         * touch the sectors of that block (34 bytes: at most 2 sectors),
+         * never past the row's last byte */
+        if (t < 2u) {
+            K_UNROLL for (k_u32 u = 0; u < K_Q8_0_STEP; u++) {
+                const k_u32 pb = base + K_Q8_0_AHEAD + u * OPR + j;
+                if (pb < nb) K_PREFETCH(w, (wrow * nb + pb) * 34u + 32u * t);
+            }
         }
         k_u32 wq[K_Q8_0_STEP];
         float dw[K_Q8_0_STEP];
         K_UNROLL for (k_u32 u = 0; u < K_Q8_0_STEP; u++) { /* all loads before any use */
-            const k_u32 wo = (wrow * nb + (base + u < nb ? base + u : 0u)) * 34u;
+            const k_u32 ib = base + u * OPR + j, wo = (wrow * nb + (ib < nb ? ib : 0u)) * 34u;
             wq[u] = k_ld_w2(w16, wo + 2u + 4u * t);
             dw[u] = k_h2f((k_u16)k_ld_u16_at(w16, wo));
         }
         K_UNROLL for (k_u32 u = 0; u < K_Q8_0_STEP; u++) {
-            const k_u32 ib = base + u, live = ib < nb, ibx = live ? ib : 0u, adder = live && t == (ib & 7u);
+            const k_u32 ib = base + u * OPR + j, live = ib < nb, ibx = live ? ib : 0u;
+            const k_u32 adder = live && t == ((ib / OPR) & 7u);
             K_UNROLL for (k_u32 r = 0; r < K_MATVEC_MAX_ROWS; r++) {
                 if (r >= nr) continue;
                 const k_u32 xo = (r * nb + ibx) * 34u;
@@ -122,7 +149,7 @@ K_KERNEL(matvec_q8_0) {
     }
     K_UNROLL for (k_u32 r = 0; r < K_MATVEC_MAX_ROWS; r++) {
         if (r >= nr) continue;
-        const float s = k_octet_sum(acc[r]);
-        if (t == 0u && o < p.n_out) K_ST(y, r * p.y_stride + o, s);
+        const float s = k_matvec_row_sum(acc[r]);
+        if ((K_LANE & (8u * OPR - 1u)) == 0u && o < p.n_out) K_ST(y, r * p.y_stride + o, s);
     }
 }

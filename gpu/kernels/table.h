@@ -67,7 +67,9 @@ typedef uchar k_u8;
     X(14, add_rows)      \
     X(15, swiglu)        \
     X(16, attn_gate)     \
-    X(17, kv_store)
+    X(17, kv_store)      \
+    X(18, norm_quant)    \
+    X(19, swiglu_quant)
 
 /* A params struct starts with its tag: 0xD5A0 in the high half, the kernel
  * id in the low half. */
@@ -109,13 +111,18 @@ typedef struct {
 /* -------------------------------------------------------- matvec_q8_0 -- */
 /* y[r][o] = W_o . xq_r for r < n_rows (1..16: decode and the verify widths,
  * every weight block read once for all rows), W rows of n_in Q8_0 weights,
- * xq rows of Q8_0 activations (quantize_q8_0's output). One octet (8
- * lanes) per output row, so a SIMD-group serves K_MATVEC_ROWS_PER_SIMD
- * rows and reads each activation word once for all four (the same for
- * matvec_kq); launch K_MATVEC_GROUPS(n_out, SIMD-groups per threadgroup)
- * threadgroups. */
+ * xq rows of Q8_0 activations (quantize_q8_0's output). A SIMD-group
+ * serves K_MATVEC_ROWS_PER_SIMD output rows, its 4 octets (8 lanes each)
+ * split evenly between them; launch K_MATVEC_GROUPS(n_out, SIMD-groups
+ * per threadgroup) threadgroups (a grid too small for n_out raises
+ * K_ERR_SHAPE). A row's float summation order depends on
+ * K_MATVEC_ROWS_PER_SIMD (1, 2 or 4) only, never on the width or the
+ * threadgroup size. */
 #define K_MATVEC_MAX_ROWS 16
-#define K_MATVEC_ROWS_PER_SIMD 4
+#ifndef K_MATVEC_ROWS_PER_SIMD
+#define K_MATVEC_ROWS_PER_SIMD 1 /* a whole SIMD-group streams one weight row: enough loads in flight */
+#endif
+#define K_MATVEC_OCTETS_PER_ROW (4u / K_MATVEC_ROWS_PER_SIMD)
 #define K_MATVEC_MAX_TG 128 /* threads per threadgroup, at most (CUDA register cap) */
 #define K_MATVEC_GROUPS(n_out, nsg) (((n_out) + K_MATVEC_ROWS_PER_SIMD * (nsg) - 1) / (K_MATVEC_ROWS_PER_SIMD * (nsg)))
 typedef struct {
@@ -223,9 +230,9 @@ typedef struct {
 /* ---------------------------------------------------------- matvec_kq -- */
 /* y[r][o] = W_o . xq_r for K-quant weights (wtype: the ggml type id, Q4_K
  * 12, Q5_K 13, Q6_K 14) and Q8_K activation rows (quantize_q8_K's output),
- * r < n_rows (1..16, every weight block read once for all rows). One
- * octet per output row, K_MATVEC_GROUPS threadgroups of at most
- * K_MATVEC_MAX_TG threads. */
+ * r < n_rows (1..16, every weight block read once for all rows).
+ * K_MATVEC_KQ_GROUPS threadgroups (below) of at most K_MATVEC_MAX_TG
+ * threads. */
 #define K_TYPE_Q4_K 12
 #define K_TYPE_Q5_K 13
 #define K_TYPE_Q6_K 14
@@ -252,6 +259,24 @@ typedef k_matvec_kq_params k_matvec_kq4_params;
 #define K_ARGS_matvec_kq1(X, K) K_ARGS_matvec_kq(X, K)
 #define K_ARGS_matvec_kq4(X, K) K_ARGS_matvec_kq(X, K)
 #define K_MATVEC_KQ_KERNEL(n_rows) ((n_rows) <= 1 ? K_ID_matvec_kq1 : (n_rows) <= 4 ? K_ID_matvec_kq4 : K_ID_matvec_kq)
+/* Output rows per SIMD-group of each variant (1, 2 or 4; quant_kq.h says
+ * why a row's bits do not depend on it): width 1 streams a row per
+ * SIMD-group (loads in flight), the wider ones share each activation read
+ * among 2 / 4 rows. Launch K_MATVEC_KQ_GROUPS(n_rows, n_out, SIMD-groups
+ * per threadgroup) threadgroups of the kernel K_MATVEC_KQ_KERNEL(n_rows)
+ * picks; a grid too small for n_out raises K_ERR_SHAPE. */
+#ifndef K_KQ1_RPS
+#define K_KQ1_RPS 1
+#endif
+#ifndef K_KQ4_RPS
+#define K_KQ4_RPS 1 /* H200 sweep (quant_kq.h): 1 and 2 beat 2 and 4 */
+#endif
+#ifndef K_KQ16_RPS
+#define K_KQ16_RPS 2
+#endif
+#define K_MATVEC_KQ_RPS(n_rows) ((n_rows) <= 1 ? K_KQ1_RPS : (n_rows) <= 4 ? K_KQ4_RPS : K_KQ16_RPS)
+#define K_MATVEC_KQ_GROUPS(n_rows, n_out, nsg) \
+    (((n_out) + K_MATVEC_KQ_RPS(n_rows) * (nsg) - 1) / (K_MATVEC_KQ_RPS(n_rows) * (nsg)))
 
 /* ----------------------------------------------------------- gdn_conv -- */
 /* One token of the GDN causal depthwise conv (decode): out[ch] =
@@ -373,6 +398,57 @@ typedef struct {
     X(K, 4, pages, k_u32, K_IN, (p.pos0 + p.n_rows - 1) / K_ATTN_BLOCK + 1) \
     X(K, 5, kpool, k_u16, K_OUT, p.n_pages * p.n_head_kv * K_ATTN_BLOCK * p.head_dim) \
     X(K, 6, vpool, k_u16, K_OUT, p.n_pages * p.n_head_kv * K_ATTN_BLOCK * p.head_dim)
+
+/* ------------------------------------------------- fused (fused.h) -- */
+/* Glue fused into its neighbours (issue 19: fewer launches per token), bit
+ * for bit the unfused sequence. Flags say which parts run / which outputs
+ * are written; an output whose flag is off is still bound (1 element). */
+#define K_NQ_ADD 1u  /* norm_quant: h += y first (add_rows) */
+#define K_NQ_X 2u    /* store the float row (x; swiglu_quant: gate in place) */
+#define K_NQ_Q8_0 4u /* store Q8_0 blocks (quantize_q8_0) */
+#define K_NQ_Q8_K 8u /* store Q8_K blocks (quantize_q8_K) */
+#define K_NQ_MAX_N 16384u /* norm_quant's n, at most (threadgroup memory: 2 floats per 32) */
+
+/* Per row (one threadgroup per row, of rmsnorm's size for this n): h += y
+ * (K_NQ_ADD), x = rmsnorm(h) * w (eps), then x's Q8_0 and/or Q8_K blocks
+ * (rows of n/32 * 34 / n/256 * 292 bytes, as the quantizers write them). */
+typedef struct {
+    k_u32 tag;
+    k_u32 n;        /* elements per row (a multiple of 32 / 256 for Q8_0 / Q8_K) */
+    k_u32 n_rows;
+    k_u32 stride;   /* floats between rows of y, h and x */
+    float eps;
+    k_u32 flags;    /* K_NQ_* */
+} k_norm_quant_params;
+#define K_ARGS_norm_quant(X, K)                                           \
+    X(K, 0, status, k_u32, K_STATUS, 2)                                   \
+    X(K, 1, p, k_norm_quant_params, K_PARAMS, 1)                          \
+    X(K, 2, y, float, K_IN, (p.flags & K_NQ_ADD) ? (p.n_rows - 1) * p.stride + p.n : 1) \
+    X(K, 3, h, float, K_OUT, (p.n_rows - 1) * p.stride + p.n)             \
+    X(K, 4, w, float, K_IN, p.n)                                          \
+    X(K, 5, x, float, K_OUT, (p.flags & K_NQ_X) ? (p.n_rows - 1) * p.stride + p.n : 1) \
+    X(K, 6, q8, k_u8, K_OUT, (p.flags & K_NQ_Q8_0) ? p.n_rows * (p.n / 32) * 34 : 1) \
+    X(K, 7, qk, k_u8, K_OUT, (p.flags & K_NQ_Q8_K) ? p.n_rows * (p.n / 256) * 292 : 1)
+
+/* g = SiLU(g) * u (swiglu) over n_rows rows, g and u read from one buffer
+ * (row r: g at r stride, u at r stride + up_off), then g's Q8_0 and/or
+ * Q8_K blocks (rows of n values). One SIMD-group per 256 values with
+ * K_NQ_Q8_K, else per 32. */
+typedef struct {
+    k_u32 tag;
+    k_u32 n;        /* values per row, a multiple of 32 (256 with K_NQ_Q8_K) */
+    k_u32 n_rows;
+    k_u32 stride;   /* floats between rows of gu */
+    k_u32 up_off;   /* floats from a row's g to its u, >= n */
+    k_u32 flags;    /* K_NQ_Q8_0, K_NQ_Q8_K */
+} k_swiglu_quant_params;
+#define K_SWIGLU_QUANT_UNITS(p) ((p).n_rows * ((p).n / (((p).flags & K_NQ_Q8_K) ? 256u : 32u)))
+#define K_ARGS_swiglu_quant(X, K)                                         \
+    X(K, 0, status, k_u32, K_STATUS, 2)                                   \
+    X(K, 1, p, k_swiglu_quant_params, K_PARAMS, 1)                        \
+    X(K, 2, gu, float, K_IN, (p.n_rows - 1) * p.stride + p.up_off + p.n)  \
+    X(K, 3, q8, k_u8, K_OUT, (p.flags & K_NQ_Q8_0) ? p.n_rows * (p.n / 32) * 34 : 1) \
+    X(K, 4, qk, k_u8, K_OUT, (p.flags & K_NQ_Q8_K) ? p.n_rows * (p.n / 256) * 292 : 1)
 
 /* ---------------------------------------------------- derived names -- */
 /* K_ID_<kernel>, K_TAG_OF(kernel), K_ARG_<kernel>_<name> (the slot of an

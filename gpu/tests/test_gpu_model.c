@@ -151,6 +151,7 @@ static int bench(const char *path, const char *ctx_list, int steps) {
         char label[64];
         snprintf(label, sizeof label, "ctx=%ld decode", ctx);
         k_cuda_profile_print(label);
+        k_cuda_graph_stats(label);
 #endif
         fflush(stdout);
         free(toks);
