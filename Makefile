@@ -137,6 +137,7 @@ bench-quick: build
 	$(PY) bench/bench_cpu.py --quick
 
 bench-spec: build
+	$(PY) bench/spec_replay.py
 	$(PY) bench/bench_spec.py
 
 # Bounded load test of ds4py-server on loopback (stops by itself).
