@@ -7,8 +7,10 @@ import sys
 
 from setuptools import setup
 from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, ROOT)
 import build_core  # noqa: E402
 
 
@@ -43,4 +45,23 @@ class BuildWithSimdVariants(build_ext):
         super().build_extension(ext)
 
 
-setup(cffi_modules=["build_core.py:ffibuilder"], cmdclass={"build_ext": BuildWithSimdVariants})
+class BuildPyWithGpuSources(build_py):
+    """A wheel carries the C sources the GPU backend plugin is compiled from
+    on first use (ds4py/gpu_backend.py, gpu/tools/build_plugin.py) under
+    ds4py/_native/; an editable install reads them from the checkout."""
+
+    def run(self):
+        super().run()
+        if getattr(self, "editable_mode", False):
+            return
+        sys.path.insert(0, os.path.join(ROOT, "gpu", "tools"))
+        import build_plugin
+
+        dst = os.path.join(self.build_lib, "ds4py", "_native")
+        for rel in build_plugin.source_files(ROOT):
+            os.makedirs(os.path.dirname(os.path.join(dst, rel)), exist_ok=True)
+            self.copy_file(os.path.join(ROOT, rel), os.path.join(dst, rel))
+
+
+setup(cffi_modules=["build_core.py:ffibuilder"],
+      cmdclass={"build_ext": BuildWithSimdVariants, "build_py": BuildPyWithGpuSources})

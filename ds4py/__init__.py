@@ -2,11 +2,11 @@
 
 from . import gguf, quants
 from .cache import PrefixCache
-from .dflash import load  # noqa: E402  (Model.load, plus dflash=)
 from .errors import DS4Error, GGUFError, ModelError, QuantError
 from .generate import Generation, GenerationChunk, generate, stream_generate
 from .gguf import GGUFFile, TensorInfo
 from .gguf_writer import GGUFWriter, write_gguf
+from .gpu_backend import load  # noqa: E402  (Model.load, plus dflash= and backend=)
 from .model import Model, ModelConfig
 from .sampling import Sampler, SamplingParams
 from .session import Session, Snapshot

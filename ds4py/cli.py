@@ -126,6 +126,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dump-logits", metavar="FILE",
                    help="write the prompt's logits to FILE (.npz: logits [tokens, vocab] "
                         "float32, tokens)")
+    g.add_argument("--backend", choices=("cpu", "cuda", "auto", "metal", "gpu-emul"),
+                   default="cpu",
+                   help="where the model runs (default: cpu). cuda: NVIDIA GPU, plugin "
+                        "compiled with nvcc on first use; auto: cuda if it can run the model, "
+                        "else cpu; gpu-emul: the GPU kernels under the emulator (tests, "
+                        "slow); metal: not wired yet. GPU backends run dense models, fast "
+                        "precision, without drafting (ds4py.gpu_backend)")
 
     c = sub.add_parser(
         "chat", parents=[common, model, sampling], help="interactive multi-turn chat",
@@ -167,11 +174,21 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--threads", type=int, metavar="N")
     sc.add_argument("--out", metavar="FILE", help="add the entry to this pairs file")
 
-    from .server.main import add_arguments as _serve_arguments  # ds4py-server's options
-    sv = sub.add_parser(
-        "serve", parents=[common], help="run the OpenAI-compatible HTTP server",
-        description="The same server as ds4py-server (see README, Server).")
-    _serve_arguments(sv)
+    serve_help = dict(help="run the OpenAI-compatible HTTP server",
+                      description="The same server as ds4py-server (see README, Server).")
+    try:
+        from .server.main import add_arguments as _serve_arguments  # ds4py-server's options
+    except ImportError:
+        # generate/chat must not need the server's dependencies (fastapi, ...):
+        # a machine without them (the GPU box) still runs them; `serve` takes
+        # any arguments ("+" prefix: none is an option) and names the
+        # missing module when run
+        sv = sub.add_parser("serve", prefix_chars="+", **serve_help)
+        sv.add_argument("server_args", nargs="*")
+        sv.set_defaults(verbose=False)
+    else:
+        sv = sub.add_parser("serve", parents=[common], **serve_help)
+        _serve_arguments(sv)
     return p
 
 
@@ -254,8 +271,20 @@ def _load(args, err: TextIO):
     else:
         dflash = None  # --no-draft: the drafter is not even loaded
     t0 = time.perf_counter()
-    model = Model.load(path, n_threads=args.threads, n_ctx=args.ctx, precision=args.precision,
-                       draft_head=head)
+    backend = getattr(args, "backend", "cpu")
+    if backend != "cpu":  # ds4py.gpu_backend: refuses what a GPU cannot run, naming it
+        from .gpu_backend import load as backend_load
+
+        model = backend_load(path, n_threads=args.threads, n_ctx=args.ctx,
+                             precision=args.precision, draft_head=head, dflash=dflash,
+                             backend=backend)
+        if model.backend_note:
+            err.write(f"backend: {model.backend} ({model.backend_note})\n")
+            err.flush()
+        dflash = None  # attached by the load (cpu), or refused (GPU)
+    else:
+        model = Model.load(path, n_threads=args.threads, n_ctx=args.ctx,
+                           precision=args.precision, draft_head=head)
     if dflash is not None:
         from .dflash import attach_dflash
 
@@ -349,7 +378,10 @@ def cmd_generate(args, out: TextIO, err: TextIO) -> int:
                      model=np.str_(os.path.abspath(model.path)),
                      precision=np.str_(model.precision))
     if args.json:
-        out.write(json.dumps(g.to_dict(), ensure_ascii=False) + "\n")
+        d = g.to_dict()
+        if getattr(model, "backend_note", ""):
+            d["backend_note"] = model.backend_note  # why auto chose it
+        out.write(json.dumps(d, ensure_ascii=False) + "\n")
     else:
         if g.text and not g.text.endswith("\n"):
             out.write("\n")
@@ -563,7 +595,10 @@ def cmd_info(args, out: TextIO, err: TextIO) -> int:
 
 
 def cmd_serve(args, out, err) -> int:
-    from .server.main import config_from_args, serve
+    try:
+        from .server.main import config_from_args, serve
+    except ImportError as e:
+        raise CliError(f"serve needs the server's dependencies: {e}") from None
 
     return serve(config_from_args(args))
 

@@ -130,6 +130,7 @@ from ._core import lib
 from .cache import PrefixCache
 from .dflash import DFlashDrafter
 from .errors import ModelError
+from .gpu_backend import GpuSession, backend_of, gpu_draft_plan, on_gpu
 from .output_parser import OutputParser, ToolCall, prompt_ends_in_thinking
 from .sampling import Sampler, SamplingParams, TokenLogprobs
 from .sampling import logprobs as _token_logprobs
@@ -193,6 +194,7 @@ class Generation:
     prompt_logits: np.ndarray | None = field(default=None, repr=False)
     cached_tokens: int = 0          # prompt tokens restored from the prefix cache
     draft: dict | None = None       # speculative decoding statistics (module doc)
+    backend: str = "cpu"            # the model's backend (ds4py.gpu_backend)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (what ``python -m ds4py generate --json`` prints)."""
@@ -204,7 +206,7 @@ class Generation:
             "finish_reason": self.finish_reason,
             "prompt_s": self.prompt_s, "generation_s": self.generation_s,
             "total_s": self.total_s, "stop_string": self.stop_string, "seed": self.seed,
-            "cached_tokens": self.cached_tokens,
+            "cached_tokens": self.cached_tokens, "backend": self.backend,
         }
         if self.draft is not None:
             d["draft"] = self.draft
@@ -451,9 +453,12 @@ def _run(model, prompt, max_tokens, sampling, kw, stop, chat, system, enable_thi
         parser = OutputParser(starts_in_thinking=prompt_ends_in_thinking(shown), tools=tools)
     if sampler is not None and params.penalties_on:
         sampler.accept_many(ids[-params.repeat_last_n:])
-    plan = draft_plan(model, kw.get("draft"), kw.get("draft_depth"),
-                      bool(kw.get("force_draft")), kw.get("draft_policy"), kw.get("drafter"),
-                      sampling=kw.get("spec_sampling"))
+    if on_gpu(model):  # the GPU session cannot draft yet (ds4py.gpu_backend says why)
+        plan = gpu_draft_plan(model, kw, cache)
+    else:
+        plan = draft_plan(model, kw.get("draft"), kw.get("draft_depth"),
+                          bool(kw.get("force_draft")), kw.get("draft_policy"),
+                          kw.get("drafter"), sampling=kw.get("spec_sampling"))
     if plan.active:
         return _spec_loop(model, ids, text, session, own, max_tokens, params, sampler, matcher,
                           tok, eog, parser, n_logprobs, return_prompt_logits, cache, emit,
@@ -519,7 +524,8 @@ def _loop(model, ids, text, session, own, max_tokens, params, sampler, matcher, 
         n_prompt = len(ids) - n_cached
         prompt_tps = _rate(n_prompt, prompt_s)
         budget = min(int(max_tokens), n_ctx - s.n_past)
-        stepper = _Stepper(s, vocab)
+        # a GPU session steps itself (ds4py.gpu_backend.GpuSession.step)
+        stepper = s if isinstance(s, GpuSession) else _Stepper(s, vocab)
         # Text is made incrementally only when something reads it during the
         # loop (a stream, stop strings, the output parser); otherwise it is
         # decoded once at the end (the same text: IncrementalDecoder's pieces
@@ -593,7 +599,8 @@ def _loop(model, ids, text, session, own, max_tokens, params, sampler, matcher, 
                 content=parser.content if parser is not None else None,
                 tool_calls=parser.tool_calls if parser is not None else [],
                 logprobs=lps, prompt=text, prompt_ids=list(ids), prompt_logits=prompt_logits,
-                cached_tokens=n_cached, draft=_serial_draft_stats(plan))
+                cached_tokens=n_cached, draft=_serial_draft_stats(plan),
+                backend=backend_of(model))
             gen.total_s = time.perf_counter() - t_call
             yield _chunk(piece, token, tokens, now - t_prev, ttft, n_prompt, prompt_tps,
                          gen.generation_tps, events, lp if token is not None else None,
@@ -610,7 +617,7 @@ def _loop(model, ids, text, session, own, max_tokens, params, sampler, matcher, 
             reasoning="" if parser is not None else None,
             content="" if parser is not None else None, logprobs=lps, prompt=text,
             prompt_ids=list(ids), prompt_logits=prompt_logits, cached_tokens=n_cached,
-            draft=_serial_draft_stats(plan))
+            draft=_serial_draft_stats(plan), backend=backend_of(model))
         yield _chunk("", None, [], t_end - t_p1, 0.0, n_prompt, prompt_tps, 0.0, (), None,
                      FINISH_LENGTH, gen)
     finally:

@@ -1,0 +1,605 @@
+"""GPU backends behind ``ds4py.load(..., backend=...)``.
+
+    model = ds4py.load("model.gguf", backend="cuda")     # or "auto", "cpu", "gpu-emul"
+    model.backend                                        # "cuda"
+    g = ds4py.generate(model, "Hello", max_tokens=64, temperature=0)
+
+Backends
+  ``cpu`` (the default): the C core's forward pass, everything supported.
+  ``cuda``: the GPU layer loop (gpu/host/runner.c, docs/gpu.md section 7) on
+  NVIDIA GPU 0. ``gpu-emul``: the same loop and kernels as plain C under the
+  threadgroup emulator (every access checked) -- a test/debug backend, slow
+  (seconds per token even for the demo model). ``metal``: declared; its host
+  is a later increment, so it is refused (on Linux: "macOS only").
+  ``auto``: cuda when an NVIDIA GPU is present, the plugin builds and loads,
+  the device opens and the GPU can run this model; else cpu.
+  ``model.backend`` is the one chosen and ``model.backend_note`` why (auto).
+  ``auto`` is not the default: the GPU session lacks features the CPU one
+  has (below), so a GPU must be asked for.
+
+The plugin
+  A GPU backend is a shared library (gpu/host/plugin.h: the runner + the
+  device + its own copy of the core) opened with cffi's ABI mode. It is
+  compiled on first use (gpu/tools/build_plugin.py: nvcc for cuda, the C
+  compiler for gpu-emul) into ``$DS4PY_CACHE_DIR`` (default
+  ``~/.cache/ds4py``)``/gpu/``, keyed by a hash of the sources and the
+  toolchain, so ``pip install`` needs no CUDA. The sources are read from the
+  checkout the package lives in (an editable install) or from
+  ``ds4py/_native/``, where setup.py puts them in a wheel.
+
+What a GPU session does (GpuSession): eval (last row or every row),
+verify / accept (exact rollback), logits back to the host so sampling,
+logprobs and stop strings are the CPU's Python code. What it does not do
+yet, refused with a ModelError naming it: precision="exact", MoE models,
+weight types other than Q8_0 / Q4_K / Q5_K / Q6_K, snapshots (so the prefix
+cache and the chat REPL), hidden states and layer taps, the nextn head and
+DFlash (so speculative drafting: ``generate`` turns auto-drafting off and
+says why in ``Generation.draft``; an explicit drafting request raises).
+
+Numerics: the GPU is not bit-identical to the CPU (docs/gpu.md section 7:
+float V accumulation in attention, 1-ulp differences flipping Q8 activation
+roundings); on the golden model its logits are within 0.5 of the CPU's.
+Greedy speculative output equals serial output on the same backend, bit
+for bit.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import sys
+import threading
+
+import numpy as np
+
+from .errors import ModelError
+from .model import Model
+
+__all__ = ["BACKENDS", "GpuModel", "GpuSession", "load", "backend_of", "on_gpu",
+           "plugin_path", "gpu_draft_plan"]
+
+BACKENDS = ("auto", "cpu", "cuda", "metal", "gpu-emul")
+# backend name -> plugin kind (gpu/tools/build_plugin.py KINDS)
+_KIND = {"cuda": "cuda", "gpu-emul": "emul"}
+ABI_VERSION = 1  # gpu/host/plugin.h DS4_GPU_ABI_VERSION this module calls
+_ERR_CAP = 1024
+# ds4_status codes (csrc/ds4.h) this module tells apart
+_ERR_ARG, _ERR_UNSUPPORTED, _ERR_INTERNAL = 2, 4, 26
+
+
+def backend_of(model) -> str:
+    """The backend a model runs on ("cpu" for a plain :class:`ds4py.Model`)."""
+    return getattr(model, "backend", "cpu")
+
+
+def on_gpu(model) -> bool:
+    return backend_of(model) != "cpu"
+
+
+# ------------------------------------------------------------ the plugin --
+
+def source_root() -> str:
+    """The directory holding ds4py's C sources (build_core.py, csrc/, gpu/,
+    cuda/): ds4py/_native/ in a wheel (setup.py copies them there), else the
+    checkout the package was installed from in editable mode."""
+    pkg = os.path.dirname(os.path.abspath(__file__))
+    for root in (os.path.join(pkg, "_native"), os.path.dirname(pkg)):
+        if os.path.isfile(os.path.join(root, "gpu", "host", "plugin.h")) and \
+                os.path.isfile(os.path.join(root, "build_core.py")):
+            return root
+    raise ModelError("the GPU backends are compiled on first use from ds4py's C sources "
+                     "(csrc/, gpu/, cuda/), which this install does not carry: install ds4py "
+                     "from a source checkout (`pip install -e .`) or a wheel built from one",
+                     _ERR_UNSUPPORTED)
+
+
+def cache_dir() -> str:
+    base = os.environ.get("DS4PY_CACHE_DIR")
+    if not base:
+        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        base = os.path.join(xdg, "ds4py")
+    return os.path.join(base, "gpu")
+
+
+def _build_module(root: str):
+    spec = importlib.util.spec_from_file_location(
+        "_ds4py_build_plugin", os.path.join(root, "gpu", "tools", "build_plugin.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _log(msg: str) -> None:
+    sys.stderr.write(msg + "\n")
+    sys.stderr.flush()
+
+
+def plugin_path(kind: str) -> str:
+    """The plugin .so for kind ("cuda" / "emul"), built now if this source
+    version has none in the cache. ModelError names what is missing."""
+    root = source_root()
+    bp = _build_module(root)
+    try:
+        return bp.ensure(root, kind, cache_dir(), log=_log)
+    except bp.BuildError as e:
+        raise ModelError(f"cannot build the {kind} GPU plugin: {e}", _ERR_UNSUPPORTED) from None
+    except OSError as e:
+        raise ModelError(f"cannot build the {kind} GPU plugin in {cache_dir()}: {e} (set "
+                         f"DS4PY_CACHE_DIR to a writable directory)", _ERR_UNSUPPORTED) from None
+
+
+def _cdef(root: str) -> str:
+    with open(os.path.join(root, "gpu", "host", "plugin.h")) as f:
+        body = f.read().split("/* --- cffi reads from here on --- */", 1)[1]
+    return "\n".join(ln for ln in body.splitlines()
+                     if not ln.lstrip().startswith("#") or ln.lstrip().startswith("#define"))
+
+
+class _Plugin:
+    """One dlopen'ed plugin (kept for the process: sessions' destructors
+    call into it)."""
+
+    def __init__(self, kind: str, path: str, root: str):
+        import cffi
+
+        self.kind, self.path = kind, path
+        self.ffi = cffi.FFI()
+        self.ffi.cdef(_cdef(root))
+        try:
+            self.lib = self.ffi.dlopen(path)
+        except OSError as e:
+            raise ModelError(f"cannot load the {kind} GPU plugin {path}: {e}",
+                             _ERR_UNSUPPORTED) from None
+        v = int(self.lib.ds4_gpu_abi_version())
+        if v != ABI_VERSION:
+            raise ModelError(f"the GPU plugin {path} speaks ABI {v}, this ds4py {ABI_VERSION}",
+                             _ERR_UNSUPPORTED)
+        self.verify_max = int(self.lib.ds4_gpu_verify_max())
+
+    def err(self):
+        return self.ffi.new("char[]", _ERR_CAP)
+
+    def message(self, err) -> str:
+        return self.ffi.string(err).decode("utf-8", "replace")
+
+
+_PLUGINS: dict[str, _Plugin] = {}
+_PLUGINS_LOCK = threading.Lock()
+
+
+def _plugin(kind: str) -> _Plugin:
+    with _PLUGINS_LOCK:
+        p = _PLUGINS.get(kind)
+        if p is None:
+            path = plugin_path(kind)
+            p = _PLUGINS[kind] = _Plugin(kind, path, source_root())
+        return p
+
+
+def _nvidia_gpu_missing() -> str | None:
+    """Why this machine has no NVIDIA GPU, or None when it seems to have one
+    (checked before compiling anything: nvcc takes minutes)."""
+    if any(os.path.exists(f"/dev/nvidia{i}") for i in range(16)):
+        return None
+    smi = shutil.which("nvidia-smi")
+    if smi is not None:
+        import subprocess
+
+        try:
+            r = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=20)
+            if r.returncode == 0 and "GPU" in r.stdout:
+                return None
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    return "no NVIDIA GPU here (no /dev/nvidia* device, nvidia-smi lists none)"
+
+
+def _open_plugin(backend: str) -> _Plugin:
+    """The plugin of a GPU backend, its device probed. ModelError if not."""
+    if backend == "cuda":
+        why = _nvidia_gpu_missing()
+        if why is not None:
+            raise ModelError(f"backend 'cuda': {why}", _ERR_UNSUPPORTED)
+    plug = _plugin(_KIND[backend])
+    err = plug.err()
+    if plug.lib.ds4_gpu_probe(err, _ERR_CAP) != 0:
+        raise ModelError(f"backend {backend!r}: {plug.message(err)}", _ERR_UNSUPPORTED)
+    return plug
+
+
+# ------------------------------------------------------------- the model --
+
+class GpuModel(Model):
+    """A :class:`ds4py.Model` whose sessions run on a GPU backend. The CPU
+    side keeps what is not math (config, tokenizer, tensors); the plugin
+    holds its own mapping of the file and the weights on the device."""
+
+    def __init__(self, ptr, path: str):
+        super().__init__(ptr, path)
+        self.backend = ""         # "cuda" / "gpu-emul", set by open()
+        self.backend_note = ""
+        self._plugin: _Plugin | None = None
+        self._gpu = None          # ds4_gpu_model *, ffi.gc-managed
+        self.device_bytes = 0     # weights on the device
+        # kernel launches of the last step, kept apart so the DS4PY_PATHS
+        # report can read it after the model is gone
+        self._stats = {"launches": 0}
+
+    @property
+    def launches(self) -> int:
+        """Kernel launches of the last eval/verify/step on any of its sessions."""
+        return self._stats["launches"]
+
+    @classmethod
+    def open(cls, path, backend: str, plug: _Plugin, n_threads, n_ctx) -> GpuModel:
+        model = super().load(path, n_threads=n_threads, n_ctx=n_ctx, precision="fast")
+        try:
+            pp = plug.ffi.new("ds4_gpu_model **")
+            err = plug.err()
+            status = plug.lib.ds4_gpu_model_open(os.fsencode(model.path), pp, err, _ERR_CAP)
+            if status != 0:
+                raise ModelError(f"backend {backend!r} cannot run {model.path!r}: "
+                                 f"{plug.message(err)}", int(status))
+        except BaseException:
+            model.close()
+            raise
+        model.backend = backend
+        model._plugin = plug
+        model._gpu = plug.ffi.gc(pp[0], plug.lib.ds4_gpu_model_close)
+        model.device_bytes = int(plug.lib.ds4_gpu_model_device_bytes(pp[0]))
+        return model
+
+    def close(self) -> None:
+        """As :meth:`Model.close`; the device weights are freed once no
+        session holds them either."""
+        super().close()
+        if self._gpu is not None:
+            gpu, self._gpu = self._gpu, None
+            self._plugin.ffi.release(gpu)
+
+    def _live_gpu(self):
+        self._live()
+        if self._gpu is None:
+            raise ModelError(f"model {self.path!r} is closed", _ERR_ARG)
+        return self._gpu
+
+    def new_session(self, nextn_prime: bool = False) -> GpuSession:
+        if nextn_prime:
+            raise ModelError(f"nextn_prime: the nextn head does not run on the {self.backend} "
+                             f"backend yet", _ERR_UNSUPPORTED)
+        return GpuSession(self)
+
+    def _session_ptr(self, session):
+        raise ModelError(f"the nextn head does not run on the {self.backend} backend yet",
+                         _ERR_UNSUPPORTED)
+
+    def __repr__(self) -> str:
+        state = "closed" if self._ptr is None else f"n_ctx={self.n_ctx}"
+        return f"<ds4py.Model {self.config.arch} {self.path!r} backend={self.backend} {state}>"
+
+
+def _unsupported(backend: str, what: str) -> ModelError:
+    return ModelError(f"{what} is not available on the {backend} backend yet (docs/gpu.md); "
+                      f"use backend='cpu'", _ERR_UNSUPPORTED)
+
+
+class GpuSession:
+    """One sequence on a GPU backend: :class:`ds4py.Session`'s eval / verify /
+    accept with the same arguments, results and lifetimes (read-only views,
+    valid until the next eval or verify on this session). Snapshots, hidden
+    states, layer taps and nextn priming raise ModelError (module doc).
+    A device failure (not a bad argument) leaves the session unusable."""
+
+    def __init__(self, model: GpuModel):
+        gpu = model._live_gpu()
+        plug = model._plugin
+        self._plug, self._lib, self._ffi = plug, plug.lib, plug.ffi
+        self.model = model      # keeps the config, tokenizer and CPU-side model alive
+        self.backend = model.backend
+        self.vocab_size = model.config.vocab_size
+        self.hidden_size = model.config.hidden_size
+        self._err = plug.err()
+        self._stats = model._stats
+        pp = self._ffi.new("ds4_gpu_session **")
+        status = self._lib.ds4_gpu_session_new(gpu, model.n_ctx, pp, self._err, _ERR_CAP)
+        if status != 0:
+            raise ModelError(f"{self.backend}: {plug.message(self._err)}", int(status))
+        self._ptr = self._ffi.gc(pp[0], self._lib.ds4_gpu_session_free)
+        self._broken: str | None = None
+        # results: rows of the last eval/verify; grown for all_logits evals
+        self._rows = np.zeros((plug.verify_max, self.vocab_size), dtype=np.float32)
+        self._n_rows = 0
+        self._last_row = -1     # last_logits(): row of position n_past - 1
+        self._tok1 = np.zeros(1, dtype=np.int32)
+        self._tok1_p = self._ffi.cast("int32_t *", self._ffi.from_buffer(self._tok1))
+        self._rows_p = self._fptr(self._rows)
+        self._step_view = self._ro(self._rows[0])
+
+    # -- helpers ----------------------------------------------------------
+    def _fptr(self, arr: np.ndarray):
+        return self._ffi.cast("float *", self._ffi.from_buffer(arr))
+
+    @staticmethod
+    def _ro(arr: np.ndarray) -> np.ndarray:
+        v = arr.view()
+        v.flags.writeable = False
+        return v
+
+    def _live(self):
+        if self._ptr is None:
+            raise ModelError("session is closed", _ERR_ARG)
+        if self._broken is not None:
+            raise ModelError(f"session is unusable after a device error: {self._broken}",
+                             _ERR_INTERNAL)
+        return self._ptr
+
+    def _check(self, status: int) -> None:
+        if status == 0:
+            return
+        msg = self._plug.message(self._err)
+        if status != _ERR_ARG:  # the runner left device state part-written
+            self._broken = msg
+        raise ModelError(f"{self.backend}: {msg}", int(status))
+
+    def _tokens(self, tokens):
+        from .session import _as_tokens
+
+        arr = _as_tokens(tokens)
+        if arr.size == 0:
+            raise ModelError("no tokens to evaluate", _ERR_ARG)
+        return arr, self._ffi.cast("int32_t *", self._ffi.from_buffer(arr))
+
+    def _no_hidden(self, return_hidden, hidden_layers) -> None:
+        if return_hidden:
+            raise _unsupported(self.backend, "return_hidden (the post-norm hidden state)")
+        if hidden_layers is not None:
+            raise _unsupported(self.backend, "hidden_layers (layer taps)")
+
+    # -- evaluation -------------------------------------------------------
+    def eval(self, tokens, all_logits: bool = False, return_hidden: bool = False,
+             hidden_layers=None):
+        """As :meth:`ds4py.Session.eval`: float32 ``[vocab]`` logits of the
+        last row, or ``[n, vocab]`` with ``all_logits``."""
+        ptr = self._live()
+        self._no_hidden(return_hidden, hidden_layers)
+        arr, tok_p = self._tokens(tokens)
+        n = arr.size if all_logits else 1
+        if n > self._rows.shape[0]:
+            self._rows = np.zeros((n, self.vocab_size), dtype=np.float32)
+            self._rows_p = self._fptr(self._rows)
+            self._step_view = self._ro(self._rows[0])
+        self._check(self._lib.ds4_gpu_eval(ptr, tok_p, arr.size, 1 if all_logits else 0,
+                                           self._rows_p, self._ffi.NULL, self._err, _ERR_CAP))
+        self._stats["launches"] = int(self._lib.ds4_gpu_launches(ptr))
+        self._n_rows, self._last_row = n, n - 1
+        rows = self._ro(self._rows[:n])
+        return rows if all_logits else rows[0]
+
+    def step(self, token: int) -> np.ndarray:
+        """One decode step (ds4py.generate's loop): logits ``[vocab]`` of
+        ``token`` evaluated after n_past, a view reused every step."""
+        ptr = self._live()
+        self._tok1[0] = token
+        self._check(self._lib.ds4_gpu_eval(ptr, self._tok1_p, 1, 0, self._rows_p, self._ffi.NULL,
+                                           self._err, _ERR_CAP))
+        self._stats["launches"] = int(self._lib.ds4_gpu_launches(ptr))
+        self._n_rows, self._last_row = 1, 0
+        return self._step_view
+
+    def verify(self, tokens, return_hidden: bool = False, hidden_layers=None):
+        """As :meth:`ds4py.Session.verify`: 1..VERIFY_MAX rows, logits of every
+        row, equal to evaluating them one at a time on this backend."""
+        ptr = self._live()
+        self._no_hidden(return_hidden, hidden_layers)
+        arr, tok_p = self._tokens(tokens)
+        if arr.size > self._plug.verify_max:
+            raise ModelError(f"verify takes 1 to {self._plug.verify_max} tokens (got {arr.size})",
+                             _ERR_ARG)
+        self._check(self._lib.ds4_gpu_verify(ptr, tok_p, arr.size, self._rows_p, self._ffi.NULL,
+                                             self._err, _ERR_CAP))
+        self._stats["launches"] = int(self._lib.ds4_gpu_launches(ptr))
+        self._n_rows, self._last_row = arr.size, arr.size - 1
+        return self._ro(self._rows[:arr.size])
+
+    def accept(self, k: int) -> None:
+        """As :meth:`ds4py.Session.accept`: keep the first k rows of the last
+        verify, exactly as k serial evals would leave the session."""
+        ptr = self._live()
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+            raise ModelError(f"accept(k): k must be an int, got {k!r}", _ERR_ARG)
+        k = int(k)
+        if not -(2**63) <= k < 2**63:
+            raise ModelError(f"accept({k}): k is out of range", _ERR_ARG)
+        self._check(self._lib.ds4_gpu_accept(ptr, k, self._err, _ERR_CAP))
+        self._last_row = k - 1
+
+    def last_logits(self):
+        """float32 ``[vocab]`` logits of position ``n_past - 1`` (None before
+        any eval); a view, lifetime as eval's."""
+        self._live()
+        return None if self._last_row < 0 else self._ro(self._rows[self._last_row])
+
+    @property
+    def n_past(self) -> int:
+        return int(self._lib.ds4_gpu_n_past(self._live()))
+
+    @property
+    def device_bytes(self) -> int:
+        """Device memory this session and its model's weights hold."""
+        return int(self._lib.ds4_gpu_session_device_bytes(self._live()))
+
+    # -- what a GPU session cannot do yet -----------------------------------
+    def snapshot(self):
+        raise _unsupported(self.backend, "snapshot/restore (and so the prefix cache)")
+
+    def restore(self, snap) -> None:
+        raise _unsupported(self.backend, "snapshot/restore (and so the prefix cache)")
+
+    def last_hidden(self):
+        raise _unsupported(self.backend, "the hidden state")
+
+    def counters(self) -> dict:
+        raise _unsupported(self.backend, "counters() (host allocation counts)")
+
+    @property
+    def nextn_prime(self) -> bool:
+        return False
+
+    @nextn_prime.setter
+    def nextn_prime(self, on: bool) -> None:
+        if on:
+            raise _unsupported(self.backend, "the nextn head (nextn_prime)")
+
+    @property
+    def nextn_covered(self) -> bool:
+        return False
+
+    # -- lifetime ---------------------------------------------------------
+    def close(self) -> None:
+        """Free the session's device memory now. Idempotent."""
+        if self._ptr is not None:
+            ptr, self._ptr = self._ptr, None
+            self._ffi.release(ptr)
+
+    @property
+    def closed(self) -> bool:
+        return self._ptr is None
+
+    def __enter__(self) -> GpuSession:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._ptr is None else f"n_past={self.n_past}"
+        return f"<ds4py.GpuSession {self.backend} {state}>"
+
+
+# ----------------------------------------------------------- generation --
+
+def gpu_draft_plan(model, kw: dict, cache):
+    """ds4py.generate's DraftPlan on a GPU backend: never drafting (the
+    drafters need the nextn head or layer taps, which the GPU session does
+    not have yet). Auto-drafting is turned off and the reason reported in
+    ``Generation.draft``; an explicit drafting request, like a prefix
+    cache, raises ModelError (asked for, cannot be done: fail closed)."""
+    from .spec.plan import DraftPlan
+
+    backend = backend_of(model)
+    if cache is not None:
+        raise _unsupported(backend, "the prefix cache (cache=; it needs snapshots)")
+    depth = kw.get("draft_depth")
+    explicit = (kw.get("draft") is True or kw.get("drafter") is not None
+                or kw.get("draft_policy") is not None or bool(kw.get("force_draft"))
+                or (depth is not None and not isinstance(depth, bool) and depth != 0))
+    if explicit and kw.get("draft") is not False:
+        raise _unsupported(backend, "speculative drafting (draft/draft_depth/drafter/"
+                                    "force_draft: the drafters need the nextn head or layer "
+                                    "taps)")
+    return DraftPlan(None, None, None, f"the {backend} backend does not draft yet (no nextn "
+                                       f"head or layer taps on the GPU)")
+
+
+# ---------------------------------------------------------- ds4py.load --
+
+_LOADED: list[list] = []  # DS4PY_PATHS=1: the lines (str or _GpuLine) of each load
+
+
+def _paths_report() -> None:
+    for lines in _LOADED:
+        for line in lines:
+            sys.stderr.write(f"DS4PY_PATHS: {line}\n")
+
+
+class _GpuLine:
+    """The GPU loop's line, made at exit (the launch count is the last step's)."""
+
+    def __init__(self, model: GpuModel):
+        kinds = [k for k in model.config.layer_kinds if k != "nextn"]
+        self.head = (f"{model.backend} ({model._plugin.path}): all {len(kinds)} trunk layers "
+                     f"on the GPU layer loop (gpu/host/runner.c: {kinds.count('gdn')} gdn, "
+                     f"{kinds.count('attn')} attn, dense FFN), LM head and logits on the "
+                     f"device")
+        self.stats = model._stats
+
+    def __str__(self) -> str:
+        return f"{self.head}; {self.stats['launches']} kernel launches in the last step"
+
+
+def _record(model, note: str) -> None:
+    if os.environ.get("DS4PY_PATHS") != "1":
+        return
+    if not _LOADED:
+        import atexit
+
+        atexit.register(_paths_report)
+    lines = [f"backend {backend_of(model)} for {os.path.basename(model.path)}"
+             + (f" ({note})" if note else "")]
+    if isinstance(model, GpuModel):
+        lines.append(_GpuLine(model))
+    _LOADED.append(lines)
+
+
+def _check_name(backend) -> str:
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; one of {', '.join(BACKENDS)}")
+    return backend
+
+
+def _gpu_refusal(backend: str, precision, draft_head, dflash) -> str | None:
+    """Load options a GPU backend cannot honour, as a reason (None: none)."""
+    if not (isinstance(precision, str) and precision.lower() == "fast"):
+        return (f"precision={precision!r}: the GPU kernels implement the fast recipe only "
+                f"(exact is CPU-only)")
+    if draft_head is not None:
+        return "draft_head: the nextn head does not run on the GPU yet"
+    if dflash is not None:
+        return "dflash: DFlash drafting needs layer taps, which the GPU does not give yet"
+    return None
+
+
+def load(path, n_threads: int | None = None, n_ctx: int | None = None, precision: str = "fast",
+         draft_head=None, dflash=None, backend: str = "cpu"):
+    """``ds4py.load``: :meth:`ds4py.Model.load`'s arguments plus ``dflash``
+    (ds4py.dflash.load) and ``backend``: "cpu" (default), "cuda",
+    "gpu-emul" (the emulator: tests and debugging), "metal" (refused until
+    its host exists) or "auto" (cuda where it can run this model, else cpu;
+    ``model.backend_note`` says why). A GPU backend that cannot run here or
+    cannot run this model raises ModelError naming the reason."""
+    from .dflash import load as cpu_load
+
+    name = _check_name(backend)
+    if name == "metal":
+        where = "macOS only (Apple GPUs)" if sys.platform != "darwin" else \
+            "not wired yet: its Objective-C host is a later increment (docs/gpu.md)"
+        raise ModelError(f"backend 'metal' is {where}; this is {sys.platform}: use "
+                         f"backend='cpu'", _ERR_UNSUPPORTED)
+    note = ""
+    if name == "auto":
+        why = _gpu_refusal("cuda", precision, draft_head, dflash)
+        if why is None:
+            try:
+                plug = _open_plugin("cuda")
+                model = GpuModel.open(path, "cuda", plug, n_threads, n_ctx)
+                model.backend_note = "auto: cuda"
+                _record(model, model.backend_note)
+                return model
+            except ModelError as e:
+                why = str(e)
+        note = f"auto: cpu, because {why}"
+        name = "cpu"
+    if name == "cpu":
+        model = cpu_load(path, n_threads=n_threads, n_ctx=n_ctx, precision=precision,
+                         draft_head=draft_head, dflash=dflash)
+        model.backend = "cpu"
+        model.backend_note = note
+        _record(model, note)
+        return model
+    why = _gpu_refusal(name, precision, draft_head, dflash)
+    if why is not None:
+        raise ModelError(f"backend {name!r}: {why}", _ERR_UNSUPPORTED)
+    model = GpuModel.open(path, name, _open_plugin(name), n_threads, n_ctx)
+    _record(model, "")
+    return model

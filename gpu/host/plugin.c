@@ -1,0 +1,213 @@
+/*
+ * plugin.c — the exported face of a GPU backend plugin (plugin.h): a thin
+ * wrapper of the runner (runner.h) that owns the pieces the runner only
+ * borrows (the core's model, the k_device), turns ds4_error into text and
+ * serialises every call.
+ *
+ * Built once per device kind by gpu/tools/build_plugin.py: with
+ * -DDS4_GPU_PLUGIN_CUDA it opens cuda/device.cu's device, else the
+ * emulator's (gpu/emul/device_emul.c). Everything else in the .so is
+ * compiled with -fvisibility=hidden; only the DS4_GPU_API functions below
+ * are exported, so the plugin's private copy of the core cannot clash with
+ * the Python extension's.
+ */
+#include "plugin.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../csrc/ds4.h"
+#include "../../csrc/error.h"
+#include "runner.h"
+
+#define DS4_GPU_API __attribute__((visibility("default")))
+
+#ifdef DS4_GPU_PLUGIN_CUDA
+#define DEVICE_KIND "cuda"
+#else
+#define DEVICE_KIND "emul"
+#endif
+
+/* One lock for the process: the emulator keeps its running fiber in
+ * globals (emul.h) and the CUDA device has one stream and one error
+ * buffer; a step must never interleave with another's kernels. */
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+
+struct ds4_gpu_model {
+    ds4_model *m;
+    k_device *dev;
+    k_gpu_model *gm;
+    int64_t n_vocab;
+    int64_t sessions; /* live sessions: the model is freed after the last */
+    int closed;       /* ds4_gpu_model_close was called */
+};
+
+struct ds4_gpu_session {
+    ds4_gpu_model *g;
+    k_runner *r;
+};
+
+static int fail(char *err, size_t cap, int code, const char *fmt, const char *detail) {
+    if (err && cap) snprintf(err, cap, fmt, detail);
+    return code;
+}
+
+/* The reason of a failed core/runner call, as the caller's text. */
+static int pass_error(const ds4_error *e, char *err, size_t cap) {
+    if (err && cap) snprintf(err, cap, "%s", e->message);
+    return e->code ? e->code : DS4_ERR_INTERNAL;
+}
+
+static k_device *open_device(char *err, size_t cap) {
+#ifdef DS4_GPU_PLUGIN_CUDA
+    return k_device_cuda_open(err, cap);
+#else
+    k_device *d = k_device_emul_open();
+    if (!d) fail(err, cap, DS4_ERR_NOMEM, "%s", "out of host memory for the emulator device");
+    return d;
+#endif
+}
+
+static void free_model(ds4_gpu_model *g) {
+    k_gpu_model_close(g->gm);
+    if (g->dev) g->dev->close(g->dev);
+    ds4_model_free(g->m);
+    free(g);
+}
+
+DS4_GPU_API int ds4_gpu_abi_version(void) { return DS4_GPU_ABI_VERSION; }
+
+DS4_GPU_API const char *ds4_gpu_device_kind(void) { return DEVICE_KIND; }
+
+DS4_GPU_API int ds4_gpu_verify_max(void) { return K_RUNNER_VERIFY_MAX; }
+
+DS4_GPU_API int ds4_gpu_probe(char *err, size_t cap) {
+    pthread_mutex_lock(&lock);
+    k_device *d = open_device(err, cap);
+    if (d) d->close(d);
+    pthread_mutex_unlock(&lock);
+    return d ? DS4_OK : DS4_ERR_UNSUPPORTED;
+}
+
+DS4_GPU_API int ds4_gpu_model_open(const char *path, ds4_gpu_model **out, char *err, size_t cap) {
+    if (!out) return fail(err, cap, DS4_ERR_ARG, "%s", "ds4_gpu_model_open: out is NULL");
+    *out = NULL;
+    if (!path) return fail(err, cap, DS4_ERR_ARG, "%s", "ds4_gpu_model_open: path is NULL");
+    ds4_gpu_model *g = calloc(1, sizeof *g);
+    if (!g) return fail(err, cap, DS4_ERR_NOMEM, "%s", "out of host memory");
+    ds4_error e;
+    /* One host thread: the runner uses the core only to dequantize
+     * embedding rows and fill RoPE tables; the math runs on the device.
+     * n_ctx here only sizes CPU sessions, which this model never makes. */
+    ds4_model_params mp = {DS4_PRECISION_FAST, 1, 0, NULL};
+    int rc = ds4_model_load(path, &mp, &g->m, &e);
+    if (rc) {
+        free(g);
+        return pass_error(&e, err, cap);
+    }
+    ds4_model_config c;
+    ds4_model_get_config(g->m, &c);
+    g->n_vocab = c.n_vocab;
+    pthread_mutex_lock(&lock);
+    g->dev = open_device(err, cap);
+    if (!g->dev)
+        rc = DS4_ERR_UNSUPPORTED;
+    else if ((rc = k_gpu_model_open(g->dev, g->m, &g->gm, &e)))
+        pass_error(&e, err, cap);
+    pthread_mutex_unlock(&lock);
+    if (rc) {
+        free_model(g);
+        return rc;
+    }
+    *out = g;
+    return DS4_OK;
+}
+
+DS4_GPU_API void ds4_gpu_model_close(ds4_gpu_model *g) {
+    if (!g) return;
+    pthread_mutex_lock(&lock);
+    g->closed = 1;
+    const int last = g->sessions == 0;
+    if (last) free_model(g);
+    pthread_mutex_unlock(&lock);
+}
+
+DS4_GPU_API int64_t ds4_gpu_model_n_vocab(const ds4_gpu_model *g) { return g ? g->n_vocab : 0; }
+
+DS4_GPU_API const char *ds4_gpu_model_device(const ds4_gpu_model *g) {
+    return g && g->dev ? g->dev->name : DEVICE_KIND;
+}
+
+DS4_GPU_API uint64_t ds4_gpu_model_device_bytes(const ds4_gpu_model *g) {
+    return g && g->gm ? k_gpu_model_device_bytes(g->gm) : 0;
+}
+
+DS4_GPU_API int ds4_gpu_session_new(ds4_gpu_model *g, int64_t n_ctx, ds4_gpu_session **out, char *err,
+                                    size_t cap) {
+    if (!out) return fail(err, cap, DS4_ERR_ARG, "%s", "ds4_gpu_session_new: out is NULL");
+    *out = NULL;
+    if (!g || g->closed) return fail(err, cap, DS4_ERR_ARG, "%s", "the GPU model is closed");
+    ds4_gpu_session *s = calloc(1, sizeof *s);
+    if (!s) return fail(err, cap, DS4_ERR_NOMEM, "%s", "out of host memory");
+    ds4_error e;
+    pthread_mutex_lock(&lock);
+    int rc = k_runner_open(g->gm, n_ctx, &s->r, &e);
+    if (!rc) g->sessions++;
+    pthread_mutex_unlock(&lock);
+    if (rc) {
+        free(s);
+        return pass_error(&e, err, cap);
+    }
+    s->g = g;
+    *out = s;
+    return DS4_OK;
+}
+
+DS4_GPU_API void ds4_gpu_session_free(ds4_gpu_session *s) {
+    if (!s) return;
+    pthread_mutex_lock(&lock);
+    k_runner_close(s->r);
+    ds4_gpu_model *g = s->g;
+    free(s);
+    if (--g->sessions == 0 && g->closed) free_model(g);
+    pthread_mutex_unlock(&lock);
+}
+
+DS4_GPU_API int ds4_gpu_eval(ds4_gpu_session *s, const int32_t *tokens, int64_t n, int all_rows, float *logits,
+                             int32_t *argmax, char *err, size_t cap) {
+    if (!s) return fail(err, cap, DS4_ERR_ARG, "%s", "ds4_gpu_eval: session is NULL");
+    ds4_error e;
+    pthread_mutex_lock(&lock);
+    const int rc = k_runner_eval(s->r, tokens, n, all_rows, logits, argmax, &e);
+    pthread_mutex_unlock(&lock);
+    return rc ? pass_error(&e, err, cap) : DS4_OK;
+}
+
+DS4_GPU_API int ds4_gpu_verify(ds4_gpu_session *s, const int32_t *tokens, int64_t n, float *logits,
+                               int32_t *argmax, char *err, size_t cap) {
+    if (!s) return fail(err, cap, DS4_ERR_ARG, "%s", "ds4_gpu_verify: session is NULL");
+    ds4_error e;
+    pthread_mutex_lock(&lock);
+    const int rc = k_runner_verify(s->r, tokens, n, logits, argmax, &e);
+    pthread_mutex_unlock(&lock);
+    return rc ? pass_error(&e, err, cap) : DS4_OK;
+}
+
+DS4_GPU_API int ds4_gpu_accept(ds4_gpu_session *s, int64_t k, char *err, size_t cap) {
+    if (!s) return fail(err, cap, DS4_ERR_ARG, "%s", "ds4_gpu_accept: session is NULL");
+    ds4_error e;
+    pthread_mutex_lock(&lock);
+    const int rc = k_runner_accept(s->r, k, &e);
+    pthread_mutex_unlock(&lock);
+    return rc ? pass_error(&e, err, cap) : DS4_OK;
+}
+
+DS4_GPU_API int64_t ds4_gpu_n_past(const ds4_gpu_session *s) { return s ? k_runner_n_past(s->r) : 0; }
+
+DS4_GPU_API int64_t ds4_gpu_launches(const ds4_gpu_session *s) { return s ? k_runner_launches(s->r) : 0; }
+
+DS4_GPU_API uint64_t ds4_gpu_session_device_bytes(const ds4_gpu_session *s) {
+    return s ? k_runner_device_bytes(s->r) : 0;
+}

@@ -1,0 +1,79 @@
+/*
+ * plugin.h — the GPU backend as a plugin shared library: the layer loop
+ * (runner.c) + one k_device (CUDA or the emulator) + the C core it needs,
+ * linked into one .so that Python opens with cffi's ABI mode
+ * (ds4py/gpu_backend.py). Built on first use by gpu/tools/build_plugin.py
+ * into a user cache, so `pip install` needs no CUDA toolkit.
+ *
+ * Why a plugin and not a part of the extension: the extension must build
+ * everywhere without nvcc; the CUDA objects exist only where a toolkit
+ * does. The plugin carries its own copy of the core (built with hidden
+ * visibility, so nothing clashes with the extension's copy); only the
+ * functions below are exported.
+ *
+ * Contract: every call returns a ds4_status (0 = DS4_OK) and, on failure,
+ * writes a NUL-terminated reason into err[0..cap) — never prints, exits or
+ * aborts. Calls are serialised by one process-wide lock: the emulator runs
+ * its fibers on global state and the CUDA device uses one stream, so two
+ * threads never interleave kernels of one step.
+ *
+ * Lifetimes: a session holds its model (the model is freed when it and its
+ * last session are closed); logits / argmax pointers are the caller's
+ * memory, written before the call returns.
+ */
+#ifndef DS4_GPU_PLUGIN_H
+#define DS4_GPU_PLUGIN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* --- cffi reads from here on --- */
+
+/* Bumped whenever a signature below changes: Python refuses a plugin of
+ * another version (a stale cache entry) instead of calling it wrong. */
+#define DS4_GPU_ABI_VERSION 1
+
+typedef struct ds4_gpu_model ds4_gpu_model;
+typedef struct ds4_gpu_session ds4_gpu_session;
+
+int ds4_gpu_abi_version(void);
+/* The device kind this plugin was built for: "cuda" or "emul". */
+const char *ds4_gpu_device_kind(void);
+/* 0 when a device can be opened here; else the reason (no CUDA device,
+ * driver too old for the runtime, ...). Opens and closes it. */
+int ds4_gpu_probe(char *err, size_t cap);
+
+/* Load the GGUF at path (fast precision), open the device and upload the
+ * trunk's weights once. Refuses (DS4_ERR_UNSUPPORTED, naming the tensor
+ * or the feature) what the GPU layer loop cannot run: MoE, a weight type
+ * other than Q8_0 / Q4_K / Q5_K / Q6_K. */
+int ds4_gpu_model_open(const char *path, ds4_gpu_model **out, char *err, size_t cap);
+void ds4_gpu_model_close(ds4_gpu_model *g);
+int64_t ds4_gpu_model_n_vocab(const ds4_gpu_model *g);
+/* The device's own name ("cuda", "emul"), and the bytes of weights on it. */
+const char *ds4_gpu_model_device(const ds4_gpu_model *g);
+uint64_t ds4_gpu_model_device_bytes(const ds4_gpu_model *g);
+
+/* A session (KV pages, GDN state, scratch) for n_ctx positions. */
+int ds4_gpu_session_new(ds4_gpu_model *g, int64_t n_ctx, ds4_gpu_session **out, char *err,
+                        size_t cap);
+void ds4_gpu_session_free(ds4_gpu_session *s);
+
+/* Rows tokens[0..n) after n_past; logits (n_vocab floats per row: every
+ * row with all_rows, else the last) into logits unless NULL, each such
+ * row's argmax (ties to the lowest id) into argmax unless NULL. */
+int ds4_gpu_eval(ds4_gpu_session *s, const int32_t *tokens, int64_t n, int all_rows,
+                 float *logits, int32_t *argmax, char *err, size_t cap);
+/* Speculative decoding: verify 1..ds4_gpu_verify_max() rows (logits of
+ * every row), then accept(k) keeps the first k exactly as k serial evals
+ * would (runner.h). */
+int ds4_gpu_verify(ds4_gpu_session *s, const int32_t *tokens, int64_t n, float *logits,
+                   int32_t *argmax, char *err, size_t cap);
+int ds4_gpu_accept(ds4_gpu_session *s, int64_t k, char *err, size_t cap);
+int ds4_gpu_verify_max(void);
+int64_t ds4_gpu_n_past(const ds4_gpu_session *s);
+/* Kernel launches of the last eval/verify/accept (the path report). */
+int64_t ds4_gpu_launches(const ds4_gpu_session *s);
+uint64_t ds4_gpu_session_device_bytes(const ds4_gpu_session *s);
+
+#endif

@@ -1,0 +1,383 @@
+"""The GPU layer loop behind ds4py.load(..., backend=...) (ds4py/gpu_backend.py,
+gpu/host/plugin.c), tested through the emulator backend ("gpu-emul"): the
+same plugin recipe and the same kernels a CUDA build runs, as plain C.
+
+The plugin is built on first use into a temporary DS4PY_CACHE_DIR here, so
+every run exercises the build. The emulator is slow (~0.4 s per token on the
+golden model, ~4 s on the demo model with a loaded machine), so most checks
+use the golden dense Q8_0 model and few tokens.
+
+Tolerances: the GPU is not bit-identical to the CPU (docs/gpu.md section 7:
+its attention accumulates V in float where the CPU's fast path keeps an F16
+accumulator, and 1-ulp differences flip Q8 activation roundings). Measured
+on the golden model: max |logit difference| 0.47, mean KL 0.0027;
+tests/test_gpu_model.py's bounds (about 2x) are reused. Where tokens must
+equal the CPU's, the CPU's top-2 gaps are checked to exceed 1.0 (over twice
+the measured difference), so no difference seen could flip the argmax. Within one backend
+(GPU against GPU) everything is compared bit for bit.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import ds4py
+from ds4py import gpu_backend
+from ds4py.sampling import Sampler, SamplingParams
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GOLDEN = os.path.join(ROOT, "tests", "golden")
+DENSE = os.path.join(GOLDEN, "models", "dense-q8_0.gguf")
+DEMO = os.path.join(ROOT, "ds4py", "models", "demo-q8_0.gguf")
+
+MAX_ABS_VS_CPU = 1.0    # every logit vs the CPU fast path: measured 0.47 (test_gpu_model.py)
+MEAN_KL_VS_CPU = 0.01   # measured 0.0027
+# A CPU top-2 gap above this cannot flip: it is over twice the measured max
+# |difference| (0.47), as tests/test_gpu_model.py's check_greedy uses it.
+CLEAR_GAP = 1.0
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """A fresh plugin cache for this module: the first GPU load builds."""
+    d = str(tmp_path_factory.mktemp("ds4py-cache"))
+    old = os.environ.get("DS4PY_CACHE_DIR")
+    os.environ["DS4PY_CACHE_DIR"] = d
+    gpu_backend._PLUGINS.pop("emul", None)  # this process must build (or find) it there
+    yield d
+    if old is None:
+        os.environ.pop("DS4PY_CACHE_DIR", None)
+    else:
+        os.environ["DS4PY_CACHE_DIR"] = old
+
+
+@pytest.fixture(scope="module")
+def dense_gpu(cache):
+    return ds4py.load(DENSE, backend="gpu-emul")
+
+
+@pytest.fixture(scope="module")
+def dense_cpu():
+    return ds4py.load(DENSE, n_threads=2)
+
+
+def prompt_ids(n):
+    return [int(t) for t in np.load(os.path.join(GOLDEN, "logits", "sequences.npz"))["s16"][:n]]
+
+
+def log_softmax(x):
+    x = x.astype(np.float64)
+    x = x - x.max(axis=1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=1, keepdims=True))
+
+
+# ------------------------------------------------------------- plugin build --
+
+def test_plugin_built_once_into_the_cache(dense_gpu, cache):
+    """Built on first use into the cache, named by its source key; a second
+    request finds it (no rebuild) and no temporary build directory is left."""
+    assert dense_gpu.backend == "gpu-emul"
+    d = os.path.join(cache, "gpu")
+    plugins = [f for f in os.listdir(d) if f.endswith(".so")]
+    assert len(plugins) == 1 and plugins[0].startswith("ds4gpu-emul-"), os.listdir(d)
+    path = os.path.join(d, plugins[0])
+    assert gpu_backend._PLUGINS["emul"].path == path
+    mtime = os.stat(path).st_mtime_ns
+    assert gpu_backend.plugin_path("emul") == path
+    assert os.stat(path).st_mtime_ns == mtime
+    assert not [f for f in os.listdir(d) if f.startswith(".build-")]
+
+
+def test_source_key_follows_the_sources(tmp_path):
+    """An edited source gives another key, so a stale plugin is never loaded."""
+    bp = gpu_backend._build_module(ROOT)
+    for rel in bp.SOURCE_DIRS:
+        shutil.copytree(os.path.join(ROOT, rel), tmp_path / rel)
+    os.makedirs(tmp_path / "gpu" / "tools", exist_ok=True)
+    for rel in ("build_core.py", "gpu/tools/build_plugin.py"):
+        shutil.copy(os.path.join(ROOT, rel), tmp_path / rel)
+    tc = {"kind": "emul", "cc": "cc", "cc_version": "x"}
+    key = bp.source_key(str(tmp_path), tc)
+    assert key == bp.source_key(str(tmp_path), tc)
+    runner = tmp_path / "gpu" / "host" / "runner.c"
+    runner.write_text(runner.read_text() + "\n/* edited */\n")
+    assert bp.source_key(str(tmp_path), tc) != key
+    assert bp.source_key(str(tmp_path), {**tc, "cc_version": "y"}) != \
+        bp.source_key(str(tmp_path), tc)
+    os.remove(tmp_path / "gpu" / "host" / "plugin.c")
+    with pytest.raises(bp.BuildError, match="plugin.c"):
+        bp.source_key(str(tmp_path), tc)
+
+
+def test_source_root_prefers_the_wheel_copy(tmp_path, monkeypatch):
+    """A wheel carries the sources under ds4py/_native/ (setup.py's build_py
+    copies build_plugin.source_files there); an install with neither that
+    nor a checkout around it is refused with the remedy."""
+    pkg = tmp_path / "site" / "ds4py"
+    pkg.mkdir(parents=True)
+    monkeypatch.setattr(gpu_backend, "__file__", str(pkg / "gpu_backend.py"))
+    with pytest.raises(ds4py.ModelError, match="does not carry.*pip install -e"):
+        gpu_backend.source_root()
+    bp = gpu_backend._build_module(ROOT)
+    for rel in bp.source_files(ROOT):
+        os.makedirs(pkg / "_native" / os.path.dirname(rel), exist_ok=True)
+        shutil.copy(os.path.join(ROOT, rel), pkg / "_native" / rel)
+    assert gpu_backend.source_root() == str(pkg / "_native")
+    assert bp.source_key(str(pkg / "_native"), {"kind": "emul"}) == \
+        bp.source_key(ROOT, {"kind": "emul"})
+
+
+# ------------------------------------------------------------- correctness --
+
+def test_logits_within_tolerance_of_cpu(dense_gpu, dense_cpu):
+    toks = prompt_ids(16)
+    with dense_gpu.new_session() as s:
+        gpu = np.array(s.eval(toks, all_logits=True))
+        assert s.n_past == 16
+        # the last-row form is the last row of the all-rows form, bit for bit
+        last = np.array(s.last_logits())
+    np.testing.assert_array_equal(last.view(np.uint32), gpu[-1].view(np.uint32))
+    with dense_cpu.new_session() as s:
+        cpu = np.array(s.eval(toks, all_logits=True))
+    assert gpu.shape == cpu.shape == (16, dense_cpu.config.vocab_size)
+    assert np.abs(gpu - cpu).max() <= MAX_ABS_VS_CPU, np.abs(gpu - cpu).max(axis=1)
+    p, q = log_softmax(cpu), log_softmax(gpu)
+    assert (np.exp(p) * (p - q)).sum(axis=1).mean() <= MEAN_KL_VS_CPU
+
+
+def build_driver(out):
+    r = subprocess.run(["make", "-s", "--no-print-directory", "gpu-model-bin",
+                        f"GPU_MODEL_DIR={out}"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return os.path.join(out, "test_gpu_model")
+
+
+def cpu_greedy(model, ids, n):
+    """The CPU's greedy continuation and its top-2 gap at each step."""
+    out, gaps = [], []
+    with model.new_session() as s:
+        lg = np.array(s.eval(ids))
+        for _ in range(n):
+            top = np.sort(lg)
+            out.append(int(lg.argmax()))
+            gaps.append(float(top[-1] - top[-2]))
+            lg = np.array(s.eval([out[-1]]))
+    return out, gaps
+
+
+def test_greedy_generate_equals_driver_and_cpu(dense_gpu, dense_cpu, tmp_path):
+    """Greedy generate on gpu-emul gives the C test driver's greedy tokens
+    (the same runner driven from C, argmax on the device) and, on the steps
+    whose CPU top-2 gap is clear, the CPU's."""
+    ids, n = prompt_ids(6), 8
+    g = ds4py.generate(dense_gpu, ids, max_tokens=n, temperature=0)
+    assert g.backend == "gpu-emul" and g.finish_reason == "length" and len(g.tokens) == n
+    driver = build_driver(str(tmp_path / "driver"))
+    np.asarray(ids, dtype=np.int32).tofile(tmp_path / "t.i32")
+    r = subprocess.run([driver, DENSE, str(tmp_path / "t.i32"), str(tmp_path / "o"), str(n)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert g.tokens == np.fromfile(tmp_path / "o.greedy.i32", dtype=np.int32).tolist()
+    want, gaps = cpu_greedy(dense_cpu, ids, n)
+    clear = 0
+    for got, w, gap in zip(g.tokens, want, gaps, strict=True):
+        if gap <= CLEAR_GAP:
+            break  # a near tie may go either way; later steps then differ in context
+        assert got == w, (g.tokens, want, gaps)
+        clear += 1
+    assert clear >= 2, gaps  # the comparison compared something
+
+
+def test_demo_model_greedy_equals_cpu(cache):
+    """The trained demo model on gpu-emul: a prompt whose CPU margins are
+    clear (gaps > CLEAR_GAP, checked) generates the CPU's tokens."""
+    model = ds4py.load(DEMO, backend="gpu-emul")
+    cpu = ds4py.load(DEMO, n_threads=2)
+    ids = cpu.tokenizer.encode("def main")
+    want, gaps = cpu_greedy(cpu, ids, 2)
+    assert min(gaps) > CLEAR_GAP, gaps  # premise of the comparison
+    g = ds4py.generate(model, "def main", max_tokens=2, temperature=0, chat=False)
+    assert g.prompt_ids == ids
+    assert g.tokens == want
+    assert g.draft["drafting"] is False and "does not draft" in g.draft["refused"]
+
+
+def test_verify_accept_equals_serial(dense_gpu):
+    """verify + accept on the GPU session: every kept row's logits are the
+    serial rows' bit for bit, drafts right and wrong, and the state after
+    accept(k) is the serial one (the next rows still match)."""
+    ids, n = prompt_ids(5), 9
+    with dense_gpu.new_session() as s:
+        ref = [np.array(s.eval(ids))]
+        want = [int(ref[0].argmax())]
+        for i in range(n):
+            ref.append(np.array(s.eval([want[i]])))
+            want.append(int(ref[-1].argmax()))
+    with dense_gpu.new_session() as s:
+        s.eval(ids)
+        have, rounds, accepted_short = 0, 0, 0
+        while have < n:
+            depth = min(1 + rounds % 4, n - have - 1)  # row depth needs ref[have + depth + 1]
+            block = [want[have]] + [want[have + j] if (rounds + j) % 3 else
+                                    (want[have + j] + 1) % dense_gpu.config.vocab_size
+                                    for j in range(1, depth + 1)]
+            rows = np.array(s.verify(block))
+            assert rows.shape == (depth + 1, dense_gpu.config.vocab_size)
+            keep = 1
+            while keep <= depth and int(rows[keep - 1].argmax()) == block[keep]:
+                keep += 1
+            for j in range(keep):
+                np.testing.assert_array_equal(rows[j].view(np.uint32),
+                                              ref[have + j + 1].view(np.uint32))
+            n_past = s.n_past
+            s.accept(keep)
+            assert s.n_past == n_past - (depth + 1) + keep
+            accepted_short += keep < depth + 1
+            np.testing.assert_array_equal(s.last_logits(), rows[keep - 1])
+            have += keep
+            rounds += 1
+        assert accepted_short > 0  # some drafts were rejected: rollback was exercised
+
+
+def test_seeded_sampling_goes_through_the_python_sampler(dense_gpu):
+    """Sampled generate on the GPU: logits come back to the host and the same
+    Sampler draws from them, so a seeded run is reproducible and equals a
+    Sampler replay over the session's logits."""
+    ids = prompt_ids(6)
+    kw = dict(max_tokens=4, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=1234)
+    g = ds4py.generate(dense_gpu, ids, **kw)
+    assert g.seed == 1234 and len(g.tokens) == 4
+    sampler = Sampler(SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05,
+                                     seed=1234), dense_gpu.config.vocab_size)
+    replay = []
+    with dense_gpu.new_session() as s:
+        lg = s.eval(ids)
+        for _ in range(4):
+            replay.append(sampler.sample(lg))
+            if len(replay) < 4:
+                lg = s.eval([replay[-1]])
+    assert g.tokens == replay
+
+
+def test_prompt_logits_and_logprobs(dense_gpu):
+    """return_prompt_logits (an all-rows eval) and logprobs work on the GPU
+    session and agree with its own session API bit for bit."""
+    ids = prompt_ids(4)
+    g = ds4py.generate(dense_gpu, ids, max_tokens=2, temperature=0, logprobs=2,
+                       return_prompt_logits=True)
+    with dense_gpu.new_session() as s:
+        rows = np.array(s.eval(ids, all_logits=True))
+    np.testing.assert_array_equal(g.prompt_logits.view(np.uint32), rows.view(np.uint32))
+    assert g.tokens[0] == int(rows[-1].argmax())
+    assert len(g.logprobs) == 2 and g.logprobs[0].token == g.tokens[0]
+    assert len(g.logprobs[0].top_ids) == 2 and g.logprobs[0].top_ids[0] == g.tokens[0]
+
+
+# ---------------------------------------------------------------- refusals --
+
+@pytest.mark.parametrize("name, words", [
+    ("dense-q4_k_m", ["Q5_0", "has no GPU kernel", "blk."]),
+    ("moe-q8_0", ["MoE"]),
+])
+def test_refuses_models_it_cannot_run(cache, name, words):
+    with pytest.raises(ds4py.ModelError) as e:
+        ds4py.load(os.path.join(GOLDEN, "models", name + ".gguf"), backend="gpu-emul")
+    for w in words:
+        assert w in str(e.value), str(e.value)
+    assert "gpu-emul" in str(e.value)
+
+
+def test_refuses_backends_and_options(cache):
+    with pytest.raises(ValueError, match="unknown backend 'opencl'.*cuda"):
+        ds4py.load(DENSE, backend="opencl")
+    with pytest.raises(ds4py.ModelError, match="metal.*macOS only" if sys.platform != "darwin"
+                       else "metal.*not wired yet"):
+        ds4py.load(DENSE, backend="metal")
+    with pytest.raises(ds4py.ModelError, match="precision='exact'.*fast"):
+        ds4py.load(DENSE, backend="gpu-emul", precision="exact")
+    with pytest.raises(ds4py.ModelError, match="draft_head.*nextn"):
+        ds4py.load(DENSE, backend="gpu-emul", draft_head=DENSE)
+
+
+def test_session_refuses_what_it_lacks(dense_gpu):
+    with dense_gpu.new_session() as s:
+        with pytest.raises(ds4py.ModelError, match="snapshot"):
+            s.snapshot()
+        with pytest.raises(ds4py.ModelError, match="return_hidden"):
+            s.eval([1, 2], return_hidden=True)
+        with pytest.raises(ds4py.ModelError, match="hidden_layers"):
+            s.eval([1, 2], hidden_layers=[0])
+        with pytest.raises(ds4py.ModelError, match="nextn"):
+            s.nextn_prime = True
+        # bad arguments are refused and leave the session usable
+        with pytest.raises(ds4py.ModelError, match="outside the vocabulary"):
+            s.eval([1, dense_gpu.config.vocab_size])
+        with pytest.raises(ds4py.ModelError, match="no tokens"):
+            s.eval([])
+        with pytest.raises(ds4py.ModelError, match="without a verify"):
+            s.accept(1)
+        with pytest.raises(ds4py.ModelError, match="verify takes 1 to 16"):
+            s.verify(list(range(17)))
+        assert s.n_past == 0
+        s.eval([1])
+        with pytest.raises(ds4py.ModelError, match="past the context"):
+            s.eval([1] * dense_gpu.n_ctx)
+        assert s.n_past == 1
+    with pytest.raises(ds4py.ModelError, match="closed"):
+        s.eval([1])
+    with pytest.raises(ds4py.ModelError, match="nextn"):
+        dense_gpu.new_session(nextn_prime=True)
+
+
+def test_generate_refuses_cache_and_explicit_drafting(dense_gpu):
+    with pytest.raises(ds4py.ModelError, match="prefix cache"):
+        ds4py.generate(dense_gpu, [1, 2], max_tokens=1, cache=ds4py.PrefixCache(dense_gpu))
+    with pytest.raises(ds4py.ModelError, match="drafting"):
+        ds4py.generate(dense_gpu, [1, 2], max_tokens=1, draft_depth=2)
+    # draft=False is not a drafting request
+    g = ds4py.generate(dense_gpu, [1, 2], max_tokens=1, temperature=0, draft=False)
+    assert len(g.tokens) == 1 and g.backend == "gpu-emul"
+
+
+def test_cuda_and_auto_without_a_gpu(monkeypatch):
+    """cuda where there is no GPU (or no nvcc): ModelError with the reason;
+    auto falls back to cpu and says why."""
+    monkeypatch.setattr(gpu_backend, "_nvidia_gpu_missing", lambda: "no NVIDIA GPU (test)")
+    with pytest.raises(ds4py.ModelError, match=r"backend 'cuda': no NVIDIA GPU \(test\)"):
+        ds4py.load(DENSE, backend="cuda")
+    m = ds4py.load(DENSE, backend="auto")
+    assert m.backend == "cpu" and "no NVIDIA GPU (test)" in m.backend_note
+    assert type(m) is ds4py.Model
+    monkeypatch.setattr(gpu_backend, "_nvidia_gpu_missing", lambda: None)
+    monkeypatch.setenv("NVCC", "/nonexistent/nvcc")
+    gpu_backend._PLUGINS.pop("cuda", None)
+    with pytest.raises(ds4py.ModelError, match="nvcc not found"):
+        ds4py.load(DENSE, backend="cuda")
+    m = ds4py.load(DENSE, backend="auto", precision="exact")
+    assert m.backend == "cpu" and m.precision == "exact" and "exact" in m.backend_note
+
+
+def test_cli_json_and_paths_report(dense_gpu, cache):
+    """`generate --backend gpu-emul --json` reports the backend; DS4PY_PATHS=1
+    says which backend and loop ran."""
+    env = dict(os.environ, DS4PY_PATHS="1", DS4PY_CACHE_DIR=cache)
+    r = subprocess.run([sys.executable, "-m", "ds4py", "generate", "-m", DENSE, "-p", "Hello",
+                        "--raw", "--temp", "0", "--max-tokens", "3", "--json",
+                        "--backend", "gpu-emul"],
+                       capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["backend"] == "gpu-emul" and d["draft"]["drafting"] is False
+    want = ds4py.generate(dense_gpu, "Hello", max_tokens=3, temperature=0, chat=False)
+    assert d["tokens"] == want.tokens
+    assert "DS4PY_PATHS: backend gpu-emul" in r.stderr, r.stderr
+    assert "GPU layer loop" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "ds4py", "generate", "-m", DENSE, "-p", "x",
+                        "--backend", "metal"], capture_output=True, text=True, env=env,
+                       timeout=120, cwd=ROOT)
+    assert r.returncode == 2 and "error: backend 'metal'" in r.stderr, r.stderr
