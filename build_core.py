@@ -53,6 +53,8 @@ GENERIC_SOURCES = [
 SIMD_VARIANTS = {
     "x86_64": [
         ("csrc/quants/avx2.c", ["-mavx2", "-mfma", "-mf16c"]),
+        ("csrc/quants/avx2_fwd.c", ["-mavx2", "-mfma", "-mf16c"]),
+        ("csrc/quants/attn_avx2.c", ["-mavx2", "-mfma", "-mf16c"]),
         ("csrc/quants/avx512.c", ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw",
                                   "-mavx512dq", "-mavx512vl", "-mavx512vnni"]),
         ("csrc/quants/attn_avx512.c", ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw",
@@ -61,6 +63,8 @@ SIMD_VARIANTS = {
     ],
     "arm64": [
         ("csrc/quants/avx2.c", []),
+        ("csrc/quants/avx2_fwd.c", []),
+        ("csrc/quants/attn_avx2.c", []),
         ("csrc/quants/avx512.c", []),
         ("csrc/quants/attn_avx512.c", []),
         ("csrc/quants/neon.c", ["-march=armv8.2-a+dotprod+fp16"]),

@@ -89,9 +89,23 @@ int ds4_force_scalar(void) {
     return v && *v && strcmp(v, "0") != 0;
 }
 
+/* DS4_FORCE_ISA=avx2 (or scalar): AUTO runs that set when this machine can,
+ * so an AVX-512 machine can run and measure what an AVX2-only one runs
+ * (tests/test_avx2_paths.py, bench/bench_isa_ab.py). Unset, or an ISA that is
+ * not available here: no effect (DS4PY_PATHS names the set that ran). */
+static int forced_isa(int avail) {
+    const char *v = getenv("DS4_FORCE_ISA");
+    if (!v || !*v) return -1;
+    for (int isa = DS4_ISA_SCALAR; isa <= DS4_ISA_NEON; isa++)
+        if (strcmp(v, ds4_isa_name(isa)) == 0 && (avail & (1 << isa))) return isa;
+    return -1;
+}
+
 int ds4_isa_auto(void) {
     if (ds4_force_scalar()) return DS4_ISA_SCALAR;
     int a = ds4_isa_available();
+    const int forced = forced_isa(a);
+    if (forced >= 0) return forced;
     if (a & (1 << DS4_ISA_AVX512)) return DS4_ISA_AVX512;
     if (a & (1 << DS4_ISA_AVX2)) return DS4_ISA_AVX2;
     if (a & (1 << DS4_ISA_NEON)) return DS4_ISA_NEON;

@@ -608,6 +608,11 @@ static int avx512_kernels(const ds4_fwd *f) {
     return f->k == ds4_kernels_for(DS4_ISA_AVX512) && ds4_attn_f16_acc_avx512_ok();
 }
 
+/* The AVX2 twins (attn_avx2.c) while the session runs the AVX2 set. */
+static int avx2_kernels(const ds4_fwd *f) {
+    return f->k == ds4_kernels_for(DS4_ISA_AVX2) && ds4_attn_f16_avx2_ok();
+}
+
 /* ------------------------------------------------------------- layer -- */
 
 void ds4_attn_layer(ds4_fwd *f, int64_t il, int64_t n, int64_t pos0) {
@@ -654,6 +659,10 @@ void ds4_attn_block(ds4_fwd *f, const ds4_layer *L, ds4_kv_layer *kvl, int64_t n
     ac.kv.staged = f->attn_f16 && !attn_reference();
     ac.kv.acc = ac.kv.staged && avx512_kernels(f) ? ds4_attn_f16_acc_avx512 : NULL;
     ac.kv.scores = ac.kv.staged && avx512_kernels(f) ? ds4_attn_f16_scores_avx512 : NULL;
+    if (ac.kv.staged && avx2_kernels(f)) {
+        ac.kv.acc = ds4_attn_f16_acc_avx2;
+        ac.kv.scores = ds4_attn_f16_scores_avx2;
+    }
     ac.qf = w.qf;
     ac.qf_stride = qf_dim;
     ac.attn = w.attn;
@@ -669,6 +678,8 @@ void ds4_attn_block(ds4_fwd *f, const ds4_layer *L, ds4_kv_layer *kvl, int64_t n
                  split ? "split-K decode" : "rows",
                  !f->attn_f16 ? "F32 Q/V"
                  : !ac.kv.staged ? "F16 KV, Q/V in F16, reference loop"
+                 : ac.kv.acc == ds4_attn_f16_acc_avx2
+                     ? "F16 KV, Q/V in F16, staged, scores+V step avx2"
                  : ac.kv.acc ? "F16 KV, Q/V in F16, staged, scores+V step avx512"
                              : "F16 KV, Q/V in F16, staged, scores+V step portable");
         ds4_path_note(f->path_layer, "attention", v);

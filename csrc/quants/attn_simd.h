@@ -41,4 +41,15 @@ void ds4_attn_f16_acc_avx512(float *a, int64_t as, int64_t G, const uint16_t *v,
                              const float *w, const float *r, int64_t rs, int64_t dh,
                              const uint16_t *nk, const uint16_t *nv, int64_t nP);
 
+/* The same two kernels for sessions running the AVX2 kernel set
+ * (attn_avx2.c): scores in the order of that set's vec_dot_f32[F32]; nk,
+ * nv, nP and v are accepted and ignored (no memory hints). */
+int ds4_attn_f16_avx2_ok(void);
+void ds4_attn_f16_scores_avx2(const uint16_t *k, int64_t P, const float *q, int64_t G,
+                              int64_t dh, float scale, float *s, int64_t ss,
+                              const uint16_t *v);
+void ds4_attn_f16_acc_avx2(float *a, int64_t as, int64_t G, const uint16_t *v, int64_t P,
+                           const float *w, const float *r, int64_t rs, int64_t dh,
+                           const uint16_t *nk, const uint16_t *nv, int64_t nP);
+
 #endif

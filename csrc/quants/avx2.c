@@ -27,6 +27,7 @@
  * else the init reports "not provided".
  */
 #include "quants.h"
+#include "avx2_fwd.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
@@ -656,9 +657,6 @@ static inline __m256i idot_q5_0(const block_q5_0 *b, const int8_t *a) {
 static inline __m256i idot_q5_1(const block_q5_1 *b, const int8_t *a) {
     return dot_u8(q5_codes(b->qh, b->qs), load32(a));
 }
-static inline __m256i idot_q8_0(const block_q8_0 *b, const int8_t *a) {
-    return dot_i8(load32(b->qs), load32(a));
-}
 static inline __m256i idot_iq4_nl(const block_iq4_nl *b, const int8_t *a) {
     return dot_i8(_mm256_shuffle_epi8(iq4nl_table(), nibbles_split16(b->qs)), load32(a));
 }
@@ -670,8 +668,78 @@ Q32_DOT(dot_q4_0, block_q4_0, block_q8_0, idot_q4_0, NO_EXTRA)
 Q32_DOT(dot_q4_1, block_q4_1, block_q8_1, idot_q4_1, Q8_1_EXTRA)
 Q32_DOT(dot_q5_0, block_q5_0, block_q8_0, idot_q5_0, NO_EXTRA)
 Q32_DOT(dot_q5_1, block_q5_1, block_q8_1, idot_q5_1, Q8_1_EXTRA)
-Q32_DOT(dot_q8_0, block_q8_0, block_q8_0, idot_q8_0, NO_EXTRA)
 Q32_DOT(dot_iq4_nl, block_iq4_nl, block_q8_0, idot_iq4_nl, NO_EXTRA)
+
+/* ----------------------------------------------- multi-row dots (GEMM) -- */
+/* quants.h dot_rows: one weight row against up to ROWS_GROUP activation
+ * rows per pass, each weight block loaded and decoded (codes, scales) once
+ * for all of them. The one-row dot of each type below IS the group kernel
+ * with g = 1, so every row's float operations (the FMAs into the same
+ * accumulators in block order, the same final hsum) are those of vec_dot on
+ * that row alone, whatever nr is: bit-identical by construction
+ * (tests/test_matmul_rows.py, tests/test_avx2_paths.py). Only the exact
+ * int32 work is shared or reordered. Four rows: sixteen ymm registers hold
+ * the rows' integer and float accumulators beside the decoded block. */
+#define ROWS_GROUP 4
+
+/* An empty asm that takes and gives back v in a register: GCC otherwise
+ * reassociates a group's chains of int32 adds into trees whose partial sums
+ * spill to the stack (a store and a load per product: the K-quant rows
+ * kernels measured ~25% faster with the chains kept, 4 rows x 1024 x 1024,
+ * one thread). Integer adds are exact, so no value depends on it. */
+#define KEEP_IN_REGISTER(v) __asm__("" : "+x"(v))
+
+/* Q8_0 x Q8_0 (the Q32_DOT recipe above): per block an exact int32 dot,
+ * d_x*d_y rounded once, FMA'd into accumulator (block & 1); at the end
+ * hsum(acc0 + acc1) + 0.0f (the Q32_DOT form's `+ extra` with nothing to
+ * add: it turns a -0.0 sum into +0.0, so it stays). |w| is shared by the
+ * rows; sign(y, w) is per row. */
+static inline __attribute__((always_inline)) void q8_0_rows_group(
+    int64_t n, int g, float *s, const block_q8_0 *x, const void *const *vy) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    const block_q8_0 *y[ROWS_GROUP];
+    __m256 acc[ROWS_GROUP][2];
+    _Pragma("GCC unroll 4") for (int r = 0; r < g; r++) {
+        y[r] = vy[r];
+        acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    }
+    const int64_t nb = n / QK8_0;
+    for (int64_t i = 0; i < nb; i++) {
+        const __m256i w = load32(x[i].qs);
+        const __m256i aw = _mm256_sign_epi8(w, w);
+        const float dx = h2f(x[i].d);
+        const int h = (int)(i & 1);
+        _Pragma("GCC unroll 4") for (int r = 0; r < g; r++) {
+            const __m256i p = _mm256_madd_epi16(
+                _mm256_maddubs_epi16(aw, _mm256_sign_epi8(load32(y[r][i].qs), w)), ones);
+            acc[r][h] = _mm256_fmadd_ps(_mm256_set1_ps(dx * h2f(y[r][i].d)),
+                                        _mm256_cvtepi32_ps(p), acc[r][h]);
+        }
+    }
+    _Pragma("GCC unroll 4") for (int r = 0; r < g; r++)
+        s[r] = hsum_ps(_mm256_add_ps(acc[r][0], acc[r][1])) + 0.0f;
+}
+
+static void dot_q8_0(int64_t n, float *s, const void *vx, const void *vy) {
+    q8_0_rows_group(n, 1, s, vx, &vy);
+}
+
+/* nr rows in groups of ROWS_GROUP, the rest with a constant group size so
+ * the row loops unroll and the accumulators stay in registers. */
+#define ROWS_DISPATCH(name, wblock_t, GROUP)                                              \
+    static void name(int64_t n, int nr, float *s, const void *vx, const void *const *y) { \
+        const wblock_t *x = vx;                                                           \
+        int r = 0;                                                                        \
+        for (; r + ROWS_GROUP <= nr; r += ROWS_GROUP) GROUP(n, ROWS_GROUP, s + r, x, y + r); \
+        switch (nr - r) {                                                                 \
+        case 3: GROUP(n, 3, s + r, x, y + r); break;                                      \
+        case 2: GROUP(n, 2, s + r, x, y + r); break;                                      \
+        case 1: GROUP(n, 1, s + r, x, y + r); break;                                      \
+        default: break;                                                                   \
+        }                                                                                 \
+    }
+
+ROWS_DISPATCH(dot_rows_q8_0, block_q8_0, q8_0_rows_group)
 
 /* K-quants x Q8_K: per block, 8 lanes of exact int32 partial sums (scales
  * applied after widening); each lane converts to float (exact below 2^24,
@@ -680,31 +748,76 @@ Q32_DOT(dot_iq4_nl, block_iq4_nl, block_q8_0, idot_iq4_nl, NO_EXTRA)
  * -32 offset) come through the activation's 16-element sums the same way.
  * One fixed-order hsum at the end. */
 
-static void dot_q4_k(int64_t n, float *s, const void *vx, const void *vy) {
-    const block_q4_K *x = vx;
-    const block_q8_K *y = vy;
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n / QK_K; i++) {
-        uint8_t sm[16];
-        k4_scales(x[i].scales, sm);
-        /* per lane <= 8 sub-blocks * 63 * 2*(2*15*127) < 2^22 */
-        __m256i isum = _mm256_setzero_si256();
-        for (int c = 0; c < 4; c++) {
-            __m256i q = load32(x[i].qs + 32 * c);
-            __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-            isum = _mm256_add_epi32(isum, dot_u8_scaled(lo, load32(y[i].qs + 64 * c),
-                                                        _mm256_set1_epi16(sm[2 * c])));
-            isum = _mm256_add_epi32(isum, dot_u8_scaled(hi, load32(y[i].qs + 64 * c + 32),
-                                                        _mm256_set1_epi16(sm[2 * c + 1])));
-        }
-        const float dy = y[i].d;
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(dy * h2f(x[i].d)), _mm256_cvtepi32_ps(isum), acc);
-        acc = _mm256_fnmadd_ps(_mm256_set1_ps(dy * h2f(x[i].dmin)),
-                               _mm256_cvtepi32_ps(k4_min_terms(sm, y[i].bsums)), acc);
-    }
-    *s = hsum_ps(acc);
+/* Q4_K scales and mins (as k4_scales) decoded in a register: bytes 0..7
+ * the eight 6-bit scales, 8..15 the mins. The 16-byte load covers scales[12]
+ * and the first 4 bytes of qs (inside the block, never used). Kept out of
+ * memory: four word stores then an 8-byte reload defeat store forwarding. */
+static inline __m128i k4_scales_reg(const uint8_t *q) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)q);
+    const __m128i a = _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 1, 0, 0)); /* w0 w0 w1 w1 */
+    const __m128i w2 = _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 2, 2, 2));
+    const __m128i lo = _mm_and_si128(a, _mm_set1_epi8(0x3f)); /* r0, r2 */
+    /* ((w >> 6) & 3) << 4 per byte == (w >> 2) & 0x30 */
+    const __m128i hi = _mm_and_si128(_mm_srli_epi32(a, 2), _mm_set1_epi8(0x30));
+    const __m128i m = _mm_and_si128(_mm_srlv_epi32(w2, _mm_set_epi32(4, 0, 0, 0)),
+                                    _mm_set1_epi8(0x0f));
+    return _mm_blend_epi32(lo, _mm_or_si128(m, hi), 0xA); /* r1, r3 */
 }
+
+/* vpshufb index giving every int16 lane int16 element j of its 128-bit lane. */
+static inline __m256i word_idx(int j) { return _mm256_set1_epi16((short)(((2 * j + 1) << 8) | (2 * j))); }
+
+/* Q4_K x Q8_K for g <= ROWS_GROUP rows. Per block the codes of each 64-code
+ * chunk and the scale of each sub-block (a vpshufb of the eight widened
+ * scales) are built once; per row the exact int32 sums (unsigned codes
+ * <= 15: int16 pairs <= 3810; per lane <= 8 sub-blocks * 63 * 2*3810 <
+ * 2^22) and the mins' terms min_j * (bsums[2j] + bsums[2j+1]), then
+ * acc = fma(d_y*d, isum, acc) and acc = fnma(d_y*dmin, mins, acc) in block
+ * order; one fixed-order hsum at the end. */
+static inline __attribute__((always_inline)) void q4k_rows_group(
+    int64_t n, int g, float *s, const block_q4_K *x, const void *const *vy) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m256 acc[ROWS_GROUP];
+    const block_q8_K *y[ROWS_GROUP];
+    _Pragma("GCC unroll 4") for (int r = 0; r < g; r++) {
+        acc[r] = _mm256_setzero_ps();
+        y[r] = vy[r];
+    }
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const __m128i sm = k4_scales_reg(x[i].scales);
+        const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
+        const __m128i m16 = _mm_cvtepu8_epi16(_mm_srli_si128(sm, 8));
+        const __m256i mm = _mm256_set_m128i(_mm_unpackhi_epi16(m16, m16), _mm_unpacklo_epi16(m16, m16));
+        __m256i isum[ROWS_GROUP];
+        _Pragma("GCC unroll 4") for (int r = 0; r < g; r++) isum[r] = _mm256_setzero_si256();
+        _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) {
+            const __m256i q = load32(x[i].qs + 32 * c);
+            const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            const __m256i slo = _mm256_shuffle_epi8(sc, word_idx(2 * c));
+            const __m256i shi = _mm256_shuffle_epi8(sc, word_idx(2 * c + 1));
+            _Pragma("GCC unroll 4") for (int r = 0; r < g; r++) {
+                const int8_t *a = y[r][i].qs + 64 * c;
+                isum[r] = _mm256_add_epi32(isum[r], dot_u8_scaled(lo, load32(a), slo));
+                isum[r] = _mm256_add_epi32(isum[r], dot_u8_scaled(hi, load32(a + 32), shi));
+                KEEP_IN_REGISTER(isum[r]);
+            }
+        }
+        const float xd = h2f(x[i].d), xm = h2f(x[i].dmin);
+        _Pragma("GCC unroll 4") for (int r = 0; r < g; r++) {
+            const float dy = y[r][i].d;
+            const __m256i mt = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y[r][i].bsums), mm);
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dy * xd), _mm256_cvtepi32_ps(isum[r]), acc[r]);
+            acc[r] = _mm256_fnmadd_ps(_mm256_set1_ps(dy * xm), _mm256_cvtepi32_ps(mt), acc[r]);
+        }
+    }
+    _Pragma("GCC unroll 4") for (int r = 0; r < g; r++) s[r] = hsum_ps(acc[r]);
+}
+
+static void dot_q4_k(int64_t n, float *s, const void *vx, const void *vy) {
+    q4k_rows_group(n, 1, s, vx, &vy);
+}
+
+ROWS_DISPATCH(dot_rows_q4_k, block_q4_K, q4k_rows_group)
 
 static void dot_q5_k(int64_t n, float *s, const void *vx, const void *vy) {
     const block_q5_K *x = vx;
@@ -734,35 +847,58 @@ static void dot_q5_k(int64_t n, float *s, const void *vx, const void *vy) {
     *s = hsum_ps(acc);
 }
 
-static void dot_q6_k(int64_t n, float *s, const void *vx, const void *vy) {
-    const block_q6_K *x = vx;
-    const block_q8_K *y = vy;
-    __m256 acc = _mm256_setzero_ps();
+/* Q6_K x Q8_K for g <= ROWS_GROUP rows. Codes are used unsigned (0..63;
+ * int16 pairs <= 16002) and the -32 offset comes back through the
+ * activation's 16-element sums: sum_g sc_g * (sum q*a - 32 * bsum_g). Per
+ * lane |.| <= 8 * 128 * 2*16002 + 32 * 128 * 2*16*127 < 2^26 (int32-exact;
+ * the float conversion can round only in that extreme, the same in every
+ * row and in the one-row dot, which is this function). Per 128-code chunk
+ * the four code vectors and their scale pairs (scale 2k in the low 128-bit
+ * lane, 2k+1 in the high) are built once for all rows. */
+static inline __attribute__((always_inline)) void q6k_rows_group(
+    int64_t n, int g, float *s, const block_q6_K *x, const void *const *vy) {
+    __m256 acc[ROWS_GROUP];
+    const block_q8_K *y[ROWS_GROUP];
+    _Pragma("GCC unroll 4") for (int r = 0; r < g; r++) {
+        acc[r] = _mm256_setzero_ps();
+        y[r] = vy[r];
+    }
     for (int64_t i = 0; i < n / QK_K; i++) {
-        /* Codes are used unsigned (0..63; int16 pairs <= 16002) and the -32
-         * offset comes back through the activation's 16-element sums:
-         * sum_g sc_g * (sum q*a - 32 * bsum_g). Per lane
-         * |.| <= 8 * 128 * 2*16002 + 32 * 128 * 2*16*127 < 2^26 (int32-exact;
-         * the float conversion can round only in that extreme). */
-        __m256i isum = _mm256_setzero_si256();
-        for (int c = 0; c < 2; c++) {
+        __m256i isum[ROWS_GROUP];
+        _Pragma("GCC unroll 4") for (int r = 0; r < g; r++) isum[r] = _mm256_setzero_si256();
+        _Pragma("GCC unroll 2") for (int c = 0; c < 2; c++) {
             __m256i q[4];
             q6k_codes(x[i].ql + 64 * c, x[i].qh + 32 * c, q);
-            const int8_t *sc = x[i].scales + 8 * c;
-            for (int g = 0; g < 4; g++) {
-                /* lanes 0..7 of the int16 pair sums are elements 0..15 of this
-                 * group of 32 (scale sc[2g]), lanes 8..15 the next 16. */
-                __m256i s16 = _mm256_set_m128i(_mm_set1_epi16(sc[2 * g + 1]), _mm_set1_epi16(sc[2 * g]));
-                isum = _mm256_add_epi32(isum, dot_u8_scaled(q[g], load32(y[i].qs + 128 * c + 32 * g), s16));
+            /* the chunk's eight scales as int16 in both 128-bit lanes */
+            const __m256i sc = _mm256_broadcastsi128_si256(
+                _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(x[i].scales + 8 * c))));
+            _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
+                const __m256i sel = _mm256_set_m128i(_mm256_castsi256_si128(word_idx(2 * k + 1)),
+                                                     _mm256_castsi256_si128(word_idx(2 * k)));
+                const __m256i s16 = _mm256_shuffle_epi8(sc, sel);
+                _Pragma("GCC unroll 4") for (int r = 0; r < g; r++) {
+                    isum[r] = _mm256_add_epi32(
+                        isum[r], dot_u8_scaled(q[k], load32(y[r][i].qs + 128 * c + 32 * k), s16));
+                    KEEP_IN_REGISTER(isum[r]);
+                }
             }
         }
-        __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
-        __m256i corr = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)y[i].bsums));
-        isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(corr, 5));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(y[i].d * h2f(x[i].d)), _mm256_cvtepi32_ps(isum), acc);
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
+        const float xd = h2f(x[i].d);
+        _Pragma("GCC unroll 4") for (int r = 0; r < g; r++) {
+            const __m256i corr = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)y[r][i].bsums));
+            const __m256i t = _mm256_sub_epi32(isum[r], _mm256_slli_epi32(corr, 5));
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(y[r][i].d * xd), _mm256_cvtepi32_ps(t), acc[r]);
+        }
     }
-    *s = hsum_ps(acc);
+    _Pragma("GCC unroll 4") for (int r = 0; r < g; r++) s[r] = hsum_ps(acc[r]);
 }
+
+static void dot_q6_k(int64_t n, float *s, const void *vx, const void *vy) {
+    q6k_rows_group(n, 1, s, vx, &vy);
+}
+
+ROWS_DISPATCH(dot_rows_q6_k, block_q6_K, q6k_rows_group)
 
 static void dot_iq4_xs(int64_t n, float *s, const void *vx, const void *vy) {
     const block_iq4_xs *x = vx;
@@ -848,6 +984,17 @@ int ds4_kernels_init_avx2(ds4_kernel_set *k) {
     k->from_float[DS4_TYPE_Q8_K] = quant_q8_k;
     k->from_float[DS4_TYPE_F16] = quant_f16;
     k->from_float[DS4_TYPE_BF16] = quant_bf16;
+    /* multi-row kernels over plain paired rows (no pack_rows) */
+    k->dot_rows[DS4_TYPE_Q8_0] = dot_rows_q8_0;
+    k->dot_rows_name[DS4_TYPE_Q8_0] = "avx2 q8_0 x q8_0 rows";
+    k->dot_rows[DS4_TYPE_Q4_K] = dot_rows_q4_k;
+    k->dot_rows_name[DS4_TYPE_Q4_K] = "avx2 q4_K x q8_K rows";
+    k->dot_rows[DS4_TYPE_Q6_K] = dot_rows_q6_k;
+    k->dot_rows_name[DS4_TYPE_Q6_K] = "avx2 q6_K x q8_K rows";
+    /* forward-pass kernels (avx2_fwd.c) */
+    k->gdn_rows = ds4_avx2_gdn_rows;
+    if (ds4_avx2_expf_matches()) k->silu_mul = ds4_avx2_silu_mul;
+    k->f16_acc_row = ds4_avx2_f16_acc_row;
     return 1;
 }
 
