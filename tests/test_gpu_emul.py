@@ -21,7 +21,7 @@ import amalgamate  # noqa: E402
 # Minimum number of PASS lines per suite, so a suite that silently runs no
 # checks (a loop over an empty shape list) fails instead of passing.
 SUITES = {"tables": 7, "f16": 2, "rmsnorm": 18, "quantize": 5, "matvec": 12, "rope": 4, "attn": 8,
-          "kquant": 20, "gdn": 8, "argmax": 4, "glue": 10, "fused": 24}
+          "kquant": 20, "gdn": 8, "argmax": 4, "glue": 10, "fused": 34}
 
 
 def build(tmp_dir, name, defs=""):
@@ -73,13 +73,23 @@ PLANTED = [
     # GDN value heads read grouped instead of tiled k heads: caught by the bound
     ("PLANT_GDN_WRONG_KHEAD", "gdn", r"delta n_k=2 n_v=4 d=64 tg=64: state and output within"),
     # the K-quant matvec reads the next weight row (in bounds): caught by the CPU comparison
-    ("PLANT_KQ_OFF_BY_ONE_ROW", "kquant", r"matvec Q\d_K n_in=\d+ n_out=7: within the reordering bound"),
+    ("PLANT_KQ_OFF_BY_ONE_ROW", "kquant",
+     r"matvec Q\d_K n_in=\d+ n_out=7: within the reordering bound"),
     # argmax ties to the highest index: caught by the CPU's rule
     ("PLANT_ARGMAX_LAST_TIE", "argmax", r"n=1000 rows=6 k=5: argmax = the CPU's"),
     # norm_quant reads the Q8_K chunk winners without its barrier: the race shadow
-    ("PLANT_FUSED_NO_BARRIER", "fused", r"norm_quant: .*since the last barrier \(missing barrier\?\)"),
+    ("PLANT_FUSED_NO_BARRIER", "fused",
+     r"norm_quant: .*since the last barrier \(missing barrier\?\)"),
     # swiglu_quant regroups SiLU(g) * u: caught bit for bit against swiglu + quantize
-    ("PLANT_FUSED_SWIGLU_ORDER", "fused", r"swiglu_quant n=1280 rows=3 .* flags=0xc tg=128: .*bit-identical"),
+    ("PLANT_FUSED_SWIGLU_ORDER", "fused",
+     r"swiglu_quant n=1280 rows=3 .* flags=0xc tg=128: .*bit-identical"),
+    # qk_norm_rope rotates the pairs without the barrier after the norm: the race shadow
+    ("PLANT_FUSED_ROPE_NO_BARRIER", "fused",
+     r"qk_norm_rope: .*(since the last barrier \(missing barrier\?\)|never written)"),
+    # attn_gate_quant's Q8_K |max| ties to the higher index: caught against
+    # attn_gate + quantize_q8_K
+    ("PLANT_FUSED_GATE_LAST_TIE", "fused",
+     r"attn_gate_quant n_head=4 head_dim=64 rows=3 flags=0x8 .*bit-identical"),
 ]
 
 

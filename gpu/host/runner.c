@@ -45,20 +45,31 @@ typedef struct {
     size_t bytes;
 } dev_mat;
 
+/* Consecutive matrices of one input group that share a type, as one
+ * matrix (upload_group); `first`: the group index of its first member. */
+typedef struct {
+    dev_mat m;
+    int first;
+} mat_run;
+
 typedef struct {
     int kind;
     void *attn_norm, *post_norm;
     /* GDN */
     dev_mat qkv, gate, beta, alpha, ssm_out;
-    dev_mat gdn_in; /* qkv|gate|beta|alpha concatenated (upload_group; p NULL: types differ) */
+    mat_run gdn_in[4]; /* qkv, gate, beta, alpha in runs of one type, concatenated (upload_group) */
+    int n_gdn_in;
     void *conv_w; /* F32 [conv_dim][K] */
     void *hp;     /* F32 [ssm_a (n_v) | dt_bias (n_v) | ssm_norm (d)]: gdn_delta's hp */
     /* gated attention */
     dev_mat q, k, v, o;
-    void *q_norm, *k_norm;
+    mat_run attn_in[3]; /* q, k, v in runs of one type (decode: one row [q | k | v]) */
+    int n_attn_in;
+    void *q_norm, *k_norm; /* one buffer, q_norm then k_norm (qk_norm_rope's w) */
     /* dense FFN */
     dev_mat ffn_gate, ffn_up, ffn_down;
-    dev_mat ffn_in; /* ffn_gate|ffn_up concatenated (p NULL: types differ) */
+    mat_run ffn_in[2]; /* ffn_gate, ffn_up: one run when their types agree */
+    int n_ffn_in;
 } dev_layer;
 
 /* A session's device state of one layer. */
@@ -109,7 +120,7 @@ struct k_runner {
     int64_t ver_n, ver_pos; /* the last verify's rows and first position (0: none) */
     void *pages; /* u32 page table: identity (one sequence, no sharing yet) */
     /* scratch, ROWS rows each */
-    float *h, *x, *y, *gin, *cv, *o, *qf, *qn, *kraw, *kn, *vv, *attn, *g, *u, *gu, *logits;
+    float *h, *x, *y, *gin, *cv, *o, *qf, *qn, *kraw, *kn, *vv, *arow, *attn, *g, *u, *gu, *logits;
     float *part, *cs, *sn;
     uint8_t *xq8, *xqk;
     uint32_t *idx, *status;
@@ -187,47 +198,51 @@ static int upload_mat(k_gpu_model *r, const ds4_tensor *t, dev_mat *out, ds4_err
     return out->p ? 0 : err->code;
 }
 
-/* Matrices that read the same activations (a GDN layer's four input
- * projections, the FFN's gate and up), uploaded as ONE matrix with their
- * rows concatenated in order when they share a type and n_in, so one
- * matvec launch computes all their outputs (issue 19: fewer launches); a
- * row's sum never depends on the launch that computes it (quant_q8_0.h /
- * quant_kq.h), so the bits are those of separate launches. Each keeps its
- * own dev_mat, pointing inside (the offsets are multiples of the matrices'
- * sizes: 144/176-byte K-quant blocks stay 16-aligned, 34/210-byte ones
- * 2-aligned). Mixed types: separate uploads, cat->p stays NULL. */
-static int upload_group(k_gpu_model *r, const ds4_tensor *const *t, dev_mat *const *out, int k, dev_mat *cat,
-                        ds4_error *err) {
-    memset(cat, 0, sizeof *cat);
-    int same = 1, rc;
-    size_t total = 0;
-    for (int i = 0; i < k; i++) {
-        same &= mat_type_ok(t[i]->type) && t[i]->type == t[0]->type && t[i]->ne[0] == t[0]->ne[0];
-        total += t[i]->row_bytes * (size_t)t[i]->ne[1];
-    }
-    if (!same || k < 2) {
-        for (int i = 0; i < k; i++)
-            if ((rc = upload_mat(r, t[i], out[i], err))) return rc;
-        return 0;
-    }
-    uint8_t *host = malloc(total), *dev;
-    if (!host) return ds4_fail(err, DS4_ERR_NOMEM, "out of host memory");
-    size_t off = 0;
-    for (int i = 0; i < k; i++) {
-        const size_t bytes = t[i]->row_bytes * (size_t)t[i]->ne[1];
-        memcpy(host + off, t[i]->data, bytes);
-        off += bytes;
-    }
-    dev = mem_upload(r->dev, &r->mem, host, total, err);
-    free(host);
-    if (!dev) return err->code;
-    *cat = (dev_mat){dev, t[0]->type, t[0]->ne[0], 0, total};
-    off = 0;
-    for (int i = 0; i < k; i++) {
-        const size_t bytes = t[i]->row_bytes * (size_t)t[i]->ne[1];
-        *out[i] = (dev_mat){dev + off, t[i]->type, t[i]->ne[0], t[i]->ne[1], bytes};
-        cat->n_out += t[i]->ne[1];
-        off += bytes;
+/* Matrices that read the same activations and whose outputs sit side by
+ * side (a GDN layer's four input projections, the FFN's gate and up):
+ * each run of consecutive ones sharing a type and n_in is uploaded as ONE
+ * matrix, rows concatenated in order, so one matvec launch computes the
+ * whole run (issue 19: fewer launches). A row's sum never depends on the
+ * launch that computes it (quant_q8_0.h / quant_kq.h), so the bits are
+ * those of separate launches. Each matrix keeps its own dev_mat pointing
+ * inside its run (offsets are whole matrices of one type: 144/176-byte
+ * K-quant blocks stay 16-aligned, 34/210-byte ones 2-aligned) for the
+ * unfused path (K_RUNNER_FUSE=0). *n_runs runs land in runs[]. */
+static int upload_group(k_gpu_model *r, const ds4_tensor *const *t, dev_mat *const *out, int k, mat_run *runs,
+                        int *n_runs, ds4_error *err) {
+    int rc;
+    *n_runs = 0;
+    for (int i0 = 0; i0 < k;) {
+        int i1 = i0 + 1;
+        if (mat_type_ok(t[i0]->type))
+            while (i1 < k && t[i1]->type == t[i0]->type && t[i1]->ne[0] == t[i0]->ne[0]) i1++;
+        mat_run *run = &runs[(*n_runs)++];
+        run->first = i0;
+        if (i1 - i0 == 1) {
+            if ((rc = upload_mat(r, t[i0], out[i0], err))) return rc;
+            run->m = *out[i0];
+            i0 = i1;
+            continue;
+        }
+        size_t total = 0, off = 0;
+        for (int i = i0; i < i1; i++) total += t[i]->row_bytes * (size_t)t[i]->ne[1];
+        uint8_t *host = malloc(total), *dev;
+        if (!host) return ds4_fail(err, DS4_ERR_NOMEM, "out of host memory");
+        for (int i = i0; i < i1; i++) {
+            const size_t bytes = t[i]->row_bytes * (size_t)t[i]->ne[1];
+            memcpy(host + off, t[i]->data, bytes);
+            off += bytes;
+        }
+        dev = mem_upload(r->dev, &r->mem, host, total, err);
+        free(host);
+        if (!dev) return err->code;
+        run->m = (dev_mat){dev, t[i0]->type, t[i0]->ne[0], 0, total};
+        for (off = 0; i0 < i1; i0++) {
+            const size_t bytes = t[i0]->row_bytes * (size_t)t[i0]->ne[1];
+            *out[i0] = (dev_mat){dev + off, t[i0]->type, t[i0]->ne[0], t[i0]->ne[1], bytes};
+            run->m.n_out += t[i0]->ne[1];
+            off += bytes;
+        }
     }
     return 0;
 }
@@ -417,8 +432,8 @@ static int copy_dev(k_runner *r, void *dst, const void *src, size_t bytes, ds4_e
 /* gdn.c ds4_gdn_layer: the four projections, then per token the conv
  * and the delta rule, then ssm_out. The projections write one row per
  * token, [qkv (cd) | z (vd) | beta (nv) | alpha (nv)] (W = cd + vd + 2 nv
- * floats: one launch of the concatenated matrix gdn_in when fused, else
- * four launches into the same places). In a verify the rows are kept
+ * floats: fused, one launch per run of one type (gdn_in, upload_group),
+ * else four launches into the same places). In a verify the rows are kept
  * (row0: where this chunk's rows start among the verify's). */
 static int gdn_layer(k_runner *r, dev_layer *L, dev_state *S, int64_t n, int64_t row0, unsigned ready,
                      ds4_error *err) {
@@ -426,9 +441,9 @@ static int gdn_layer(k_runner *r, dev_layer *L, dev_state *S, int64_t n, int64_t
     const int64_t E = c->n_embd, cd = conv_dim(c), vd = c->ssm_d_inner, nv = c->ssm_n_v, W = cd + vd + 2 * nv;
     mm_job in[4] = {{&L->qkv, r->gin, W}, {&L->gate, r->gin + cd, W}, {&L->beta, r->gin + cd + vd, W},
                     {&L->alpha, r->gin + cd + vd + nv, W}};
-    mm_job cat = {&L->gdn_in, r->gin, W};
-    const int one = r->fuse && L->gdn_in.p;
-    int rc = matmul(r, r->x, E, n, one ? &cat : in, one ? 1 : 4, ready, err);
+    mm_job runs[4];
+    for (int i = 0; i < L->n_gdn_in; i++) runs[i] = (mm_job){&L->gdn_in[i].m, in[L->gdn_in[i].first].y, W};
+    int rc = r->fuse ? matmul(r, r->x, E, n, runs, L->n_gdn_in, ready, err) : matmul(r, r->x, E, n, in, 4, ready, err);
     if (!rc && r->capturing) rc = copy_dev(r, S->cap_in + row0 * W, r->gin, F4(n * W), err);
     for (int64_t t = 0; t < n && !rc; t++)
         rc = gdn_token(r, L, S, r->gin + t * W, r->gin + t * W + cd, r->gin + t * W + cd + vd, r->o + t * vd, err);
@@ -446,15 +461,43 @@ static int attn_layer(k_runner *r, dev_layer *L, dev_state *S, int64_t n, int64_
     const ds4_model_config *c = &r->c;
     const int64_t E = c->n_embd, dh = c->head_dim, nh = c->n_head, nkv = c->n_head_kv;
     const int64_t qf_dim = 2 * nh * dh, kv_dim = nkv * dh, half = c->n_rot / 2;
-    mm_job in[3] = {{&L->q, r->qf, qf_dim}, {&L->k, r->kraw, kv_dim}, {&L->v, r->vv, kv_dim}};
+    /* q (+ gate), k and v rows in their own buffers; fused decode (one
+     * row): side by side in one row [q | k | v] of arow, so each run of
+     * one type (upload_group) is one launch (strides never multiply a
+     * single row, so every consumer below reads the same places) */
+    float *qf = r->qf, *kraw = r->kraw, *vv = r->vv;
     int rc;
-    if ((rc = matmul(r, r->x, E, n, in, 3, ready, err))) return rc;
-    /* q heads sit 2*dh apart in qf (each followed by its gate): normed into qn */
-    if ((rc = rmsnorm(r, r->qf, L->q_norm, r->qn, dh, n * nh, 2 * dh, err)) ||
-        (rc = rmsnorm(r, r->kraw, L->k_norm, r->kn, dh, n * nkv, dh, err)))
-        return rc;
-    if (half > 0) {
-        for (int pass = 0; pass < 2; pass++) {
+    if (r->fuse && n == 1) {
+        qf = r->arow, kraw = r->arow + qf_dim, vv = r->arow + qf_dim + kv_dim;
+        float *const y0[3] = {qf, kraw, vv};
+        mm_job runs[3];
+        for (int i = 0; i < L->n_attn_in; i++)
+            runs[i] = (mm_job){&L->attn_in[i].m, y0[L->attn_in[i].first], qf_dim + 2 * kv_dim};
+        if ((rc = matmul(r, r->x, E, n, runs, L->n_attn_in, ready, err))) return rc;
+    } else {
+        mm_job in[3] = {{&L->q, qf, qf_dim}, {&L->k, kraw, kv_dim}, {&L->v, vv, kv_dim}};
+        if ((rc = matmul(r, r->x, E, n, in, 3, ready, err))) return rc;
+    }
+    /* q heads sit 2*dh apart in qf (each followed by its gate). Fused:
+     * normed and rotated in place (qk_norm_rope, fused.h: the bits of the
+     * unfused launches); else normed into qn / kn, then rotated there. */
+    float *qn = r->qn, *kn = r->kn;
+    if (r->fuse) {
+        qn = qf, kn = kraw;
+        k_qk_norm_rope_params p = {K_TAG_OF(qk_norm_rope), (uint32_t)n, (uint32_t)nh, (uint32_t)nkv, (uint32_t)dh,
+                                   (uint32_t)c->n_rot, (uint32_t)qf_dim, (uint32_t)(2 * dh), (uint32_t)kv_dim,
+                                   c->rms_eps};
+        k_binding b[] = {STATUS_BIND(qk_norm_rope), K_BIND(qk_norm_rope, p, &p, sizeof p),
+                         K_BIND(qk_norm_rope, q, qf, F4(n * qf_dim)), K_BIND(qk_norm_rope, k, kraw, F4(n * kv_dim)),
+                         K_BIND(qk_norm_rope, w, L->q_norm, F4(2 * dh)),
+                         K_BIND(qk_norm_rope, cs, r->cs, F4(half > 0 ? n * half : 1)),
+                         K_BIND(qk_norm_rope, sn, r->sn, F4(half > 0 ? n * half : 1))};
+        if ((rc = launch(r, K_ID_qk_norm_rope, (uint32_t)(nh + nkv), (uint32_t)n, 1, row_tg(dh), b, 7, err))) return rc;
+    } else {
+        if ((rc = rmsnorm(r, qf, L->q_norm, r->qn, dh, n * nh, 2 * dh, err)) ||
+            (rc = rmsnorm(r, kraw, L->k_norm, r->kn, dh, n * nkv, dh, err)))
+            return rc;
+        for (int pass = 0; pass < 2 && half > 0; pass++) {
             float *xr = pass ? r->kn : r->qn;
             const int64_t heads = pass ? nkv : nh, hs = pass ? dh : 2 * dh, rs = pass ? kv_dim : qf_dim;
             k_rope_neox_params p = {K_TAG_OF(rope_neox), (uint32_t)n, (uint32_t)heads, (uint32_t)dh,
@@ -472,7 +515,7 @@ static int attn_layer(k_runner *r, dev_layer *L, dev_state *S, int64_t n, int64_
                                (uint32_t)kv_dim, (uint32_t)r->n_pages};
         const uint64_t items = (uint64_t)(n * kv_dim);
         k_binding b[] = {STATUS_BIND(kv_store), K_BIND(kv_store, p, &p, sizeof p),
-                         K_BIND(kv_store, k, r->kn, F4(n * kv_dim)), K_BIND(kv_store, v, r->vv, F4(n * kv_dim)),
+                         K_BIND(kv_store, k, kn, F4(n * kv_dim)), K_BIND(kv_store, v, vv, F4(n * kv_dim)),
                          K_BIND(kv_store, pages, r->pages, 4 * (size_t)r->n_pages),
                          K_BIND(kv_store, kpool, S->kpool, pool), K_BIND(kv_store, vpool, S->vpool, pool)};
         if ((rc = launch(r, K_ID_kv_store, (uint32_t)((items + 127) / 128), 1, 1, 128, b, 7, err))) return rc;
@@ -484,7 +527,7 @@ static int attn_layer(k_runner *r, dev_layer *L, dev_state *S, int64_t n, int64_
                                  (uint32_t)n, (uint32_t)pos0, nb, bps, (uint32_t)r->n_pages,
                                  (uint32_t)qf_dim, (uint32_t)(2 * dh), c->attn_scale};
     k_binding bp[] = {STATUS_BIND(attn_partials), K_BIND(attn_partials, p, &pp, sizeof pp),
-                      K_BIND(attn_partials, q, r->qn, F4((n - 1) * qf_dim + (nh - 1) * 2 * dh + dh)),
+                      K_BIND(attn_partials, q, qn, F4((n - 1) * qf_dim + (nh - 1) * 2 * dh + dh)),
                       K_BIND(attn_partials, kpool, S->kpool, pool), K_BIND(attn_partials, vpool, S->vpool, pool),
                       K_BIND(attn_partials, pages, r->pages, 4 * (size_t)nb),
                       K_BIND(attn_partials, part, r->part, part)};
@@ -500,18 +543,31 @@ static int attn_layer(k_runner *r, dev_layer *L, dev_state *S, int64_t n, int64_
                       K_BIND(attn_merge, part, r->part, part),
                       K_BIND(attn_merge, out, r->attn, F4(n * nh * dh))};
     if ((rc = launch(r, K_ID_attn_merge, (uint32_t)nh, (uint32_t)n, 1, 32, bm, 4, err))) return rc;
+    mm_job out = {&L->o, r->y, E};
+    if (r->fuse) { /* the output gate and the o projection's quantizer in one launch (attn_gate_quant) */
+        const unsigned q = act_flag(&L->o);
+        k_attn_gate_quant_params p = {K_TAG_OF(attn_gate_quant), (uint32_t)n, (uint32_t)nh, (uint32_t)dh,
+                                      (uint32_t)qf_dim, q};
+        k_binding b[] = {STATUS_BIND(attn_gate_quant), K_BIND(attn_gate_quant, p, &p, sizeof p),
+                         K_BIND(attn_gate_quant, qf, qf, F4(n * qf_dim)),
+                         K_BIND(attn_gate_quant, a, r->attn, F4(n * nh * dh)),
+                         K_BIND(attn_gate_quant, q8, r->xq8, r->xq8_bytes),
+                         K_BIND(attn_gate_quant, qk, r->xqk, r->xqk_bytes)};
+        if ((rc = launch(r, K_ID_attn_gate_quant, (K_ATTN_GATE_QUANT_UNITS(p) + 3) / 4, 1, 1, 128, b, 6, err)))
+            return rc;
+        return matmul(r, NULL, nh * dh, n, &out, 1, q, err);
+    }
     k_attn_gate_params pg = {K_TAG_OF(attn_gate), (uint32_t)n, (uint32_t)nh, (uint32_t)dh, (uint32_t)qf_dim};
     k_binding bg[] = {STATUS_BIND(attn_gate), K_BIND(attn_gate, p, &pg, sizeof pg),
-                      K_BIND(attn_gate, qf, r->qf, F4(n * qf_dim)), K_BIND(attn_gate, a, r->attn, F4(n * nh * dh))};
+                      K_BIND(attn_gate, qf, qf, F4(n * qf_dim)), K_BIND(attn_gate, a, r->attn, F4(n * nh * dh))};
     if ((rc = launch(r, K_ID_attn_gate, (uint32_t)((n * nh * dh + 127) / 128), 1, 1, 128, bg, 4, err)))
         return rc;
-    mm_job out = {&L->o, r->y, E};
     return matmul(r, r->attn, nh * dh, n, &out, 1, 0, err);
 }
 
 /* ffn.c ds4_ffn_dense: down(SiLU(gate x) * up x). Fused: gate and up
- * write one row [g | u] per token (one launch of the concatenated ffn_in,
- * or two into the same places), and swiglu_quant (fused.h) computes the
+ * write one row [g | u] per token (one launch of the concatenated ffn_in
+ * when their types agree, else two into the same places), and swiglu_quant (fused.h) computes the
  * SwiGLU and quantizes it for the down projection: the bits of swiglu +
  * quantize; the float rows are not stored. */
 static int ffn_layer(k_runner *r, dev_layer *L, int64_t n, unsigned ready, ds4_error *err) {
@@ -520,8 +576,9 @@ static int ffn_layer(k_runner *r, dev_layer *L, int64_t n, unsigned ready, ds4_e
     int rc;
     if (r->fuse) {
         mm_job in[2] = {{&L->ffn_gate, r->gu, 2 * F}, {&L->ffn_up, r->gu + F, 2 * F}};
-        mm_job cat = {&L->ffn_in, r->gu, 2 * F};
-        if ((rc = matmul(r, r->x, E, n, L->ffn_in.p ? &cat : in, L->ffn_in.p ? 1 : 2, ready, err))) return rc;
+        mm_job runs[2];
+        for (int i = 0; i < L->n_ffn_in; i++) runs[i] = (mm_job){&L->ffn_in[i].m, in[L->ffn_in[i].first].y, 2 * F};
+        if ((rc = matmul(r, r->x, E, n, runs, L->n_ffn_in, ready, err))) return rc;
         const unsigned q = act_flag(&L->ffn_down);
         k_swiglu_quant_params p = {K_TAG_OF(swiglu_quant), (uint32_t)F, (uint32_t)n, (uint32_t)(2 * F), (uint32_t)F, q};
         k_binding b[] = {STATUS_BIND(swiglu_quant), K_BIND(swiglu_quant, p, &p, sizeof p),
@@ -557,7 +614,8 @@ static int open_layers(k_gpu_model *r, ds4_error *err) {
         if (T->kind == DS4_LAYER_GDN) {
             const ds4_tensor *in[4] = {&T->attn_qkv, &T->attn_gate, &T->ssm_beta, &T->ssm_alpha};
             dev_mat *const din[4] = {&L->qkv, &L->gate, &L->beta, &L->alpha};
-            if ((rc = upload_group(r, in, din, 4, &L->gdn_in, err)) || (rc = upload_mat(r, &T->ssm_out, &L->ssm_out, err)))
+            if ((rc = upload_group(r, in, din, 4, L->gdn_in, &L->n_gdn_in, err)) ||
+                (rc = upload_mat(r, &T->ssm_out, &L->ssm_out, err)))
                 return rc;
             if (!(L->conv_w = upload_f32(r, &T->ssm_conv1d, cd * c->ssm_conv_kernel, err))) return err->code;
             float *hp = malloc(F4(2 * nv + d));
@@ -569,16 +627,27 @@ static int open_layers(k_gpu_model *r, ds4_error *err) {
             free(hp);
             if (!L->hp) return err->code;
         } else {
-            if ((rc = upload_mat(r, &T->attn_q, &L->q, err)) || (rc = upload_mat(r, &T->attn_k, &L->k, err)) ||
-                (rc = upload_mat(r, &T->attn_v, &L->v, err)) || (rc = upload_mat(r, &T->attn_output, &L->o, err)))
+            const ds4_tensor *in[3] = {&T->attn_q, &T->attn_k, &T->attn_v};
+            dev_mat *const din[3] = {&L->q, &L->k, &L->v};
+            if ((rc = upload_group(r, in, din, 3, L->attn_in, &L->n_attn_in, err)) ||
+                (rc = upload_mat(r, &T->attn_output, &L->o, err)))
                 return rc;
-            if (!(L->q_norm = upload_f32(r, &T->attn_q_norm, c->head_dim, err)) ||
-                !(L->k_norm = upload_f32(r, &T->attn_k_norm, c->head_dim, err)))
-                return err->code;
+            if (T->attn_q_norm.type != DS4_TYPE_F32 || T->attn_k_norm.type != DS4_TYPE_F32)
+                return ds4_fail(err, DS4_ERR_UNSUPPORTED, "%s: attention q/k norms must be F32 on the GPU",
+                                r->dev->name);
+            float *qk = malloc(F4(2 * c->head_dim));
+            if (!qk) return ds4_fail(err, DS4_ERR_NOMEM, "out of host memory");
+            memcpy(qk, T->attn_q_norm.data, F4(c->head_dim));
+            memcpy(qk + c->head_dim, T->attn_k_norm.data, F4(c->head_dim));
+            L->q_norm = mem_upload(r->dev, &r->mem, qk, F4(2 * c->head_dim), err);
+            free(qk);
+            if (!L->q_norm) return err->code;
+            L->k_norm = (float *)L->q_norm + c->head_dim;
         }
         const ds4_tensor *fin[2] = {&T->ffn_gate, &T->ffn_up};
         dev_mat *const dfin[2] = {&L->ffn_gate, &L->ffn_up};
-        if ((rc = upload_group(r, fin, dfin, 2, &L->ffn_in, err)) || (rc = upload_mat(r, &T->ffn_down, &L->ffn_down, err)))
+        if ((rc = upload_group(r, fin, dfin, 2, L->ffn_in, &L->n_ffn_in, err)) ||
+            (rc = upload_mat(r, &T->ffn_down, &L->ffn_down, err)))
             return rc;
     }
     return 0;
@@ -623,7 +692,8 @@ static int open_scratch(k_runner *r, ds4_error *err) {
         int64_t n;
     } fl[] = {{&r->h, E},       {&r->x, E},        {&r->y, E},       {&r->gin, cd + vd + 2 * nv},
               {&r->cv, cd},      {&r->o, vd},      {&r->qf, qf_dim}, {&r->qn, qf_dim},
-              {&r->kraw, kv_dim}, {&r->kn, kv_dim}, {&r->vv, kv_dim}, {&r->attn, qf_dim / 2},
+              {&r->kraw, kv_dim}, {&r->kn, kv_dim}, {&r->vv, kv_dim}, {&r->arow, (qf_dim + 2 * kv_dim + ROWS - 1) / ROWS},
+              {&r->attn, qf_dim / 2},
               {&r->g, c->n_ff}, {&r->u, c->n_ff},  {&r->gu, 2 * c->n_ff}, {&r->logits, c->n_vocab},
               {&r->cs, half},   {&r->sn, half}};
     for (size_t i = 0; i < sizeof fl / sizeof fl[0]; i++)

@@ -11,3 +11,4 @@
 #include "gdn.h"
 #include "argmax.h"
 #include "elementwise.h"
+#include "fused.h"

@@ -69,7 +69,9 @@ typedef uchar k_u8;
     X(16, attn_gate)     \
     X(17, kv_store)      \
     X(18, norm_quant)    \
-    X(19, swiglu_quant)
+    X(19, swiglu_quant)  \
+    X(20, qk_norm_rope)  \
+    X(21, attn_gate_quant)
 
 /* A params struct starts with its tag: 0xD5A0 in the high half, the kernel
  * id in the low half. */
@@ -449,6 +451,51 @@ typedef struct {
     X(K, 2, gu, float, K_IN, (p.n_rows - 1) * p.stride + p.up_off + p.n)  \
     X(K, 3, q8, k_u8, K_OUT, (p.flags & K_NQ_Q8_0) ? p.n_rows * (p.n / 32) * 34 : 1) \
     X(K, 4, qk, k_u8, K_OUT, (p.flags & K_NQ_Q8_K) ? p.n_rows * (p.n / 256) * 292 : 1)
+
+/* Attention's q/k head RMSNorm + partial NEOX RoPE in place (rmsnorm x2 +
+ * rope_neox x2): grid (n_head + n_head_kv, n_rows) threadgroups of
+ * rmsnorm's size for head_dim; w is q_norm then k_norm. */
+typedef struct {
+    k_u32 tag;
+    k_u32 n_rows;
+    k_u32 n_head;
+    k_u32 n_head_kv;
+    k_u32 head_dim;      /* <= K_ATTN_MAX_DIM */
+    k_u32 n_rot;         /* even, <= head_dim */
+    k_u32 q_stride;      /* floats between rows of q */
+    k_u32 q_head_stride; /* floats between heads of a row of q */
+    k_u32 k_stride;      /* floats between rows of k (heads head_dim apart) */
+    float eps;
+} k_qk_norm_rope_params;
+#define K_ARGS_qk_norm_rope(X, K)                                         \
+    X(K, 0, status, k_u32, K_STATUS, 2)                                   \
+    X(K, 1, p, k_qk_norm_rope_params, K_PARAMS, 1)                        \
+    X(K, 2, q, float, K_OUT, (p.n_rows - 1) * p.q_stride + (p.n_head - 1) * p.q_head_stride + p.head_dim) \
+    X(K, 3, k, float, K_OUT, (p.n_rows - 1) * p.k_stride + p.n_head_kv * p.head_dim) \
+    X(K, 4, w, float, K_IN, 2 * p.head_dim)                               \
+    X(K, 5, cs, float, K_IN, p.n_rot ? p.n_rows * (p.n_rot / 2) : 1)      \
+    X(K, 6, sn, float, K_IN, p.n_rot ? p.n_rows * (p.n_rot / 2) : 1)
+
+/* attn_gate + the o projection's quantizer: rows of n_head * head_dim
+ * values a * sigmoid(gate) (gate: the second half of each head of qf) as
+ * Q8_0 and/or Q8_K blocks. One SIMD-group per 256 values with K_NQ_Q8_K,
+ * else per 32. */
+typedef struct {
+    k_u32 tag;
+    k_u32 n_rows;
+    k_u32 n_head;
+    k_u32 head_dim;
+    k_u32 qf_stride; /* floats between rows of qf (2 * n_head * head_dim) */
+    k_u32 flags;     /* K_NQ_Q8_0, K_NQ_Q8_K */
+} k_attn_gate_quant_params;
+#define K_ATTN_GATE_QUANT_UNITS(p) ((p).n_rows * ((p).n_head * (p).head_dim / (((p).flags & K_NQ_Q8_K) ? 256u : 32u)))
+#define K_ARGS_attn_gate_quant(X, K)                                      \
+    X(K, 0, status, k_u32, K_STATUS, 2)                                   \
+    X(K, 1, p, k_attn_gate_quant_params, K_PARAMS, 1)                     \
+    X(K, 2, qf, float, K_IN, (p.n_rows - 1) * p.qf_stride + 2 * p.n_head * p.head_dim) \
+    X(K, 3, a, float, K_IN, p.n_rows * p.n_head * p.head_dim)             \
+    X(K, 4, q8, k_u8, K_OUT, (p.flags & K_NQ_Q8_0) ? p.n_rows * (p.n_head * p.head_dim / 32) * 34 : 1) \
+    X(K, 5, qk, k_u8, K_OUT, (p.flags & K_NQ_Q8_K) ? p.n_rows * (p.n_head * p.head_dim / 256) * 292 : 1)
 
 /* ---------------------------------------------------- derived names -- */
 /* K_ID_<kernel>, K_TAG_OF(kernel), K_ARG_<kernel>_<name> (the slot of an

@@ -22,7 +22,9 @@
  * PLANT_GDN_WRONG_KHEAD (GDN value heads read grouped, not tiled, k heads),
  * PLANT_ARGMAX_LAST_TIE (argmax ties to the highest index),
  * PLANT_FUSED_NO_BARRIER (norm_quant reads the Q8_K chunk winners without
- * the barrier), PLANT_FUSED_SWIGLU_ORDER (swiglu_quant regroups SiLU(g)*u).
+ * the barrier), PLANT_FUSED_SWIGLU_ORDER (swiglu_quant regroups SiLU(g)*u),
+ * PLANT_FUSED_ROPE_NO_BARRIER (qk_norm_rope rotates pairs without the barrier),
+ * PLANT_FUSED_GATE_LAST_TIE (attn_gate_quant's Q8_K max ties to the higher index).
  *
  * Built with -DK_TEST_CUDA (make cuda-test), every launch goes to the GPU
  * through cuda/host.cu and every suite checks the GPU's results against
@@ -598,6 +600,138 @@ static int nq_fused(uint32_t n, uint32_t rows, uint32_t stride, uint32_t fl, int
     return launch(K_ID_norm_quant, rows, 1, 1, fused_row_tg(n), b, 8, schedule, "norm_quant");
 }
 
+/* qk_norm_rope vs per-token rmsnorm launches (q heads, then k heads) + rope_neox on q and k. */
+static void fused_qk_norm_rope(void) {
+    static const struct {
+        uint32_t nh, nkv, dh, n_rot, rows;
+    } cs_[] = {{5, 1, 40, 16, 3}, {4, 2, 64, 64, 2}, {3, 3, 256, 64, 2}, {2, 1, 72, 0, 1}, {8, 2, 256, 64, 1}};
+    for (size_t ic = 0; ic < sizeof cs_ / sizeof cs_[0]; ic++) {
+        const uint32_t nh = cs_[ic].nh, nkv = cs_[ic].nkv, dh = cs_[ic].dh, nr = cs_[ic].n_rot, rows = cs_[ic].rows;
+        const uint32_t qs = 2 * nh * dh + 3, ks = nkv * dh + 1, half = nr / 2 ? nr / 2 : 1, tg = fused_row_tg(dh);
+        const size_t nq = (size_t)rows * qs, nk = (size_t)rows * ks;
+        float *q = malloc(sizeof(float) * nq), *k = malloc(sizeof(float) * nk), *qw = malloc(sizeof(float) * dh),
+              *kw = malloc(sizeof(float) * dh), *c = malloc(sizeof(float) * rows * half),
+              *sn = malloc(sizeof(float) * rows * half);
+        float *qo = malloc(sizeof(float) * nq), *ko = malloc(sizeof(float) * nk), *qr = malloc(sizeof(float) * nq),
+              *kr = malloc(sizeof(float) * nk);
+        for (size_t i = 0; i < nq; i++) q[i] = frand(-4, 4) * (i % 11 ? 1.0f : 25.0f);
+        for (size_t i = 0; i < nk; i++) k[i] = frand(-4, 4);
+        for (uint32_t i = 0; i < dh; i++) qw[i] = frand(0.5f, 1.5f), kw[i] = frand(0.5f, 1.5f);
+        for (uint32_t i = 0; i < rows * half; i++) {
+            const float a = frand(-3.2f, 3.2f);
+            c[i] = cosf(a), sn[i] = sinf(a);
+        }
+        fill_nan(qo, nq), fill_nan(ko, nk), fill_nan(qr, nq), fill_nan(kr, nk);
+        int bad = 0;
+        for (uint32_t t = 0; t < rows && !bad; t++)
+            for (int pass = 0; pass < 2 && !bad; pass++) {
+                const uint32_t nrow = pass ? nkv : nh, st = pass ? dh : 2 * dh, o = t * (pass ? ks : qs);
+                const size_t span = (size_t)(nrow - 1) * st + dh;
+                k_rmsnorm_params pn = {K_TAG_OF(rmsnorm), dh, nrow, st, 1e-6f, 1};
+                k_binding bn[] = {K_BIND(rmsnorm, status, status, 8), K_BIND(rmsnorm, p, &pn, sizeof pn),
+                                  K_BIND(rmsnorm, x, (pass ? k : q) + o, sizeof(float) * span),
+                                  K_BIND(rmsnorm, w, pass ? kw : qw, sizeof(float) * dh),
+                                  K_BIND(rmsnorm, y, (pass ? kr : qr) + o, sizeof(float) * span)};
+                bad |= launch(K_ID_rmsnorm, nrow, 1, 1, tg, bn, 5, EMUL_FORWARD, "unfused head rmsnorm");
+            }
+        for (int pass = 0; pass < 2 && !bad && nr; pass++) {
+            const uint32_t heads = pass ? nkv : nh, hs = pass ? dh : 2 * dh, rs = pass ? ks : qs;
+            k_rope_neox_params pr = {K_TAG_OF(rope_neox), rows, heads, dh, nr, rs, hs};
+            k_binding br[] = {K_BIND(rope_neox, status, status, 8), K_BIND(rope_neox, p, &pr, sizeof pr),
+                              K_BIND(rope_neox, x, pass ? kr : qr, sizeof(float) * (pass ? nk : nq)),
+                              K_BIND(rope_neox, cs, c, sizeof(float) * rows * half),
+                              K_BIND(rope_neox, sn, sn, sizeof(float) * rows * half)};
+            bad |= launch(K_ID_rope_neox, (rows * heads * half + 31) / 32, 1, 1, 32, br, 5, EMUL_REVERSE, "unfused rope");
+        }
+        /* fused: in place on copies of q and k */
+        memcpy(qo, q, sizeof(float) * nq), memcpy(ko, k, sizeof(float) * nk);
+        float *w2 = malloc(sizeof(float) * 2 * dh);
+        memcpy(w2, qw, sizeof(float) * dh), memcpy(w2 + dh, kw, sizeof(float) * dh);
+        for (uint32_t t = 0; t < rows; t++) /* the unfused outputs' gaps: the inputs, untouched */
+            for (uint32_t i = 0; i < qs; i++)
+                if (qr[t * qs + i] != qr[t * qs + i]) qr[t * qs + i] = q[t * qs + i];
+        for (size_t i = 0; i < nk; i++)
+            if (kr[i] != kr[i]) kr[i] = k[i];
+        k_qk_norm_rope_params p = {K_TAG_OF(qk_norm_rope), rows, nh, nkv, dh, nr, qs, 2 * dh, ks, 1e-6f};
+        k_binding b[] = {K_BIND(qk_norm_rope, status, status, 8), K_BIND(qk_norm_rope, p, &p, sizeof p),
+                         K_BIND(qk_norm_rope, q, qo, sizeof(float) * nq), K_BIND(qk_norm_rope, k, ko, sizeof(float) * nk),
+                         K_BIND(qk_norm_rope, w, w2, sizeof(float) * 2 * dh),
+                         K_BIND(qk_norm_rope, cs, c, sizeof(float) * rows * half),
+                         K_BIND(qk_norm_rope, sn, sn, sizeof(float) * rows * half)};
+        if (!bad && !launch(K_ID_qk_norm_rope, nh + nkv, rows, 1, tg, b, 7, (int)ic & 1, "qk_norm_rope"))
+            check(!memcmp(qo, qr, sizeof(float) * nq) && !memcmp(ko, kr, sizeof(float) * nk),
+                  "qk_norm_rope n_head=%u n_head_kv=%u head_dim=%u n_rot=%u rows=%u tg=%u: q and k in place "
+                  "bit-identical to rmsnorm per head + rope_neox (gate halves and gaps untouched)", nh, nkv, dh, nr,
+                  rows, tg);
+        free(w2);
+        free(q), free(k), free(qw), free(kw), free(c), free(sn), free(qo), free(ko), free(qr), free(kr);
+    }
+}
+
+/* attn_gate_quant vs attn_gate + quantize_q8_0 / quantize_q8_K. */
+static void fused_attn_gate_quant(void) {
+    static const struct {
+        uint32_t nh, dh, rows, fl;
+    } cs_[] = {{5, 32, 3, K_NQ_Q8_0}, {3, 96, 2, K_NQ_Q8_0}, {4, 64, 3, K_NQ_Q8_K}, {5, 256, 2, K_NQ_Q8_0 | K_NQ_Q8_K},
+               {8, 256, 1, K_NQ_Q8_K}};
+    for (size_t ic = 0; ic < sizeof cs_ / sizeof cs_[0]; ic++) {
+        const uint32_t nh = cs_[ic].nh, dh = cs_[ic].dh, rows = cs_[ic].rows, fl = cs_[ic].fl, n = nh * dh;
+        const uint32_t qs = 2 * n + 3;
+        const size_t na = (size_t)rows * n, n8 = (size_t)rows * (n / 32) * 34 + 1, nk = (size_t)rows * (n / 256) * 292 + 1;
+        float *qf = malloc(sizeof(float) * rows * qs), *a = malloc(sizeof(float) * na), *ar = malloc(sizeof(float) * na);
+        uint8_t *q8 = malloc(n8), *q8r = malloc(n8), *qk = malloc(nk), *qkr = malloc(nk), *cpu = malloc(nk + n8);
+        for (size_t i = 0; i < (size_t)rows * qs; i++) qf[i] = frand(-8, 8);
+        for (size_t i = 0; i < na; i++) a[i] = ar[i] = frand(-3, 3);
+        if (n >= 256) { /* row 0, first 256 values: equal gates, a |max| tie of opposite signs (7, 200) */
+            for (uint32_t j = 0; j < 256; j++) qf[(2 * (j / dh) + 1) * dh + j % dh] = 5.0f;
+            a[7] = ar[7] = -5.0f, a[200] = ar[200] = 5.0f;
+        }
+        memset(q8, 0xAB, n8), memset(q8r, 0xAB, n8), memset(qk, 0xCD, nk), memset(qkr, 0xCD, nk);
+        int bad = 0;
+        k_attn_gate_params pg = {K_TAG_OF(attn_gate), rows, nh, dh, qs};
+        k_binding bg[] = {K_BIND(attn_gate, status, status, 8), K_BIND(attn_gate, p, &pg, sizeof pg),
+                          K_BIND(attn_gate, qf, qf, sizeof(float) * rows * qs), K_BIND(attn_gate, a, ar, sizeof(float) * na)};
+        bad |= launch(K_ID_attn_gate, (uint32_t)(na + 63) / 64, 1, 1, 64, bg, 4, EMUL_FORWARD, "unfused attn_gate");
+        if (!bad && (fl & K_NQ_Q8_0)) {
+            k_quantize_q8_0_params p = {K_TAG_OF(quantize_q8_0), n, rows, n};
+            k_binding b[] = {K_BIND(quantize_q8_0, status, status, 8), K_BIND(quantize_q8_0, p, &p, sizeof p),
+                             K_BIND(quantize_q8_0, x, ar, sizeof(float) * na), K_BIND(quantize_q8_0, q, q8r, n8)};
+            bad |= launch(K_ID_quantize_q8_0, (rows * (n / 32) + 3) / 4, 1, 1, 128, b, 4, EMUL_FORWARD, "unfused q8_0");
+        }
+        if (!bad && (fl & K_NQ_Q8_K)) {
+            k_quantize_q8_K_params p = {K_TAG_OF(quantize_q8_K), n, rows, n};
+            k_binding b[] = {K_BIND(quantize_q8_K, status, status, 8), K_BIND(quantize_q8_K, p, &p, sizeof p),
+                             K_BIND(quantize_q8_K, x, ar, sizeof(float) * na), K_BIND(quantize_q8_K, q, qkr, nk)};
+            bad |= launch(K_ID_quantize_q8_K, (rows * (n / 256) + 3) / 4, 1, 1, 128, b, 4, EMUL_REVERSE, "unfused q8_K");
+        }
+        k_attn_gate_quant_params p = {K_TAG_OF(attn_gate_quant), rows, nh, dh, qs, fl};
+        k_binding b[] = {K_BIND(attn_gate_quant, status, status, 8), K_BIND(attn_gate_quant, p, &p, sizeof p),
+                         K_BIND(attn_gate_quant, qf, qf, sizeof(float) * rows * qs),
+                         K_BIND(attn_gate_quant, a, a, sizeof(float) * na), K_BIND(attn_gate_quant, q8, q8, n8),
+                         K_BIND(attn_gate_quant, qk, qk, nk)};
+        const uint32_t units = K_ATTN_GATE_QUANT_UNITS(p), nsg = 1 + (uint32_t)ic % 3;
+        if (!bad && !launch(K_ID_attn_gate_quant, (units + nsg - 1) / nsg, 1, 1, 32 * nsg, b, 6, (int)ic & 1,
+                            "attn_gate_quant")) {
+            int cpu_ok = 1;
+            for (uint32_t r = 0; r < rows; r++) {
+                if (fl & K_NQ_Q8_0) {
+                    scalar.from_float[DS4_TYPE_Q8_0](ar + (size_t)r * n, cpu, n);
+                    cpu_ok &= !memcmp(cpu, q8 + (size_t)r * (n / 32) * 34, (n / 32) * 34);
+                }
+                if (fl & K_NQ_Q8_K) {
+                    scalar.from_float[DS4_TYPE_Q8_K](ar + (size_t)r * n, cpu, n);
+                    cpu_ok &= !memcmp(cpu, qk + (size_t)r * (n / 256) * 292, (n / 256) * 292);
+                }
+            }
+            check(!memcmp(q8, q8r, n8) && !memcmp(qk, qkr, nk) && cpu_ok,
+                  "attn_gate_quant n_head=%u head_dim=%u rows=%u flags=0x%x tg=%u: Q8_0%s, Q8_K%s bit-identical to "
+                  "attn_gate + quantize, quantized rows = the CPU's (%d)", nh, dh, rows, fl, 32 * nsg,
+                  fl & K_NQ_Q8_0 ? "" : " (unwritten)", fl & K_NQ_Q8_K ? "" : " (unwritten)", cpu_ok);
+        }
+        free(qf), free(a), free(ar), free(q8), free(q8r), free(qk), free(qkr), free(cpu);
+    }
+}
+
 static void suite_fused(void) {
     static const struct {
         uint32_t n, fl;
@@ -766,6 +900,8 @@ static void suite_fused(void) {
     next2:
         free(u), free(gu), free(gr), free(q8), free(q8r), free(qk), free(qkr), free(cpu);
     }
+    fused_qk_norm_rope();
+    fused_attn_gate_quant();
 }
 
 /* -------------------------------------------------------------- attn -- */

@@ -48,6 +48,9 @@ timeout 120 $BIN tests/golden/models/dense-q8_0.gguf $W/s100.i32 $W/golden 16
 step "speculative == serial (verify/accept, bit for bit)"
 timeout 120 $BIN --spec tests/golden/models/dense-q8_0.gguf $W/s16.i32 64
 timeout 120 $BIN --spec ds4py/models/demo-q8_0.gguf gpu/bench/demo_tokens.i32 64
+step "unfused glue kernels (K_RUNNER_FUSE=0): the same outputs bit for bit"
+K_RUNNER_FUSE=0 timeout 120 $BIN tests/golden/models/dense-q8_0.gguf $W/s100.i32 $W/golden_u 16
+for f in prefill.f32 decode.f32 greedy.i32; do cmp -s $W/golden.$f $W/golden_u.$f && echo "UNFUSED SAME golden.$f" || echo "UNFUSED DIFFERS golden.$f"; done
 step "CUDA graphs (K_CUDA_GRAPH=1): the same outputs bit for bit, speculative == serial"
 K_CUDA_GRAPH=1 timeout 120 $BIN tests/golden/models/dense-q8_0.gguf $W/s100.i32 $W/golden_g 16
 for f in prefill.f32 decode.f32 greedy.i32; do cmp -s $W/golden.$f $W/golden_g.$f && echo "GRAPH SAME golden.$f" || echo "GRAPH DIFFERS golden.$f"; done
@@ -74,6 +77,10 @@ step bench decode
 [ -f "$W/dense08b-q4_k_m.gguf" ] && timeout 240 $BIN --bench $W/dense08b-q4_k_m.gguf 128,4096,32768 64
 [ -f "$W/dense08b-q8_0.gguf" ] && timeout 120 $BIN --bench $W/dense08b-q8_0.gguf 128,4096 64
 [ -f "$W/dense27b-q4_k_m.gguf" ] && timeout 240 $BIN --bench $W/dense27b-q4_k_m.gguf 128,4096 32
+step "bench decode, unfused glue kernels (K_RUNNER_FUSE=0: the A/B of the fusion)"
+[ -f "$W/dense08b-q4_k_m.gguf" ] && K_RUNNER_FUSE=0 timeout 240 $BIN --bench $W/dense08b-q4_k_m.gguf 128,4096 64
+[ -f "$W/dense08b-q8_0.gguf" ] && K_RUNNER_FUSE=0 timeout 120 $BIN --bench $W/dense08b-q8_0.gguf 128 64
+[ -f "$W/dense27b-q4_k_m.gguf" ] && K_RUNNER_FUSE=0 timeout 240 $BIN --bench $W/dense27b-q4_k_m.gguf 128 32
 step "bench decode with CUDA graphs (K_CUDA_GRAPH=1)"
 [ -f "$W/dense08b-q4_k_m.gguf" ] && K_CUDA_GRAPH=1 timeout 240 $BIN --bench $W/dense08b-q4_k_m.gguf 128,4096,32768 64
 [ -f "$W/dense08b-q8_0.gguf" ] && K_CUDA_GRAPH=1 timeout 120 $BIN --bench $W/dense08b-q8_0.gguf 128,4096 64
