@@ -104,78 +104,37 @@ def ids_workload(model, n_prompts: int = 2, length: int = 64) -> list[list[int]]
             for _ in range(n_prompts)]
 
 
-def run_ids_workload(model, prompts, n, reps) -> dict:
-    """run_workload's figures for id prompts, through speculative_generate."""
-    from ds4py.spec import AdaptivePolicy, FixedPolicy, speculative_generate
-    policies = [("serial", lambda: FixedPolicy(0)), ("adaptive", AdaptivePolicy)] + \
-        [(f"depth {k}", lambda k=k: FixedPolicy(k)) for k in (1, 2, 3, 4)]
+def _timed_modes(names, prompts, reps, run_one) -> dict:
+    """Time every mode on every prompt, the modes in order and reversed on
+    alternate repetitions (repetition 0 warms up and is discarded);
+    ``run_one(name, prompt) -> (tokens, evaluated, decode_s, draft stats)``.
+    Every mode must reproduce serial's tokens. Returns {mode: {"tps",
+    "cpu_ms", "last"}}, "last" holding the last repetition's draft figures."""
     refs: dict = {}
-    res: dict = {name: {"tps": [], "cpu_ms": [], "last": None} for name, _ in policies}
+    res: dict = {name: {"tps": [], "cpu_ms": [], "last": None} for name in names}
     for rep in range(reps + 1):
-        order = policies if rep % 2 == 0 else policies[::-1]
-        for name, make in order:
-            toks = secs = cpu = 0.0
-            drafted = accepted = 0
-            depth_counts: dict = {}
-            for i, ids in enumerate(prompts):
-                c0 = time.process_time()
-                out, st = speculative_generate(model, ids, n, policy=make())
-                cpu += time.process_time() - c0
-                if name == "serial":
-                    refs.setdefault(i, out)
-                elif i in refs and out != refs[i]:
-                    raise SystemExit(f"{name}: output differs from serial on prompt {i}")
-                toks += len(out) - 1     # the first token comes from the prompt's pass
-                secs += st["decode_s"]
-                drafted += st.get("drafted", 0)
-                accepted += st.get("accepted", 0)
-                for k, v in (st.get("depth_counts") or {}).items():
-                    depth_counts[k] = depth_counts.get(k, 0) + v
-            if rep:
-                r = res[name]
-                r["tps"].append(toks / secs if secs else 0.0)
-                r["cpu_ms"].append(1e3 * cpu / toks if toks else 0.0)
-                r["last"] = {"acceptance": accepted / drafted if drafted else None,
-                             "mean_accepted_length": None,
-                             "depth_counts": dict(sorted(depth_counts.items())),
-                             "policy": None}
-    return res
-
-
-def modes() -> list[tuple[str, dict]]:
-    return ([("serial", dict(draft=False)), ("adaptive", {})]
-            + [(f"depth {k}", dict(draft_depth=k)) for k in (1, 2, 3, 4)])
-
-
-def run_workload(model, prompts, n, reps) -> dict:
-    ms = modes()
-    refs = {}
-    res: dict = {name: {"tps": [], "cpu_ms": [], "last": None} for name, _ in ms}
-    for rep in range(reps + 1):
-        order = ms if rep % 2 == 0 else ms[::-1]
-        for name, kw in order:
+        for name in (names if rep % 2 == 0 else names[::-1]):
             toks = secs = cpu = 0.0
             drafted = accepted = rounds = round_tokens = 0
             depth_counts: dict = {}
             tried: dict = {}
             ok: dict = {}
-            for text, chat in prompts:
+            d: dict = {}
+            for i, prompt in enumerate(prompts):
                 c0 = time.process_time()
-                g = ds4py.generate(model, text, max_tokens=n, temperature=0, chat=chat, **kw)
+                tokens, evaluated, decode_s, d = run_one(name, prompt)
                 cpu += time.process_time() - c0
-                key = (text, chat)
                 if name == "serial":
-                    refs.setdefault(key, g.tokens)
-                elif key in refs and g.tokens != refs[key]:
-                    raise SystemExit(f"{name}: output differs from serial on {text!r}")
-                toks += g.evaluated_tokens
-                secs += g.generation_s
-                d = g.draft or {}
+                    refs.setdefault(i, tokens)
+                elif i in refs and tokens != refs[i]:
+                    raise SystemExit(f"{name}: output differs from serial on prompt {prompt!r}")
+                toks += evaluated
+                secs += decode_s
                 drafted += d.get("drafted", 0)
                 accepted += d.get("accepted", 0)
                 dr = d.get("draft_rounds", 0)
                 rounds += dr
-                round_tokens += d.get("mean_accepted_length", 0.0) * dr
+                round_tokens += (d.get("mean_accepted_length") or 0.0) * dr
                 for k, v in (d.get("depth_counts") or {}).items():
                     depth_counts[k] = depth_counts.get(k, 0) + v
                 for k, v in (d.get("depth_tried") or {}).items():
@@ -193,6 +152,37 @@ def run_workload(model, prompts, n, reps) -> dict:
                                                       for k, v in sorted(tried.items())},
                              "policy": d.get("policy")}
     return res
+
+
+def run_ids_workload(model, prompts, n, reps) -> dict:
+    """run_workload's figures for id prompts, through speculative_generate."""
+    from ds4py.spec import AdaptivePolicy, FixedPolicy, speculative_generate
+    policies = {"serial": lambda: FixedPolicy(0), "adaptive": AdaptivePolicy,
+                **{f"depth {k}": (lambda k=k: FixedPolicy(k)) for k in (1, 2, 3, 4)}}
+
+    def run_one(name, ids):
+        out, st = speculative_generate(model, ids, n, policy=policies[name]())
+        # the first token comes from the prompt's pass; the policy summary is
+        # not the generate loop's (no shared cost model): left out
+        draft = {"drafted": st.get("drafted", 0), "accepted": st.get("accepted", 0),
+                 "depth_counts": st.get("depth_counts")}
+        return out, len(out) - 1, st["decode_s"], draft
+    return _timed_modes(list(policies), prompts, reps, run_one)
+
+
+def modes() -> list[tuple[str, dict]]:
+    return ([("serial", dict(draft=False)), ("adaptive", {})]
+            + [(f"depth {k}", dict(draft_depth=k)) for k in (1, 2, 3, 4)])
+
+
+def run_workload(model, prompts, n, reps) -> dict:
+    kws = dict(modes())
+
+    def run_one(name, prompt):
+        text, chat = prompt
+        g = ds4py.generate(model, text, max_tokens=n, temperature=0, chat=chat, **kws[name])
+        return g.tokens, g.evaluated_tokens, g.generation_s, g.draft or {}
+    return _timed_modes(list(kws), prompts, reps, run_one)
 
 
 def main() -> None:
