@@ -155,3 +155,40 @@ def test_prefix_cache_after_a_deferred_run_keeps_the_heads_history():
     g2 = ds4py.generate(m, ids2, max_tokens=30, temperature=0, cache=cache, draft_depth=3)
     assert g2.cached_tokens == len(ids) + len(g1.tokens) - 1
     assert g2.tokens == ref.tokens and g2.draft["drafting"] and g2.draft["accepted"] > 0
+
+
+def test_short_quiet_stretches_skip_choose_but_not_priming(monkeypatch):
+    """A promised plain stretch shorter than DEFER_MIN takes the runner's
+    fast path (no choose() per round) while the head keeps priming step by
+    step; the policy still sees every round (pass_quiet): the probe schedule,
+    the tokens and the drafting outcome equal those of a run that calls
+    choose() every round (QUIET_MIN huge)."""
+    m = demo()
+    ids = m.tokenizer.encode(CODE)
+    calls = []
+
+    class Counting(AdaptivePolicy):
+        def choose(self, cap):
+            calls.append(cap)
+            return super().choose(cap)
+
+    def run():
+        calls.clear()
+        with m.new_session() as s:
+            # probes every 4 rounds for good: every stretch is 3 rounds long
+            pol = Counting(cost=never, burst=0, probe_cap=4)
+            toks, st = speculative_generate(m, ids, 60, policy=pol, session=s)
+            assert s.nextn_prime and s.nextn_covered
+            return toks, st, len(calls), pol.n_rounds
+
+    toks, st, n_calls, n_rounds = run()
+    assert st["deferred_head_rows"] == 0          # 3 < DEFER_MIN: primed step by step
+    monkeypatch.setattr(runner_mod, "QUIET_MIN", 10 ** 9)   # choose() every round
+    toks0, st0, n_calls0, n_rounds0 = run()
+    assert toks == toks0
+    # (the policy does not count a last round that had no room to draft)
+    assert n_rounds == n_rounds0 >= st["rounds"] - 1
+    # a probe, then one call that promises 3 plain rounds: 2 calls per 4 rounds
+    assert n_calls0 == n_rounds0 and n_calls <= n_rounds0 // 2 + 2
+    for key in ("draft_rounds", "probes", "drafted", "accepted", "accept_counts", "depth_counts"):
+        assert st[key] == st0[key], key

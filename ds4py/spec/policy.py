@@ -696,7 +696,10 @@ class AdaptivePolicy(Policy):
         """Several plain-step times at once (the runner's fast path)."""
         for t in samples:
             self.costs.record_plain(t)
-        self._memo = None
+        # the same 1% rule as record_plain: short stretches end often
+        if self._memo is not None and abs(self.costs.plain() - self._memo_plain) \
+                > 0.01 * self._memo_plain:
+            self._memo = None
 
     def record_verify(self, width: int, seconds: float) -> None:
         self._memo = None

@@ -66,14 +66,17 @@ samples are scheduler stalls, and the cost model's low quantile needs a
 steady supply of clean ones (the policy re-prices only when the plain cost
 moves). Statistics accumulate in ``stats()``.
 
-Quiet stretches: when the policy answers 0 and promises ``quiet`` >=
-DEFER_MIN (8) more depth-0 rounds (the rounds until its next probe), the
-next min(quiet, QUIET_MAX) rounds take a fast path -- the serial step, its
-time kept, nothing else -- and the policy hears of them at once at the end
-(``pass_quiet``, ``record_plain_many``): the per-round bookkeeping measured
-~40 us per token on the demo model (a cold cache after each eval makes
-Python slow), 2-3% of a plain step. Meanwhile the nextn head's rows are
-deferred and caught up in batches (ds4py.spec.defer) before the next
+Quiet stretches: when the policy answers 0 and promises ``quiet`` >= 1
+more depth-0 rounds (the rounds until its next probe), the next min(quiet,
+QUIET_MAX) rounds take a fast path -- the serial step, its time kept,
+nothing else -- and the policy hears of them at once at the end
+(``pass_quiet``, ``record_plain_many``): a round through ``choose`` and
+``record_plain`` measured 60-65 us on the demo model (a cold cache after
+each eval makes Python slow), 5% of a one-thread plain step and ~8% of a
+two-thread one, and the short stretches between probes (3, 7, 15 rounds)
+are most of the plain rounds where drafting is near break-even (prose).
+Over a stretch of at least DEFER_MIN (8) rounds the nextn head's rows are
+also deferred and caught up in batches (ds4py.spec.defer) before the next
 drafting round and at ``finish``.
 """
 
@@ -102,6 +105,9 @@ __all__ = ["SpecRunner", "argmax_pick"]
 DEFER_MIN = 8
 # defer the head's priming over quiet stretches (ds4py.spec.defer)
 DEFER_PRIMING = True
+# the fast path takes a promised plain stretch of at least this many rounds
+# (module doc "Quiet stretches"; 8, DEFER_MIN, before 2026-11-29: the A/B knob)
+QUIET_MIN = 1
 # a fast-path stretch ends after this many rounds at most, so the policy
 # re-prices at least this often (plain-cost changes reach it)
 QUIET_MAX = 64
@@ -225,11 +231,12 @@ class SpecRunner:
             # the serial step, timed when the policy learns (module doc)
             if self.admitted:
                 defer = self._defer
-                if policy.quiet >= DEFER_MIN:
-                    # a long plain stretch: the fast path from the next round on,
-                    # and the head's rows caught up in batches meanwhile
+                if policy.quiet >= QUIET_MIN:
+                    # a promised plain stretch: the fast path from the next round on
                     self._quiet_left = min(policy.quiet, QUIET_MAX)
-                    if DEFER_PRIMING and defer is not None and not defer.active:
+                    if policy.quiet >= DEFER_MIN and DEFER_PRIMING and defer is not None \
+                            and not defer.active:
+                        # a long one: the head's rows caught up in batches meanwhile
                         defer.start()
                         self._defer_on = True
                 clock = self.clock
