@@ -5,7 +5,8 @@
 
 Both engines run in their own worker process (so each one's peak RSS is its
 own), driven alternately A/B/A/B with the order flipped every repetition; the
-first run of every measurement is a warm-up and is discarded. Settings are
+first run of every measurement is a warm-up and is discarded (--light-warmup:
+one short prefill per engine instead of a whole repetition). Settings are
 matched: same file, same thread count, F16 KV cache, flash attention off,
 batch 512 for llama.cpp (ds4py runs its 64-row chunks), logits for the last
 token only. ds4py runs precision="fast".
@@ -291,6 +292,14 @@ def run_model(spec, a, bw, log):
     try:
         for rep in range(a.reps + 1):  # rep 0: warm-up, discarded
             order = workers if rep % 2 == 0 else workers[::-1]
+            if rep == 0 and a.light_warmup:
+                # the weights paged in and the code paths run once: one short
+                # prefill per engine (a full repetition at 8k contexts costs
+                # ~8 minutes on the MoE model)
+                for w in order:
+                    w.ask(op="prefill", n=prefills[0])
+                log(f"  {spec}: light warm-up done")
+                continue
             for n in prefills:
                 for w in order:
                     s = w.ask(op="prefill", n=n)["s"]
@@ -409,6 +418,8 @@ def main(argv=None) -> int:
                     help="the 0.8B-shape Q4_K_M only, 512 prefill, contexts 128/1k")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=2, help="measured repetitions (after one warm-up)")
+    ap.add_argument("--light-warmup", action="store_true",
+                    help="warm up with one short prefill per engine instead of a full repetition")
     ap.add_argument("--models", default=None, help="comma list of NAME-QUANT (bench_models.py)")
     ap.add_argument("--repack", choices=("on", "off", "both"), default="on")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
