@@ -15,9 +15,13 @@ per-layer KV (``ds4_dflash_ctx``). Committed rows reach it through
 :class:`TapSession`, a thin wrapper of the target :class:`~ds4py.Session`
 that asks every eval and verify for the tapped layers' rows:
 
-* ``eval(tokens)``: all the rows' taps enter the context (so it needs every
-  row's taps: the eval runs with all rows kept and returns what the caller
-  asked for);
+* ``eval(tokens)``: all the rows' taps enter the tap history (so it needs
+  every row's taps: the eval runs with all rows kept and returns what the
+  caller asked for); ``step(token)`` is the plain decode step's fast form;
+* the context follows the history lazily: ``sync()`` computes the context
+  rows it lacks in batched calls, and the drafter calls it before every
+  propose and at admission (``LAZY_CONTEXT``: a run of plain rounds then
+  costs a tap copy per token, not a context row);
 * ``verify(tokens)`` keeps the taps aside; ``accept(k)`` adds the first k
   rows (one batched call); an eval right after a verify (which keeps all
   rows, Session.verify) adds them all first;
@@ -67,6 +71,14 @@ _SNAPSHOT_TAPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 # row's taps are needed, so the eval keeps every row's logits too; pieces
 # bound that to PIECE x vocab floats (batch invariance: same results).
 PIECE = 256
+# The context is brought up to date lazily (TapSession.sync): committed rows
+# go to the tap history only, and the context KV is computed for all the rows
+# it lacks in one batched call when a propose needs it (context rows depend
+# only on their taps and positions: any split gives the same bits). A run of
+# plain rounds, where the policy does not draft, then costs a tap copy per
+# token instead of a context row (measured on the demo model, 1 thread: a
+# plain step 1.224 ms, with taps 1.273, with a context row 1.339).
+LAZY_CONTEXT = True
 
 
 def snapshot_tap_buffer(snap) -> np.ndarray | None:
@@ -200,6 +212,14 @@ class TapSession:
         self.valid = session.n_past == 0  # the context holds the whole history
         if self.valid:
             drafter.ctx.truncate(0)
+        # step(): one-token evals straight through the C API (ds4py.spec.stepper's reasons)
+        self._layers = np.ascontiguousarray(list(drafter.tap_layers), dtype=np.int64)
+        self._lay_p = ffi.cast("int64_t *", ffi.from_buffer(self._layers))
+        self._tok = ffi.new("int32_t[1]")
+        self._err = new_error()
+        self._nr, self._nl = ffi.new("int64_t *"), ffi.new("int64_t *")
+        self._vocab = session.vocab_size
+        self._tap_shape = (1, len(self._layers), drafter.dflash.config.n_embd)
 
     def __getattr__(self, name):
         return getattr(self._s, name)
@@ -212,7 +232,28 @@ class TapSession:
         return self
 
     def step(self, token: int):
-        return self.eval([token])
+        """One plain decode step (the runner's stepper): logits [vocab] of
+        ``token``, its taps into the history. As eval([token]), without its
+        per-call conversions."""
+        if self._pending is not None:
+            self._flush()
+        s = self._s
+        ptr = s._live()
+        p0 = s.n_past
+        self._tok[0] = token
+        status = lib.ds4_session_eval_layers(ptr, self._tok, 1, 0, self._lay_p,
+                                             self._layers.size, self._err)
+        if status:
+            raise ModelError(ffi.string(self._err.message).decode("utf-8", "replace"),
+                             int(status))
+        lp = lib.ds4_session_layer_hidden(ptr, self._nr, self._nl)
+        taps = np.frombuffer(ffi.buffer(lp, 4 * int(np.prod(self._tap_shape))),
+                             dtype=np.float32).reshape(self._tap_shape)
+        self._add(taps, p0)
+        lg = lib.ds4_session_logits(ptr, self._nr)
+        out = np.frombuffer(ffi.buffer(lg, self._vocab * 4), dtype=np.float32)
+        out.flags.writeable = False
+        return out
 
     @property
     def session(self):
@@ -232,10 +273,13 @@ class TapSession:
 
     # -- the context and its tap history ---------------------------------------
     def _add(self, taps: np.ndarray, pos0: int) -> None:
-        """Context rows (and history) at pos0.. from ``taps``."""
+        """History rows at pos0.. from ``taps``; the context follows lazily
+        (:meth:`sync`, LAZY_CONTEXT)."""
         if not self.valid:
             return
-        self._d.ctx.add(taps, pos0)
+        ctx = self._d.ctx
+        if ctx.n > pos0:
+            ctx.truncate(pos0)   # rows from pos0 on are replaced
         n = taps.shape[0]
         end = pos0 + n
         h = self._hist
@@ -248,22 +292,37 @@ class TapSession:
             self._hist, self._owned, h = new, True, new
         h[pos0:end] = taps
         self._len = end
+        if not LAZY_CONTEXT:
+            self.sync()
+
+    def sync(self) -> None:
+        """The context catches up with the tap history: the rows it lacks,
+        in batched calls of up to PIECE rows."""
+        if not self.valid:
+            return
+        ctx = self._d.ctx
+        n = ctx.n
+        while n < self._len:
+            m = min(self._len, n + PIECE)
+            ctx.add(self._hist[n:m], n)
+            n = m
 
     def _adopt(self, taps: np.ndarray) -> None:
         """The context becomes the history ``taps`` (positions [0, n))."""
         n = taps.shape[0]
         ctx = self._d.ctx
         h = self._hist
-        same = (self.valid and h is not None and self._len >= n and ctx.n >= n
+        same = (self.valid and h is not None and self._len >= n
                 and (h.__array_interface__["data"][0] == taps.__array_interface__["data"][0]
                      or np.array_equal(h[:n], taps)))
         if same:
-            ctx.truncate(n)  # the context already holds exactly these rows
+            if ctx.n > n:
+                ctx.truncate(n)  # what the context holds of [0, n) is this history's
         else:
             ctx.truncate(0)
-            if n:
-                ctx.add(taps, 0)
         self._hist, self._len, self._owned, self.valid = taps, n, False, True
+        if not LAZY_CONTEXT:
+            self.sync()
 
     def _flush(self) -> None:
         if self._pending is not None:
@@ -412,6 +471,8 @@ class DFlashDrafter(Drafter):
         if not isinstance(session, TapSession) or session is not self._bound:
             return ("the DFlash drafter needs the session wrapped by drafter.session(s), "
                     "whose evals feed it the target's tapped layers")
+        if session.valid:
+            session.sync()
         if not session.valid:
             return ("the DFlash context does not hold this session's history (the session "
                     "held tokens before it was wrapped, or was restored from a snapshot "
@@ -430,6 +491,7 @@ class DFlashDrafter(Drafter):
         s = state.session
         if isinstance(s, TapSession):
             s._flush()
+            s.sync()
         if self.ctx.n != state.position:
             raise DraftError(f"DFlash context holds [0, {self.ctx.n}); a block at "
                              f"{state.position} needs [0, {state.position})")

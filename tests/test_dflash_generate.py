@@ -218,20 +218,26 @@ def test_restored_context_is_a_fresh_context(plain, agreeing):
     snap = s.snapshot()
     s.eval([1, 2, 3, 4])  # move on, then come back
     s.restore(snap)
+    s.sync()   # the context is filled lazily (before a propose): bring it up to date
     assert s.valid and d.ctx.n == len(PROMPT)
     d2 = DFlashDrafter.load(plain, agreeing)
     s2 = d2.session(plain.new_session())
     s2.restore(snap)  # another session, another drafter: rebuilt from the taps
+    s2.sync()
     assert s2.valid and d2.ctx.n == len(PROMPT)
     fresh = DFlashDrafter.load(plain, agreeing)
-    fresh.session(plain.new_session()).eval(PROMPT)
+    fs = fresh.session(plain.new_session())
+    fs.eval(PROMPT)
+    fs.sync()
     want = np.array(fresh.ctx.propose(9, len(PROMPT))[1])
     assert np.array_equal(d.ctx.propose(9, len(PROMPT))[1], want)
     assert np.array_equal(d2.ctx.propose(9, len(PROMPT))[1], want)
     # the restored history is copied before it is written: the snapshot's taps stay
     s.eval([5, 6])
     s3 = DFlashDrafter.load(plain, agreeing)
-    s3.session(plain.new_session()).restore(snap)
+    ss3 = s3.session(plain.new_session())
+    ss3.restore(snap)
+    ss3.sync()
     assert np.array_equal(s3.ctx.propose(9, len(PROMPT))[1], want)
 
 
