@@ -6,6 +6,8 @@
 //                                1024x3584, 3584x1024 (0.8B-like), n_in x n_out
 //   bench_matvec n_in n_out      that shape only
 //
+// Then PREFILL lines: the GEMM on BENCH_ROWS (64) rows vs the matvecs, and
+// gdn_seq on 1 and BENCH_ROWS tokens (bench_prefill).
 // Times k_matvec_kq* (Q4_K, Q5_K, Q6_K) and k_matvec_q8_0 at widths 1, 2,
 // 4, 8, 16 with CUDA events over many back-to-back launches, and prints
 // weight + activation bytes read per launch / time as GB/s beside the
@@ -251,6 +253,106 @@ static void bench_gdn_argmax(void) {
     free(h);
 }
 
+// Prefill (issue 19): the GEMM (gemm.h) on BENCH_ROWS (64) rows beside the
+// same rows through the matvecs 16 at a time (what the runner did before),
+// and gdn_seq (n tokens, one launch) beside n gdn_conv + gdn_delta pairs,
+// on 27B-like shapes. Sweep the tile knobs with one build each, e.g.
+//   make -s cuda-bench NVCC="nvcc -DK_GEMM_TOS=2" && ./build/cuda/bench_matvec 5120 17408 | grep PREFILL
+static void bench_prefill(uint32_t a_in, uint32_t a_out) {
+    const char *env = getenv("BENCH_ROWS");
+    const uint32_t rows = env && atoi(env) > 0 ? (uint32_t)atoi(env) : 64;
+    const uint32_t pshapes[][2] = {{5120, 17408}, {17408, 5120}, {1024, 3584}};
+    const int ptypes[] = {K_TYPE_Q4_K, K_TYPE_Q6_K, 0};
+    for (int t = 0; t < 3; t++)
+        for (int s = 0; s < (a_in ? 1 : 3); s++) {
+            const int type = ptypes[t], kq = type != 0;
+            const uint32_t n_in = a_in ? a_in : pshapes[s][0], n_out = a_in ? a_out : pshapes[s][1];
+            const size_t bs = kq ? K_KQ_BLOCK_BYTES(type) : 34, nb = n_in / (kq ? 256 : 32), xbs = kq ? 292 : 34;
+            const size_t wbytes = (size_t)n_out * nb * bs, xbytes = (size_t)rows * nb * xbs;
+            uint8_t *hw = (uint8_t *)malloc(wbytes), *hx = (uint8_t *)malloc(xbytes), *dw, *dx;
+            fill_weights(hw, (size_t)n_out * nb, type);
+            fill_acts(hx, (size_t)rows * nb, kq);
+            float *dy;
+            uint32_t *dstatus;
+            CK(cudaMalloc(&dw, wbytes));
+            CK(cudaMalloc(&dx, xbytes));
+            CK(cudaMalloc(&dy, sizeof(float) * rows * n_out));
+            CK(cudaMalloc(&dstatus, 8));
+            CK(cudaMemset(dstatus, 0, 8));
+            CK(cudaMemcpy(dw, hw, wbytes, cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(dx, hx, xbytes, cudaMemcpyHostToDevice));
+            k_matvec_kq_params pk = {K_TAG_OF(gemm_kq), (uint32_t)type, n_in, n_out, rows, n_out};
+            k_gemm_q8_0_params p8 = {K_TAG_OF(gemm_q8_0), n_in, n_out, rows, n_out};
+            k_binding b[] = {K_BIND(gemm_kq, status, dstatus, 8),
+                             kq ? K_BIND(gemm_kq, p, &pk, sizeof pk) : K_BIND(gemm_q8_0, p, &p8, sizeof p8),
+                             K_BIND(gemm_kq, w, dw, wbytes), K_BIND(gemm_kq, xq, dx, xbytes),
+                             K_BIND(gemm_kq, y, dy, sizeof(float) * rows * n_out)};
+            const uint32_t gg[3] = {K_GEMM_GROUPS_X(rows), K_GEMM_GROUPS_Y(n_out), 1};
+            const double us_g = time_launches(kq ? K_ID_gemm_kq : K_ID_gemm_q8_0, gg, K_GEMM_TG, b, 5, 20);
+            // the matvec path: ceil(rows / 16) launches of up to 16 rows
+            double us_m = 0;
+            for (uint32_t r0 = 0; r0 < rows; r0 += K_MATVEC_MAX_ROWS) {
+                const uint32_t nr = rows - r0 < K_MATVEC_MAX_ROWS ? rows - r0 : K_MATVEC_MAX_ROWS;
+                const int kid = kq ? K_MATVEC_KQ_KERNEL(nr) : K_ID_matvec_q8_0;
+                k_matvec_kq_params mk = {K_TAG((k_u32)kid), (uint32_t)type, n_in, n_out, nr, n_out};
+                k_matvec_q8_0_params m8 = {K_TAG_OF(matvec_q8_0), n_in, n_out, nr, n_out};
+                k_binding bm[] = {K_BIND(matvec_kq, status, dstatus, 8),
+                                  kq ? K_BIND(matvec_kq, p, &mk, sizeof mk) : K_BIND(matvec_q8_0, p, &m8, sizeof m8),
+                                  K_BIND(matvec_kq, w, dw, wbytes), K_BIND(matvec_kq, xq, dx + r0 * nb * xbs, nr * nb * xbs),
+                                  K_BIND(matvec_kq, y, dy + r0 * n_out, sizeof(float) * nr * n_out)};
+                const uint32_t gm[3] = {kq ? K_MATVEC_KQ_GROUPS(nr, n_out, 4) : K_MATVEC_GROUPS(n_out, 4), 1, 1};
+                us_m += time_launches(kid, gm, 128, bm, 5, 20);
+            }
+            uint32_t st[2];
+            CK(cudaMemcpy(st, dstatus, 8, cudaMemcpyDeviceToHost));
+            const double macs = (double)n_in * n_out * rows;
+            printf("PREFILL gemm %s n_in=%5u n_out=%5u rows=%u tile TR=%d TOS=%d NSG=%d: %8.1f us (%6.1f int8 TMAC/s, "
+                   "%5.1f us/row); matvecs x16: %8.1f us (%5.1f us/row): %.2fx%s\n", type_name(type), n_in, n_out, rows,
+                   (int)K_GEMM_TR, (int)K_GEMM_TOS, (int)K_GEMM_NSG, us_g, macs / (us_g * 1e6), us_g / rows, us_m,
+                   us_m / rows, us_m / us_g, st[0] ? " (STATUS RAISED)" : "");
+            cudaFree(dw), cudaFree(dx), cudaFree(dy), cudaFree(dstatus);
+            free(hw), free(hx);
+        }
+    // gdn_seq: n tokens of a 27B-like GDN layer in one launch vs n pairs
+    const uint32_t nk = 16, nv = 48, d = 128, cd = 2 * nk * d + nv * d, K = 4, vd = nv * d, W = cd + vd + 2 * nv;
+    const size_t ns = (size_t)nv * d * d;
+    float *h = (float *)malloc(sizeof(float) * (ns > (size_t)rows * W ? ns : (size_t)rows * W));
+    for (size_t i = 0; i < (ns > (size_t)rows * W ? ns : (size_t)rows * W); i++)
+        h[i] = ((rnd() & 0xffff) / 65536.0f - 0.5f) * 0.2f;
+    float *din, *dcw, *dconv, *dhp, *ds, *dout;
+    uint32_t *dstatus;
+    CK(cudaMalloc(&din, 4 * (size_t)rows * W));
+    CK(cudaMalloc(&dcw, 4 * cd * K));
+    CK(cudaMalloc(&dconv, 4 * 2 * cd * (K - 1)));
+    CK(cudaMalloc(&dhp, 4 * (2 * nv + d)));
+    CK(cudaMalloc(&ds, 4 * ns));
+    CK(cudaMalloc(&dout, 4 * (size_t)rows * vd));
+    CK(cudaMalloc(&dstatus, 8));
+    CK(cudaMemset(dstatus, 0, 8));
+    CK(cudaMemcpy(din, h, 4 * (size_t)rows * W, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dcw, h, 4 * cd * K, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dconv, h, 4 * 2 * cd * (K - 1), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(ds, h, 4 * ns, cudaMemcpyHostToDevice));
+    for (uint32_t i = 0; i < nv; i++) h[i] = -0.5f; // ssm_a < 0: decay < 1
+    CK(cudaMemcpy(dhp, h, 4 * (2 * nv + d), cudaMemcpyHostToDevice));
+    for (uint32_t n = 1; n <= rows; n = n == 1 && rows > 1 ? rows : rows + 1) { /* 1 (decode), then rows */
+        // cur = 0 every launch: a timing loop, not a recurrence (values do not matter)
+        k_gdn_seq_params p = {K_TAG_OF(gdn_seq), nk, nv, d, K, n, W, cd, cd + vd, vd, 0, 1e-6f};
+        k_binding b[] = {K_BIND(gdn_seq, status, dstatus, 8), K_BIND(gdn_seq, p, &p, sizeof p),
+                         K_BIND(gdn_seq, in, din, 4 * (size_t)n * W), K_BIND(gdn_seq, cw, dcw, 4 * cd * K),
+                         K_BIND(gdn_seq, conv, dconv, 4 * 2 * cd * (K - 1)), K_BIND(gdn_seq, hp, dhp, 4 * (2 * nv + d)),
+                         K_BIND(gdn_seq, s, ds, 4 * ns), K_BIND(gdn_seq, o, dout, 4 * (size_t)n * vd)};
+        const uint32_t g[3] = {nv, 1, 1};
+        const double us = time_launches(K_ID_gdn_seq, g, 256, b, 8, 20);
+        printf("PREFILL gdn_seq n_v=%u d=%u tokens=%u: %8.1f us per launch, %6.2f us per token\n", nv, d, n, us, us / n);
+    }
+    uint32_t st[2];
+    CK(cudaMemcpy(st, dstatus, 8, cudaMemcpyDeviceToHost));
+    if (st[0]) printf("FAIL a prefill benchmark kernel raised status 0x%x\n", st[0]);
+    cudaFree(din), cudaFree(dcw), cudaFree(dconv), cudaFree(dhp), cudaFree(ds), cudaFree(dout), cudaFree(dstatus);
+    free(h);
+}
+
 // The shapes (n_in x n_out) of issue 19's matvec goal: a 27B-like FFN up
 // / down and attention-sized projection, and the 0.8B FFN up / down.
 static const uint32_t shapes[][2] = {{5120, 17408}, {17408, 5120}, {5120, 6144}, {1024, 3584}, {3584, 1024}};
@@ -290,5 +392,6 @@ int main(int argc, char **argv) {
             printf("  %9.1f %9.2f\n", us[t][s][0], us[t][s][N_WIDTHS - 1] / us[t][s][0]);
         }
     bench_gdn_argmax();
+    bench_prefill(a_in, a_out);
     return 0;
 }

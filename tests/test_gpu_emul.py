@@ -21,7 +21,9 @@ import amalgamate  # noqa: E402
 # Minimum number of PASS lines per suite, so a suite that silently runs no
 # checks (a loop over an empty shape list) fails instead of passing.
 SUITES = {"tables": 7, "f16": 2, "rmsnorm": 18, "quantize": 5, "matvec": 12, "rope": 4, "attn": 8,
-          "kquant": 20, "gdn": 8, "argmax": 4, "glue": 10, "fused": 34}
+          "kquant": 20, "gdn": 8, "argmax": 4, "glue": 10, "fused": 34,
+          "gdnseq": 10, "gemm": 47,
+          "moe": 66}
 
 
 def build(tmp_dir, name, defs=""):
@@ -59,6 +61,15 @@ def test_unknown_suite_is_an_error(harness):
 
 # Each planted fault, the suite it must turn red, and what the failure says.
 PLANTED = [
+    # gdn_seq's conv window never advances past the stored state: caught bit
+    # for bit against n single-token gdn_conv + gdn_delta launches
+    ("PLANT_GDN_SEQ_STALE_CONV", "gdnseq",
+     r"n_k=2 n_v=4 d=64 taps=4 tg=64 tokens=5: one gdn_seq launch bit-identical .*outputs DIFFER"),
+    # the prefill GEMM reads the next weight row (in bounds): caught bit for
+    # bit against the width-1 matvec
+    ("PLANT_GEMM_OFF_BY_ONE_ROW", "gemm",
+     r"(Q8_0|Q4_K|Q5_K|Q6_K) n_in=\d+ n_out=(5|17|23) rows=\d+: "
+     r"every value bit-identical to the width-1 matvec"),
     # matvec reads the next weight row (in bounds): caught by the CPU comparison
     ("PLANT_OFF_BY_ONE_ROW", "matvec", r"n_in=\d+ n_out=(5|17): within the reordering bound"),
     # the barrier after the attention scores removed: caught by the race shadow
@@ -90,6 +101,14 @@ PLANTED = [
     # attn_gate + quantize_q8_K
     ("PLANT_FUSED_GATE_LAST_TIE", "fused",
      r"attn_gate_quant n_head=4 head_dim=64 rows=3 flags=0x8 .*bit-identical"),
+    # moe_gate_up reads the next expert's rows (in bounds): caught bit for bit
+    # against the dense matvecs of the chosen experts
+    ("PLANT_MOE_NEXT_EXPERT", "moe",
+     r"ne=13 k=3 .* gate_up: h bit-identical to SwiGLU of the dense"),
+    # moe_route sends equal probabilities to the higher expert id: caught
+    # against the exact softmax's top-k
+    ("PLANT_MOE_LAST_TIE", "moe",
+     r"ne=37 k=8 .* route: experts and slots = the exact softmax's top-8"),
 ]
 
 

@@ -31,6 +31,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GOLDEN = os.path.join(ROOT, "tests", "golden")
 DENSE = os.path.join(GOLDEN, "models", "dense-q8_0.gguf")
 DEMO = os.path.join(ROOT, "ds4py", "models", "demo-q8_0.gguf")
+MOE = os.path.join(GOLDEN, "models", "moe-q8_0.gguf")
 
 MAX_ABS_VS_LLAMA = 1.0   # top-16 logits vs llama.cpp: measured 0.34 (CPU: 0.62)
 MAX_ABS_VS_CPU = 1.0     # every logit vs the CPU fast path: measured 0.47
@@ -147,9 +148,30 @@ def test_demo_model(binary, tmp_path, quant):
     check_greedy(model, toks, greedy)
 
 
+def test_prefill_gemm_kquant(binary, tmp_path):
+    """The prefill GEMM's K-quant path inside a real forward pass: 21 rows in
+    one chunk (wider than the matvecs' 16, so every Q4_K/Q6_K matrix runs
+    gemm_kq, its row tile 16 + a 5-row tail) must equal 21 one-row decode
+    evals (the matvecs) bit for bit, and the CPU within the module's
+    tolerances. (The Q8_0 GEMM: test_golden_dense_q8_0's 100 rows, chunks of
+    64 + 36.)"""
+    path = os.path.join(str(tmp_path), "demo-q4_k_m.gguf")
+    r = subprocess.run([sys.executable, "-m", "gguf_tools", "requantize", "--type", "Q4_K_M",
+                        "--allow-requantize", DEMO, path],
+                       cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    model = ds4py.load(path, n_threads=2)
+    toks = model.tokenizer.encode("def is_prime(n):\n    if n < 2:\n        return False\n"
+                                  "    for i in range(2, n):\n        if n % i == 0:")[:21]
+    assert len(toks) == 21
+    pre, dec, _ = run_gpu(binary, str(tmp_path), path, toks, 0)
+    np.testing.assert_array_equal(pre.view(np.uint32), dec.view(np.uint32))
+    check_against_cpu(model, toks, pre)
+
+
 @pytest.mark.parametrize("name, words", [
     ("dense-q4_k_m", ["Q5_0", "has no GPU kernel", "blk."]),
-    ("moe-q8_0", ["MoE"]),
+    ("moe-q4_k_m", ["Q5_0", "has no GPU kernel", "blk."]),
 ])
 def test_refuses_what_it_cannot_run(binary, tmp_path, name, words):
     """Fail closed: a tensor type or architecture without GPU kernels is
@@ -171,13 +193,14 @@ def run_spec(binary, tmp_path, model, tokens, n_gen):
                           text=True, timeout=600)
 
 
-@pytest.mark.parametrize("model", [DENSE, DEMO], ids=["golden-dense-q8_0", "demo"])
+@pytest.mark.parametrize("model", [DENSE, DEMO, MOE],
+                         ids=["golden-dense-q8_0", "demo", "golden-moe-q8_0"])
 def test_speculative_equals_serial(binary, tmp_path, model):
     """verify/accept on the GPU path: greedy speculative decoding (drafts
     right and wrong, depths 1..7, so accept rolls the GDN state back to
     every prefix length) keeps exactly the serial rows, logits bit for bit."""
     toks = np.load(os.path.join(GOLDEN, "logits", "sequences.npz"))["s16"]
-    n_gen = 40 if model == DENSE else 20  # the demo model is ~10x slower under the emulator
+    n_gen = 40 if model == DENSE else 20  # the demo and MoE models are slower under the emulator
     if model == DEMO:
         toks = np.asarray(toks)[:8] % 8192
     r = run_spec(binary, tmp_path, model, toks, n_gen)
@@ -185,6 +208,66 @@ def test_speculative_equals_serial(binary, tmp_path, model):
     fields = dict(kv.split("=") for kv in r.stdout.split()[1:])
     assert fields["mismatches"] == "0"
     assert int(fields["rows_compared"]) >= n_gen and 0 < int(fields["accepted_drafts"]) < n_gen
+
+
+def test_golden_moe_q8_0(binary, tmp_path):
+    """The routed-MoE path (gpu/kernels/moe.h: router, top-k, fused expert
+    gate/up + SwiGLU, weighted down, the gated shared expert) on the golden
+    qwen35moe model (8 experts, 3 used per token, Q8_0), against the CPU and
+    llama.cpp with the dense model's tolerances (same reasons, plus the
+    router: F32 in float and a float softmax sum where the CPU sums in
+    double; measured on s16: vs the CPU row max |d| 0.21, mean KL 0.0008;
+    vs llama.cpp's top-16 0.16). 16 rows in one eval equal 16 one-row evals
+    bit for bit (batch invariance through the MoE kernels), and the unfused
+    loop (K_RUNNER_FUSE=0: rmsnorm + the quantize kernels instead of
+    norm_quant) writes the same bits."""
+    toks = np.load(os.path.join(GOLDEN, "logits", "sequences.npz"))["s16"]
+    pre, dec, greedy = run_gpu(binary, str(tmp_path), MOE, toks, 8)
+    np.testing.assert_array_equal(pre.view(np.uint32), dec.view(np.uint32))
+    gold = np.load(os.path.join(GOLDEN, "logits", "moe-q8_0.npz"))
+    ids, vals = gold["s16_one_topk_ids"], gold["s16_one_topk_vals"]
+    assert np.abs(np.take_along_axis(pre, ids, axis=1) - vals).max() <= MAX_ABS_VS_LLAMA
+    top = np.sort(vals, axis=1)
+    clear = top[:, -1] - top[:, -2] > CLEAR_MARGIN
+    assert clear.sum() >= 8
+    np.testing.assert_array_equal(pre.argmax(axis=1)[clear], ids[clear, 0])
+    model = ds4py.load(MOE, n_threads=2)
+    check_against_cpu(model, toks, pre)
+    check_greedy(model, toks, greedy)
+    unfused = os.path.join(str(tmp_path), "unfused")
+    os.makedirs(unfused)
+    r = subprocess.run([binary, MOE, os.path.join(str(tmp_path), "tokens.i32"),
+                        os.path.join(unfused, "out")], capture_output=True, text=True,
+                       timeout=600, env={**os.environ, "K_RUNNER_FUSE": "0"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    ufp = np.fromfile(os.path.join(unfused, "out.prefill.f32"), dtype=np.float32)
+    ufp = ufp.reshape(len(toks), -1)
+    np.testing.assert_array_equal(ufp.view(np.uint32), pre.view(np.uint32))
+
+
+def test_kquant_moe_model(binary, tmp_path):
+    """K-quant experts inside a whole model (the golden MoE files have
+    n_ff_exp 32, too narrow for 256-value K-quant blocks): a tiny random
+    qwen35moe (E 256, 8 experts of 256, 2 used, a gated 256 shared expert)
+    written by bench_models in llama.cpp's Q4_K_M plan (Q4_K experts, Q4_K /
+    Q5_K / Q6_K / Q8_0 elsewhere). Same checks as the golden model
+    (measured: row max |d| vs the CPU 0.02, mean KL 1e-6); 12 rows in one
+    eval equal 12 one-row evals bit for bit."""
+    sys.path.insert(0, ROOT)
+    from bench import bench_models as BM
+
+    shape = BM.Shape("qwen35moe", 4, 256, 4, 1, 64, 2, 4, 64, n_expert=8, n_expert_used=2,
+                     n_ff_exp=256, n_ff_shexp=256, n_vocab=1024, tied=False)
+    types = BM.plan_types(shape, "Q4_K_M")
+    assert types["blk.0.ffn_gate_exps.weight"] == "Q4_K"
+    path = os.path.join(str(tmp_path), "tiny-moe-q4_k_m.gguf")
+    BM.write_model(shape, "Q4_K_M", path)
+    toks = (np.arange(1, 13) * 37).astype(np.int32)
+    pre, dec, greedy = run_gpu(binary, str(tmp_path), path, toks, 4)
+    np.testing.assert_array_equal(pre.view(np.uint32), dec.view(np.uint32))
+    model = ds4py.load(path, n_threads=2)
+    check_against_cpu(model, toks, pre)
+    check_greedy(model, toks, greedy)
 
 
 def test_planted_rollback_fault_turns_red(tmp_path):

@@ -9,11 +9,13 @@
  * and the on-device argmax. Each step is one kernel of gpu/kernels/ (the
  * file named beside it); the CPU code it reproduces is named there too.
  *
- * Rows are processed in chunks of K_MATVEC_MAX_ROWS (16, the matvecs'
- * widest shared weight read); inside a chunk the GDN conv and recurrence
- * run token by token (gdn_conv / gdn_delta are single-token kernels) and
- * attention serves every row of the chunk in one split-K launch (row t
- * sees positions [0, pos0 + t]).
+ * Rows are processed in chunks of K_RUNNER_CHUNK (64): the matrices of a
+ * chunk wider than K_MATVEC_MAX_ROWS (16) go through the prefill GEMM
+ * (gemm.h), narrower ones (decode, verify) through the matvecs, the same
+ * bits per value either way; the GDN conv + recurrence of all the chunk's
+ * tokens is one gdn_seq launch per layer (state on chip between tokens);
+ * attention serves up to 16 rows per split-K launch (row t sees positions
+ * [0, pos0 + t]).
  *
  * Numerics: per kernel, docs/gpu.md §3 states what is bit-identical to the
  * CPU's fast precision (matvec integer dots, RoPE, K/V fp16 stores) and
@@ -32,7 +34,17 @@
 #include "../../csrc/model.h"
 #include "../kernels/attn_plan.h"
 
-#define ROWS K_MATVEC_MAX_ROWS
+/* Rows per eval chunk (prefill): the GEMM (gemm.h) serves chunks wider
+ * than the matvecs' K_MATVEC_MAX_ROWS with every value's bits unchanged;
+ * -D override (one build each) for the H200 sweep. Scratch scales with it;
+ * attention runs its rows ATTN_ROWS at a time (its partials buffer grows
+ * with rows x context). */
+#ifndef K_RUNNER_CHUNK
+#define K_RUNNER_CHUNK 64
+#endif
+#define ROWS K_RUNNER_CHUNK
+#define ATTN_ROWS K_MATVEC_MAX_ROWS
+typedef char k_runner_chunk_ok[K_RUNNER_CHUNK >= K_MATVEC_MAX_ROWS && K_RUNNER_CHUNK >= K_RUNNER_VERIFY_MAX ? 1 : -1];
 #define MATVEC_TG K_MATVEC_MAX_TG
 /* Threadgroups the split-K attention aims for (about two per SM of an
  * H200's 132; attn_plan.h): only speed depends on it. */
@@ -52,6 +64,22 @@ typedef struct {
     int first;
 } mat_run;
 
+/* A qwen35moe layer's routed FFN on the device (gpu/kernels/moe.h): the
+ * router (ffn_gate_inp, and ffn_gate_inp_shexp as one more row) in F32;
+ * the experts' 3-D gate/up tensors and the shared expert's gate/up in one
+ * buffer (wgu), the experts' down and the shared down in another (wdn), at
+ * the byte offsets the kernels take (moe_gate_up / moe_down params). */
+typedef struct {
+    void *router;
+    int shgate;
+    void *wgu, *wdn;
+    uint32_t t_gate, t_up, t_down, t_sgate, t_sup, t_sdown;
+    uint32_t g_estride, u_base, u_estride, u_row0, sg_base, su_base, sd_base;
+    size_t gu_bytes, dn_bytes;
+    int64_t n_ff_sh; /* 0: no shared expert */
+    unsigned want;   /* what pre_norm writes for it: K_NQ_X (the router's float rows) | activation types */
+} dev_moe;
+
 typedef struct {
     int kind;
     void *attn_norm, *post_norm;
@@ -70,11 +98,15 @@ typedef struct {
     dev_mat ffn_gate, ffn_up, ffn_down;
     mat_run ffn_in[2]; /* ffn_gate, ffn_up: one run when their types agree */
     int n_ffn_in;
+    /* routed MoE (qwen35moe): moe_layer instead of ffn_layer */
+    int is_moe;
+    dev_moe moe;
 } dev_layer;
 
 /* A session's device state of one layer. */
 typedef struct {
-    void *conv_state, *ssm;   /* GDN: the recurrent state */
+    void *conv_state, *ssm;   /* GDN: the recurrent state (conv: two halves, conv_cur holds it) */
+    int conv_cur;             /* GDN: 0/1, the half of conv_state in use (gdn_seq writes the other) */
     void *conv_bak, *ssm_bak; /* GDN: the state before the last verify */
     float *cap_in;            /* GDN: a verify's input rows [qkv | z | ab] (accept replays them) */
     void *kpool, *vpool;      /* attention: F16 KV pages */
@@ -116,6 +148,7 @@ struct k_runner {
     dev_state *S;
     int64_t n_ctx, n_pages, n_past, launches;
     int fuse;               /* fused glue kernels (fused.h); K_RUNNER_FUSE=0: the unfused sequence */
+    int gemm;               /* prefill GEMM for chunks > 16 rows (gemm.h); K_RUNNER_GEMM=0: matvecs */
     int capturing;          /* inside a verify: GDN layers keep their rows */
     int64_t ver_n, ver_pos; /* the last verify's rows and first position (0: none) */
     void *pages; /* u32 page table: identity (one sequence, no sharing yet) */
@@ -128,6 +161,11 @@ struct k_runner {
     /* host staging */
     float *h_stage, *h_cs, *h_sn;
     uint32_t *h_idx;
+    /* routed MoE scratch, ROWS token rows (open_moe_scratch; qwen35moe only) */
+    float *moe_logits, *moe_wt, *moe_h;
+    uint32_t *moe_sel;
+    uint8_t *moe_hq8, *moe_hqk;
+    size_t moe_hq8_bytes, moe_hqk_bytes;
 };
 
 /* ---------------------------------------------------------- memory -- */
@@ -301,17 +339,70 @@ typedef struct {
  * weights, K_NQ_Q8_K for the K-quants: the CPU's fast precision pairs). */
 static unsigned act_flag(const dev_mat *w) { return w->type == DS4_TYPE_Q8_0 ? K_NQ_Q8_0 : K_NQ_Q8_K; }
 
+/* y rows [0, n_rows) of one job from the quantized rows in r->xq8 /
+ * r->xqk: the prefill GEMM (gemm.h) for more than K_MATVEC_MAX_ROWS rows,
+ * else (or with K_RUNNER_GEMM=0, or a Q8_0 matvec order the GEMM does not
+ * reproduce, or a grid past CUDA's 65535 in y) the matvec in blocks of at
+ * most K_MATVEC_MAX_ROWS rows. Every output value has the same bits on
+ * either path (gemm.h; tested: test_gpu_emul gemm), so where a chunk or
+ * block boundary falls never shows. */
+static int mm_rows(k_runner *r, const mm_job *job, int64_t n_rows, ds4_error *err) {
+    const dev_mat *w = job->w;
+    const int64_t n_in = w->n_in, ys = job->y_stride, q8 = w->type == DS4_TYPE_Q8_0;
+    const size_t xrow = q8 ? (size_t)(n_in / 32) * 34 : (size_t)(n_in / 256) * 292;
+    uint8_t *const xq = q8 ? r->xq8 : r->xqk;
+    if (n_rows > K_MATVEC_MAX_ROWS && r->gemm && (!q8 || K_MATVEC_OCTETS_PER_ROW == 4u) &&
+        K_GEMM_GROUPS_Y((uint64_t)w->n_out) <= 65535u) {
+        k_matvec_kq_params p = {K_TAG_OF(gemm_kq), (uint32_t)w->type, (uint32_t)n_in, (uint32_t)w->n_out,
+                                (uint32_t)n_rows, (uint32_t)ys};
+        k_gemm_q8_0_params p8 = {K_TAG_OF(gemm_q8_0), (uint32_t)n_in, (uint32_t)w->n_out, (uint32_t)n_rows,
+                                 (uint32_t)ys};
+        /* gemm_q8_0 and gemm_kq share the matvecs' tables: slots by name from either */
+        k_binding b[] = {STATUS_BIND(gemm_kq), q8 ? K_BIND(gemm_q8_0, p, &p8, sizeof p8) : K_BIND(gemm_kq, p, &p, sizeof p),
+                         K_BIND(gemm_kq, w, w->p, w->bytes), K_BIND(gemm_kq, xq, xq, (size_t)n_rows * xrow),
+                         K_BIND(gemm_kq, y, job->y, F4((n_rows - 1) * ys + w->n_out))};
+        return launch(r, q8 ? K_ID_gemm_q8_0 : K_ID_gemm_kq, K_GEMM_GROUPS_X((uint32_t)n_rows),
+                      K_GEMM_GROUPS_Y((uint32_t)w->n_out), 1, K_GEMM_TG, b, 5, err);
+    }
+    int rc = 0;
+    for (int64_t r0 = 0; r0 < n_rows && !rc; r0 += K_MATVEC_MAX_ROWS) {
+        const int64_t nr = n_rows - r0 < K_MATVEC_MAX_ROWS ? n_rows - r0 : K_MATVEC_MAX_ROWS;
+        float *y = job->y + r0 * ys;
+        const size_t ybytes = F4((nr - 1) * ys + w->n_out);
+        if (q8) {
+            k_matvec_q8_0_params p = {K_TAG_OF(matvec_q8_0), (uint32_t)n_in, (uint32_t)w->n_out, (uint32_t)nr,
+                                      (uint32_t)ys};
+            k_binding b[] = {STATUS_BIND(matvec_q8_0), K_BIND(matvec_q8_0, p, &p, sizeof p),
+                             K_BIND(matvec_q8_0, w, w->p, w->bytes),
+                             K_BIND(matvec_q8_0, xq, xq + r0 * xrow, (size_t)nr * xrow),
+                             K_BIND(matvec_q8_0, y, y, ybytes)};
+            rc = launch(r, K_ID_matvec_q8_0, K_MATVEC_GROUPS((uint32_t)w->n_out, MATVEC_TG / 32), 1, 1,
+                        MATVEC_TG, b, 5, err);
+        } else {
+            const int id = K_MATVEC_KQ_KERNEL((uint32_t)nr);
+            k_matvec_kq_params p = {K_TAG((k_u32)id), (uint32_t)w->type, (uint32_t)n_in, (uint32_t)w->n_out,
+                                    (uint32_t)nr, (uint32_t)ys};
+            k_binding b[] = {STATUS_BIND(matvec_kq), K_BIND(matvec_kq, p, &p, sizeof p),
+                             K_BIND(matvec_kq, w, w->p, w->bytes),
+                             K_BIND(matvec_kq, xq, xq + r0 * xrow, (size_t)nr * xrow),
+                             K_BIND(matvec_kq, y, y, ybytes)};
+            rc = launch(r, id, K_MATVEC_KQ_GROUPS((uint32_t)nr, (uint32_t)w->n_out, MATVEC_TG / 32), 1, 1,
+                        MATVEC_TG, b, 5, err);
+        }
+    }
+    return rc;
+}
+
 /* Quantize the activation rows once per activation type (quant_q8_0.h /
  * quant_kq.h) unless `ready` says a fused kernel already wrote them into
- * r->xq8 / r->xqk (K_NQ_Q8_0 / K_NQ_Q8_K), then one matvec per job over all
- * rows. */
+ * r->xq8 / r->xqk (K_NQ_Q8_0 / K_NQ_Q8_K), then each job over all rows
+ * (mm_rows: the matvec or the prefill GEMM). */
 static int matmul(k_runner *r, const float *x, int64_t x_stride, int64_t n_rows, const mm_job *jobs,
                   int n_jobs, unsigned ready, ds4_error *err) {
     const int64_t n_in = jobs[0].w->n_in;
     int have8 = (ready & K_NQ_Q8_0) != 0, havek = (ready & K_NQ_Q8_K) != 0, rc;
     for (int j = 0; j < n_jobs; j++) {
         const dev_mat *w = jobs[j].w;
-        const size_t ybytes = F4((n_rows - 1) * jobs[j].y_stride + w->n_out);
         if (w->type == DS4_TYPE_Q8_0) {
             if (!have8) {
                 k_quantize_q8_0_params p = {K_TAG_OF(quantize_q8_0), (uint32_t)n_in, (uint32_t)n_rows,
@@ -323,36 +414,17 @@ static int matmul(k_runner *r, const float *x, int64_t x_stride, int64_t n_rows,
                 if ((rc = launch(r, K_ID_quantize_q8_0, (blocks + 3) / 4, 1, 1, 128, b, 4, err))) return rc;
                 have8 = 1;
             }
-            k_matvec_q8_0_params p = {K_TAG_OF(matvec_q8_0), (uint32_t)n_in, (uint32_t)w->n_out,
-                                      (uint32_t)n_rows, (uint32_t)jobs[j].y_stride};
-            k_binding b[] = {STATUS_BIND(matvec_q8_0), K_BIND(matvec_q8_0, p, &p, sizeof p),
-                             K_BIND(matvec_q8_0, w, w->p, w->bytes),
-                             K_BIND(matvec_q8_0, xq, r->xq8, (size_t)(n_rows * n_in / 32) * 34),
-                             K_BIND(matvec_q8_0, y, jobs[j].y, ybytes)};
-            rc = launch(r, K_ID_matvec_q8_0, K_MATVEC_GROUPS((uint32_t)w->n_out, MATVEC_TG / 32), 1, 1,
-                        MATVEC_TG, b, 5, err);
-        } else {
-            if (!havek) {
-                k_quantize_q8_K_params p = {K_TAG_OF(quantize_q8_K), (uint32_t)n_in, (uint32_t)n_rows,
-                                            (uint32_t)x_stride};
-                const uint32_t blocks = (uint32_t)(n_rows * n_in / 256);
-                k_binding b[] = {STATUS_BIND(quantize_q8_K), K_BIND(quantize_q8_K, p, &p, sizeof p),
-                                 K_BIND(quantize_q8_K, x, x, F4((n_rows - 1) * x_stride + n_in)),
-                                 K_BIND(quantize_q8_K, q, r->xqk, (size_t)blocks * 292)};
-                if ((rc = launch(r, K_ID_quantize_q8_K, (blocks + 3) / 4, 1, 1, 128, b, 4, err))) return rc;
-                havek = 1;
-            }
-            const int id = K_MATVEC_KQ_KERNEL((uint32_t)n_rows);
-            k_matvec_kq_params p = {K_TAG((k_u32)id), (uint32_t)w->type, (uint32_t)n_in, (uint32_t)w->n_out,
-                                    (uint32_t)n_rows, (uint32_t)jobs[j].y_stride};
-            k_binding b[] = {STATUS_BIND(matvec_kq), K_BIND(matvec_kq, p, &p, sizeof p),
-                             K_BIND(matvec_kq, w, w->p, w->bytes),
-                             K_BIND(matvec_kq, xq, r->xqk, (size_t)(n_rows * n_in / 256) * 292),
-                             K_BIND(matvec_kq, y, jobs[j].y, ybytes)};
-            rc = launch(r, id, K_MATVEC_KQ_GROUPS((uint32_t)n_rows, (uint32_t)w->n_out, MATVEC_TG / 32), 1, 1, MATVEC_TG, b, 5,
-                        err);
+        } else if (!havek) {
+            k_quantize_q8_K_params p = {K_TAG_OF(quantize_q8_K), (uint32_t)n_in, (uint32_t)n_rows,
+                                        (uint32_t)x_stride};
+            const uint32_t blocks = (uint32_t)(n_rows * n_in / 256);
+            k_binding b[] = {STATUS_BIND(quantize_q8_K), K_BIND(quantize_q8_K, p, &p, sizeof p),
+                             K_BIND(quantize_q8_K, x, x, F4((n_rows - 1) * x_stride + n_in)),
+                             K_BIND(quantize_q8_K, q, r->xqk, (size_t)blocks * 292)};
+            if ((rc = launch(r, K_ID_quantize_q8_K, (blocks + 3) / 4, 1, 1, 128, b, 4, err))) return rc;
+            havek = 1;
         }
-        if (rc) return rc;
+        if ((rc = mm_rows(r, &jobs[j], n_rows, err))) return rc;
     }
     return 0;
 }
@@ -398,8 +470,35 @@ static int64_t conv_dim(const ds4_model_config *c) {
     return 2 * c->ssm_n_k * c->ssm_d_state + c->ssm_d_inner;
 }
 
-/* gdn.c ds4_gdn_layer: the four projections, then per token the conv
- * (gdn_conv) and the delta rule + gated norm (gdn_delta), then ssm_out. */
+/* The half of a GDN layer's conv state that holds it now. */
+static float *conv_now(const dev_state *S, const ds4_model_config *c) {
+    return (float *)S->conv_state + (size_t)S->conv_cur * (size_t)((c->ssm_conv_kernel - 1) * conv_dim(c));
+}
+
+/* n tokens of the recurrence in ONE launch (gdn_seq, gdn.h): rows t < n of
+ * `in` ([qkv | z | beta | alpha], W floats apart) into o (vd floats
+ * apart); bit for bit n gdn_token calls at the same threadgroup size
+ * (tested: test_gpu_emul gdnseq). The new conv state lands in the other
+ * half of conv_state. */
+static int gdn_seq(k_runner *r, const dev_layer *L, dev_state *S, const float *in, int64_t n, float *o,
+                   ds4_error *err) {
+    const ds4_model_config *c = &r->c;
+    const int64_t cd = conv_dim(c), vd = c->ssm_d_inner, nv = c->ssm_n_v, W = cd + vd + 2 * nv;
+    const int64_t d = c->ssm_d_state, K = c->ssm_conv_kernel;
+    k_gdn_seq_params p = {K_TAG_OF(gdn_seq), (uint32_t)c->ssm_n_k, (uint32_t)nv, (uint32_t)d, (uint32_t)K,
+                          (uint32_t)n, (uint32_t)W, (uint32_t)cd, (uint32_t)(cd + vd), (uint32_t)vd,
+                          (uint32_t)S->conv_cur, c->rms_eps};
+    k_binding b[] = {STATUS_BIND(gdn_seq), K_BIND(gdn_seq, p, &p, sizeof p),
+                     K_BIND(gdn_seq, in, in, F4((n - 1) * W + cd + vd + 2 * nv)),
+                     K_BIND(gdn_seq, cw, L->conv_w, F4(cd * K)),
+                     K_BIND(gdn_seq, conv, S->conv_state, F4(2 * (K - 1) * cd)),
+                     K_BIND(gdn_seq, hp, L->hp, F4(2 * nv + d)), K_BIND(gdn_seq, s, S->ssm, F4(nv * d * d)),
+                     K_BIND(gdn_seq, o, o, F4((n - 1) * vd + vd))};
+    const int rc = launch(r, K_ID_gdn_seq, (uint32_t)nv, 1, 1, r->gdn_tg, b, 8, err);
+    if (!rc) S->conv_cur ^= 1;
+    return rc;
+}
+
 /* One token of the recurrence for row t of qkv/z/ab: the conv (gdn_conv)
  * then the delta rule + gated norm (gdn_delta) into o. Eval and accept's
  * replay both run this, so a replayed row is the row it was. */
@@ -411,7 +510,7 @@ static int gdn_token(k_runner *r, const dev_layer *L, dev_state *S, const float 
     k_gdn_conv_params pc = {K_TAG_OF(gdn_conv), (uint32_t)cd, (uint32_t)K};
     k_binding bc[] = {STATUS_BIND(gdn_conv), K_BIND(gdn_conv, p, &pc, sizeof pc),
                       K_BIND(gdn_conv, x, qkv, F4(cd)), K_BIND(gdn_conv, cw, L->conv_w, F4(cd * K)),
-                      K_BIND(gdn_conv, state, S->conv_state, F4((K - 1) * cd)),
+                      K_BIND(gdn_conv, state, conv_now(S, c), F4((K - 1) * cd)),
                       K_BIND(gdn_conv, out, r->cv, F4(cd))};
     int rc = launch(r, K_ID_gdn_conv, (uint32_t)((cd + 127) / 128), 1, 1, 128, bc, 6, err);
     if (rc) return rc;
@@ -429,8 +528,9 @@ static int copy_dev(k_runner *r, void *dst, const void *src, size_t bytes, ds4_e
     return 0;
 }
 
-/* gdn.c ds4_gdn_layer: the four projections, then per token the conv
- * and the delta rule, then ssm_out. The projections write one row per
+/* gdn.c ds4_gdn_layer: the four projections, then the conv and the delta
+ * rule of all n tokens (one gdn_seq launch; unfused: gdn_token per token),
+ * then ssm_out. The projections write one row per
  * token, [qkv (cd) | z (vd) | beta (nv) | alpha (nv)] (W = cd + vd + 2 nv
  * floats: fused, one launch per run of one type (gdn_in, upload_group),
  * else four launches into the same places). In a verify the rows are kept
@@ -445,7 +545,8 @@ static int gdn_layer(k_runner *r, dev_layer *L, dev_state *S, int64_t n, int64_t
     for (int i = 0; i < L->n_gdn_in; i++) runs[i] = (mm_job){&L->gdn_in[i].m, in[L->gdn_in[i].first].y, W};
     int rc = r->fuse ? matmul(r, r->x, E, n, runs, L->n_gdn_in, ready, err) : matmul(r, r->x, E, n, in, 4, ready, err);
     if (!rc && r->capturing) rc = copy_dev(r, S->cap_in + row0 * W, r->gin, F4(n * W), err);
-    for (int64_t t = 0; t < n && !rc; t++)
+    if (!rc && r->fuse) rc = gdn_seq(r, L, S, r->gin, n, r->o, err); /* all n tokens, one launch */
+    for (int64_t t = 0; t < n && !rc && !r->fuse; t++)
         rc = gdn_token(r, L, S, r->gin + t * W, r->gin + t * W + cd, r->gin + t * W + cd + vd, r->o + t * vd, err);
     if (rc) return rc;
     mm_job out = {&L->ssm_out, r->y, E};
@@ -520,29 +621,36 @@ static int attn_layer(k_runner *r, dev_layer *L, dev_state *S, int64_t n, int64_
                          K_BIND(kv_store, kpool, S->kpool, pool), K_BIND(kv_store, vpool, S->vpool, pool)};
         if ((rc = launch(r, K_ID_kv_store, (uint32_t)((items + 127) / 128), 1, 1, 128, b, 7, err))) return rc;
     }
-    const uint32_t nb = (uint32_t)((pos0 + n + K_ATTN_BLOCK - 1) / K_ATTN_BLOCK);
-    const uint32_t bps = k_attn_blocks_per_split(nb, (uint32_t)nkv, (uint32_t)n, ATTN_TARGET_GROUPS);
-    const size_t part = F4((size_t)n * nh * nb * (2 + dh));
-    k_attn_partials_params pp = {K_TAG_OF(attn_partials), (uint32_t)nh, (uint32_t)nkv, (uint32_t)dh,
-                                 (uint32_t)n, (uint32_t)pos0, nb, bps, (uint32_t)r->n_pages,
-                                 (uint32_t)qf_dim, (uint32_t)(2 * dh), c->attn_scale};
-    k_binding bp[] = {STATUS_BIND(attn_partials), K_BIND(attn_partials, p, &pp, sizeof pp),
-                      K_BIND(attn_partials, q, qn, F4((n - 1) * qf_dim + (nh - 1) * 2 * dh + dh)),
-                      K_BIND(attn_partials, kpool, S->kpool, pool), K_BIND(attn_partials, vpool, S->vpool, pool),
-                      K_BIND(attn_partials, pages, r->pages, 4 * (size_t)nb),
-                      K_BIND(attn_partials, part, r->part, part)};
-    /* 256 threads: at short contexts only n_head_kv x rows threadgroups
-     * exist, so each needs its own latency hiding (no effect on the bits:
-     * attn.h's per-position and per-element work is placed by position) */
-    if ((rc = launch(r, K_ID_attn_partials, (uint32_t)nkv, k_attn_n_splits(nb, bps), (uint32_t)n, 256, bp, 7,
-                     err)))
-        return rc;
-    k_attn_merge_params pm = {K_TAG_OF(attn_merge), (uint32_t)nh, (uint32_t)dh, (uint32_t)n, (uint32_t)pos0,
-                              nb, (uint32_t)(nh * dh)};
-    k_binding bm[] = {STATUS_BIND(attn_merge), K_BIND(attn_merge, p, &pm, sizeof pm),
-                      K_BIND(attn_merge, part, r->part, part),
-                      K_BIND(attn_merge, out, r->attn, F4(n * nh * dh))};
-    if ((rc = launch(r, K_ID_attn_merge, (uint32_t)nh, (uint32_t)n, 1, 32, bm, 4, err))) return rc;
+    /* split-K attention, ATTN_ROWS query rows per launch pair (a row's
+     * result never depends on its batch: attn.h), so the partials buffer
+     * stays ATTN_ROWS x context whatever the chunk */
+    for (int64_t t0 = 0; t0 < n; t0 += ATTN_ROWS) {
+        const int64_t an = n - t0 < ATTN_ROWS ? n - t0 : ATTN_ROWS, apos = pos0 + t0;
+        const float *aq = qn + t0 * qf_dim;
+        const uint32_t nb = (uint32_t)((apos + an + K_ATTN_BLOCK - 1) / K_ATTN_BLOCK);
+        const uint32_t bps = k_attn_blocks_per_split(nb, (uint32_t)nkv, (uint32_t)an, ATTN_TARGET_GROUPS);
+        const size_t part = F4((size_t)an * nh * nb * (2 + dh));
+        k_attn_partials_params pp = {K_TAG_OF(attn_partials), (uint32_t)nh, (uint32_t)nkv, (uint32_t)dh,
+                                     (uint32_t)an, (uint32_t)apos, nb, bps, (uint32_t)r->n_pages,
+                                     (uint32_t)qf_dim, (uint32_t)(2 * dh), c->attn_scale};
+        k_binding bp[] = {STATUS_BIND(attn_partials), K_BIND(attn_partials, p, &pp, sizeof pp),
+                          K_BIND(attn_partials, q, aq, F4((an - 1) * qf_dim + (nh - 1) * 2 * dh + dh)),
+                          K_BIND(attn_partials, kpool, S->kpool, pool), K_BIND(attn_partials, vpool, S->vpool, pool),
+                          K_BIND(attn_partials, pages, r->pages, 4 * (size_t)nb),
+                          K_BIND(attn_partials, part, r->part, part)};
+        /* 256 threads: at short contexts only n_head_kv x rows threadgroups
+         * exist, so each needs its own latency hiding (no effect on the bits:
+         * attn.h's per-position and per-element work is placed by position) */
+        if ((rc = launch(r, K_ID_attn_partials, (uint32_t)nkv, k_attn_n_splits(nb, bps), (uint32_t)an, 256, bp, 7,
+                         err)))
+            return rc;
+        k_attn_merge_params pm = {K_TAG_OF(attn_merge), (uint32_t)nh, (uint32_t)dh, (uint32_t)an, (uint32_t)apos,
+                                  nb, (uint32_t)(nh * dh)};
+        k_binding bm[] = {STATUS_BIND(attn_merge), K_BIND(attn_merge, p, &pm, sizeof pm),
+                          K_BIND(attn_merge, part, r->part, part),
+                          K_BIND(attn_merge, out, r->attn + t0 * nh * dh, F4(an * nh * dh))};
+        if ((rc = launch(r, K_ID_attn_merge, (uint32_t)nh, (uint32_t)an, 1, 32, bm, 4, err))) return rc;
+    }
     mm_job out = {&L->o, r->y, E};
     if (r->fuse) { /* the output gate and the o projection's quantizer in one launch (attn_gate_quant) */
         const unsigned q = act_flag(&L->o);
@@ -597,6 +705,226 @@ static int ffn_layer(k_runner *r, dev_layer *L, int64_t n, unsigned ready, ds4_e
     return matmul(r, r->g, F, n, &out, 1, 0, err);
 }
 
+/* ------------------------------------------------------- routed MoE -- */
+
+/* Rows of n values (x_stride floats apart) quantized for weights of type
+ * wtype (Q8_0 blocks for Q8_0, Q8_K for the K-quants) into q: the
+ * quantize kernels matmul runs, so the CPU quantizers' bits. */
+static int moe_quant(k_runner *r, const float *x, int64_t x_stride, int64_t n, int64_t rows, uint32_t wtype,
+                     uint8_t *q, size_t q_bytes, ds4_error *err) {
+    const size_t xs = F4((rows - 1) * x_stride + n);
+    if (wtype == K_TYPE_Q8_0) {
+        k_quantize_q8_0_params p = {K_TAG_OF(quantize_q8_0), (uint32_t)n, (uint32_t)rows, (uint32_t)x_stride};
+        const uint32_t blocks = (uint32_t)(rows * n / 32);
+        k_binding b[] = {STATUS_BIND(quantize_q8_0), K_BIND(quantize_q8_0, p, &p, sizeof p),
+                         K_BIND(quantize_q8_0, x, x, xs), K_BIND(quantize_q8_0, q, q, q_bytes)};
+        return launch(r, K_ID_quantize_q8_0, (blocks + 3) / 4, 1, 1, 128, b, 4, err);
+    }
+    k_quantize_q8_K_params p = {K_TAG_OF(quantize_q8_K), (uint32_t)n, (uint32_t)rows, (uint32_t)x_stride};
+    const uint32_t blocks = (uint32_t)(rows * n / 256);
+    k_binding b[] = {STATUS_BIND(quantize_q8_K), K_BIND(quantize_q8_K, p, &p, sizeof p),
+                     K_BIND(quantize_q8_K, x, x, xs), K_BIND(quantize_q8_K, q, q, q_bytes)};
+    return launch(r, K_ID_quantize_q8_K, (blocks + 3) / 4, 1, 1, 128, b, 4, err);
+}
+
+/* moe.c ds4_ffn_moe on the device (gpu/kernels/moe.h): the router logits
+ * (moe_logits, F32 x F32 over the float rows x), softmax + top-k +
+ * renormalisation (moe_route), the chosen experts' gate/up + SwiGLU and the
+ * shared expert's (moe_gate_up: expert ids read on the device, only their
+ * rows read), the SwiGLU rows quantized for the down types, then the down
+ * projections weighted and summed in slot order + the gated shared expert
+ * (moe_down) into y. Decode: 5 launches (+ x's quantizers when norm_quant
+ * did not write them: the unfused path). */
+static int moe_layer(k_runner *r, dev_layer *L, int64_t n, unsigned ready, ds4_error *err) {
+    const ds4_model_config *c = &r->c;
+    const dev_moe *M = &L->moe;
+    const int64_t E = c->n_embd, ne = c->n_expert, k = c->n_expert_used, F = c->n_ff_exp, Fs = M->n_ff_sh;
+    const int64_t nf = F > Fs ? F : Fs, pairs = n * k + (Fs ? n : 0);
+    int rc;
+    if ((M->want & K_NQ_Q8_0) && !(ready & K_NQ_Q8_0) &&
+        (rc = moe_quant(r, r->x, E, E, n, K_TYPE_Q8_0, r->xq8, r->xq8_bytes, err)))
+        return rc;
+    if ((M->want & K_NQ_Q8_K) && !(ready & K_NQ_Q8_K) &&
+        (rc = moe_quant(r, r->x, E, E, n, K_TYPE_Q4_K, r->xqk, r->xqk_bytes, err)))
+        return rc;
+    const int64_t nl = ne + M->shgate, ls = ne + 1;
+    {
+        k_moe_logits_params p = {K_TAG_OF(moe_logits), (uint32_t)E, (uint32_t)nl, (uint32_t)n, (uint32_t)E,
+                                 (uint32_t)ls};
+        k_binding b[] = {STATUS_BIND(moe_logits), K_BIND(moe_logits, p, &p, sizeof p),
+                         K_BIND(moe_logits, w, M->router, F4(nl * E)), K_BIND(moe_logits, x, r->x, F4(n * E)),
+                         K_BIND(moe_logits, y, r->moe_logits, F4(n * ls))};
+        /* 2 SIMD-groups a threadgroup, one router row each (no effect on the
+         * bits): 129 threadgroups for 256 experts, about one per H200 SM */
+        if ((rc = launch(r, K_ID_moe_logits, (uint32_t)((nl + 1) / 2), 1, 1, 64, b, 5, err))) return rc;
+    }
+    {
+        k_moe_route_params p = {K_TAG_OF(moe_route), (uint32_t)ne, (uint32_t)k, (uint32_t)n, (uint32_t)ls,
+                                M->shgate ? K_MOE_SHGATE : 0u};
+        k_binding b[] = {STATUS_BIND(moe_route), K_BIND(moe_route, p, &p, sizeof p),
+                         K_BIND(moe_route, logits, r->moe_logits, F4(n * ls)),
+                         K_BIND(moe_route, sel, r->moe_sel, 4 * (size_t)(n * k)),
+                         K_BIND(moe_route, wt, r->moe_wt, F4(n * (k + 1)))};
+        if ((rc = launch(r, K_ID_moe_route, (uint32_t)((n + 3) / 4), 1, 1, 128, b, 5, err))) return rc;
+    }
+    {
+        k_moe_gate_up_params p = {K_TAG_OF(moe_gate_up), (uint32_t)E, (uint32_t)F, (uint32_t)Fs, (uint32_t)k,
+                                  (uint32_t)n, (uint32_t)ne, M->t_gate, M->t_up, M->t_sgate, M->t_sup,
+                                  M->g_estride, M->u_base, M->u_estride, M->u_row0, M->sg_base, M->su_base,
+                                  (uint32_t)nf};
+        k_binding b[] = {STATUS_BIND(moe_gate_up), K_BIND(moe_gate_up, p, &p, sizeof p),
+                         K_BIND(moe_gate_up, sel, r->moe_sel, 4 * (size_t)(n * k)),
+                         K_BIND(moe_gate_up, xq8, r->xq8, r->xq8_bytes), K_BIND(moe_gate_up, xqk, r->xqk, r->xqk_bytes),
+                         K_BIND(moe_gate_up, w, M->wgu, M->gu_bytes),
+                         K_BIND(moe_gate_up, h, r->moe_h, F4(pairs * nf))};
+        /* one SIMD-group per (pair, output row): decode of a 35B-A3B-like
+         * layer is 9 pairs x 512 rows = 4608 SIMD-groups */
+        if ((rc = launch(r, K_ID_moe_gate_up, (uint32_t)((nf + 3) / 4), (uint32_t)pairs, 1, 128, b, 7, err)))
+            return rc;
+    }
+    /* the SwiGLU rows quantized as moe_down reads them: the routed pairs'
+     * rows for the down type, the shared rows for the shared down's type
+     * after n k rows of the first (one launch when they agree) */
+    uint8_t *const qd = M->t_down == K_TYPE_Q8_0 ? r->moe_hq8 : r->moe_hqk;
+    uint8_t *const qs = M->t_sdown == K_TYPE_Q8_0 ? r->moe_hq8 : r->moe_hqk;
+    const size_t qd_bytes = M->t_down == K_TYPE_Q8_0 ? r->moe_hq8_bytes : r->moe_hqk_bytes;
+    const size_t qs_bytes = M->t_sdown == K_TYPE_Q8_0 ? r->moe_hq8_bytes : r->moe_hqk_bytes;
+    if (Fs && qd == qs && F == Fs && nf == F) {
+        if ((rc = moe_quant(r, r->moe_h, nf, F, pairs, M->t_down, qd, qd_bytes, err))) return rc;
+    } else {
+        if ((rc = moe_quant(r, r->moe_h, nf, F, n * k, M->t_down, qd, qd_bytes, err))) return rc;
+        const size_t off = (size_t)(n * k) * K_MOE_ACT_BYTES(M->t_sdown, (uint32_t)F);
+        if (Fs && (rc = moe_quant(r, r->moe_h + n * k * nf, nf, Fs, n, M->t_sdown, qs + off, qs_bytes - off, err)))
+            return rc;
+    }
+    k_moe_down_params p = {K_TAG_OF(moe_down), (uint32_t)F, (uint32_t)Fs, (uint32_t)E, (uint32_t)k, (uint32_t)n,
+                           (uint32_t)ne, M->t_down, M->t_sdown, M->sd_base, (uint32_t)E};
+    k_binding b[] = {STATUS_BIND(moe_down), K_BIND(moe_down, p, &p, sizeof p),
+                     K_BIND(moe_down, sel, r->moe_sel, 4 * (size_t)(n * k)),
+                     K_BIND(moe_down, wt, r->moe_wt, F4(n * (k + 1))),
+                     K_BIND(moe_down, hq8, r->moe_hq8, r->moe_hq8_bytes), K_BIND(moe_down, hqk, r->moe_hqk, r->moe_hqk_bytes),
+                     K_BIND(moe_down, w, M->wdn, M->dn_bytes), K_BIND(moe_down, out, r->y, F4(n * E))};
+    return launch(r, K_ID_moe_down, (uint32_t)((E + 3) / 4), (uint32_t)n, 1, 128, b, 8, err);
+}
+
+/* Uploads `bytes` of src at byte `off` of the device buffer dst. */
+static int upload_at(k_gpu_model *g, void *dst, size_t off, const void *src, size_t bytes, ds4_error *err) {
+    if (bytes && g->dev->upload(g->dev, (uint8_t *)dst + off, src, bytes))
+        return ds4_fail(err, DS4_ERR_INTERNAL, "%s upload: %s", g->dev->name, g->dev->err);
+    return 0;
+}
+
+static int moe_type(const k_gpu_model *g, const ds4_tensor *t, uint32_t *out, ds4_error *err) {
+    if (!mat_type_ok(t->type)) {
+        ds4_type_info ti;
+        ds4_error e2;
+        const char *tn = ds4_type_get_info(t->type, &ti, &e2) == 0 ? ti.name : "?";
+        return ds4_fail(err, DS4_ERR_UNSUPPORTED,
+                        "%s: tensor %s has type %s, which has no GPU kernel yet (GPU experts: Q8_0, Q4_K, Q5_K, "
+                        "Q6_K)", g->dev->name, t->name, tn);
+    }
+    *out = (uint32_t)t->type;
+    return 0;
+}
+
+#define PAD16(x) (((x) + 15u) / 16u * 16u)
+
+/* One MoE layer's weights (dev_moe): the router rows (+ the shared gate),
+ * the experts' 3-D tensors and the shared expert's matrices at the offsets
+ * moe.h's kernels take. Offsets are 32-bit in the kernels: a layer whose
+ * gate/up or down buffer reaches 4 GiB is refused. */
+static int open_moe(k_gpu_model *g, const ds4_layer *T, dev_layer *L, ds4_error *err) {
+    const ds4_model_config *c = &g->c;
+    dev_moe *M = &L->moe;
+    const int64_t E = c->n_embd, ne = c->n_expert, k = c->n_expert_used, F = c->n_ff_exp;
+    const int fused = T->ffn_gate_up_exps.data != NULL, shared = T->ffn_gate_shexp.data != NULL;
+    int rc;
+    if (ne < 1 || ne > K_MOE_MAX_EXPERTS || k < 1 || k > K_MOE_MAX_K || k > ne)
+        return ds4_fail(err, DS4_ERR_UNSUPPORTED,
+                        "%s: %lld experts, %lld used per token: the GPU MoE kernels take 1..%d experts and 1..%d "
+                        "used", g->dev->name, (long long)ne, (long long)k, K_MOE_MAX_EXPERTS, K_MOE_MAX_K);
+    L->is_moe = 1;
+    const ds4_tensor *tg = fused ? &T->ffn_gate_up_exps : &T->ffn_gate_exps;
+    const ds4_tensor *tu = fused ? &T->ffn_gate_up_exps : &T->ffn_up_exps;
+    if ((rc = moe_type(g, tg, &M->t_gate, err)) || (rc = moe_type(g, tu, &M->t_up, err)) ||
+        (rc = moe_type(g, &T->ffn_down_exps, &M->t_down, err)))
+        return rc;
+    M->n_ff_sh = shared ? c->n_ff_shexp : 0;
+    M->t_sgate = M->t_sup = M->t_sdown = K_TYPE_Q8_0;
+    if (shared && ((rc = moe_type(g, &T->ffn_gate_shexp, &M->t_sgate, err)) ||
+                   (rc = moe_type(g, &T->ffn_up_shexp, &M->t_sup, err)) ||
+                   (rc = moe_type(g, &T->ffn_down_shexp, &M->t_sdown, err))))
+        return rc;
+    /* gate/up buffer: [gate experts | up experts (unless fused) | shared gate | shared up] */
+    const uint64_t gbytes = tg->expert_bytes * (uint64_t)ne, ubytes = fused ? 0 : tu->expert_bytes * (uint64_t)ne;
+    const uint64_t sgb = shared ? T->ffn_gate_shexp.row_bytes * (uint64_t)T->ffn_gate_shexp.ne[1] : 0;
+    const uint64_t sub = shared ? T->ffn_up_shexp.row_bytes * (uint64_t)T->ffn_up_shexp.ne[1] : 0;
+    const uint64_t u_base = fused ? 0 : PAD16(gbytes), sg_base = PAD16(fused ? gbytes : u_base + ubytes);
+    const uint64_t su_base = PAD16(sg_base + sgb), gu_bytes = su_base + sub;
+    const uint64_t dbytes = T->ffn_down_exps.expert_bytes * (uint64_t)ne, sd_base = PAD16(dbytes);
+    const uint64_t sdb = shared ? T->ffn_down_shexp.row_bytes * (uint64_t)T->ffn_down_shexp.ne[1] : 0;
+    const uint64_t dn_bytes = sd_base + sdb;
+    if (gu_bytes >= (1ull << 32) || dn_bytes >= (1ull << 32))
+        return ds4_fail(err, DS4_ERR_UNSUPPORTED,
+                        "%s: %s: the layer's expert matrices (%llu + %llu bytes) exceed the GPU MoE kernels' 32-bit "
+                        "offsets", g->dev->name, tg->name, (unsigned long long)gu_bytes, (unsigned long long)dn_bytes);
+    if (tg->expert_bytes % 16 || tu->expert_bytes % 16)
+        return ds4_fail(err, DS4_ERR_UNSUPPORTED,
+                        "%s: %s: an expert's matrix is %zu bytes, not a multiple of 16 (the GPU MoE kernels' "
+                        "alignment)", g->dev->name, tg->expert_bytes % 16 ? tg->name : tu->name,
+                        tg->expert_bytes % 16 ? tg->expert_bytes : tu->expert_bytes);
+    M->g_estride = (uint32_t)tg->expert_bytes;
+    M->u_base = (uint32_t)u_base;
+    M->u_estride = (uint32_t)tu->expert_bytes;
+    M->u_row0 = fused ? (uint32_t)F : 0u;
+    M->sg_base = (uint32_t)sg_base, M->su_base = (uint32_t)su_base, M->sd_base = (uint32_t)sd_base;
+    M->gu_bytes = (size_t)gu_bytes, M->dn_bytes = (size_t)dn_bytes;
+    if (!(M->wgu = mem_alloc(g->dev, &g->mem, M->gu_bytes, err)) ||
+        !(M->wdn = mem_alloc(g->dev, &g->mem, M->dn_bytes, err)))
+        return err->code;
+    if ((rc = upload_at(g, M->wgu, 0, tg->data, gbytes, err)) ||
+        (!fused && (rc = upload_at(g, M->wgu, u_base, tu->data, ubytes, err))) ||
+        (rc = upload_at(g, M->wgu, sg_base, T->ffn_gate_shexp.data, sgb, err)) ||
+        (rc = upload_at(g, M->wgu, su_base, T->ffn_up_shexp.data, sub, err)) ||
+        (rc = upload_at(g, M->wdn, 0, T->ffn_down_exps.data, dbytes, err)) ||
+        (rc = upload_at(g, M->wdn, sd_base, T->ffn_down_shexp.data, sdb, err)))
+        return rc;
+    /* the router, and the shared expert's gate as row n_expert */
+    if (T->ffn_gate_inp.type != DS4_TYPE_F32 || (T->ffn_gate_inp_shexp.data && T->ffn_gate_inp_shexp.type != DS4_TYPE_F32))
+        return ds4_fail(err, DS4_ERR_UNSUPPORTED, "%s: %s: the router must be F32 on the GPU", g->dev->name,
+                        T->ffn_gate_inp.name);
+    M->shgate = shared && T->ffn_gate_inp_shexp.data != NULL;
+    float *rt = malloc(F4((ne + 1) * E));
+    if (!rt) return ds4_fail(err, DS4_ERR_NOMEM, "out of host memory");
+    memcpy(rt, T->ffn_gate_inp.data, F4(ne * E));
+    if (M->shgate) memcpy(rt + ne * E, T->ffn_gate_inp_shexp.data, F4(E));
+    M->router = mem_upload(g->dev, &g->mem, rt, F4((ne + M->shgate) * E), err);
+    free(rt);
+    if (!M->router) return err->code;
+    M->want = K_NQ_X;
+    const uint32_t ty[4] = {M->t_gate, M->t_up, M->t_sgate, M->t_sup};
+    for (int i = 0; i < (shared ? 4 : 2); i++) M->want |= ty[i] == K_TYPE_Q8_0 ? K_NQ_Q8_0 : K_NQ_Q8_K;
+    return 0;
+}
+
+/* A session's MoE scratch for ROWS token rows (moe_layer). */
+static int open_moe_scratch(k_runner *r, ds4_error *err) {
+    const ds4_model_config *c = &r->c;
+    if (c->arch != DS4_ARCH_QWEN35MOE) return 0;
+    const int64_t ne = c->n_expert, k = c->n_expert_used, F = c->n_ff_exp, Fs = c->n_ff_shexp;
+    const int64_t nf = F > Fs ? F : Fs;
+    r->moe_hq8_bytes = (size_t)(ROWS * k) * K_MOE_ACT_BYTES(K_TYPE_Q8_0, (uint32_t)F) +
+                       (size_t)ROWS * K_MOE_ACT_BYTES(K_TYPE_Q8_0, (uint32_t)Fs) + 16;
+    r->moe_hqk_bytes = (size_t)(ROWS * k) * K_MOE_ACT_BYTES(K_TYPE_Q4_K, (uint32_t)F) +
+                       (size_t)ROWS * K_MOE_ACT_BYTES(K_TYPE_Q4_K, (uint32_t)Fs) + 16;
+    if (!(r->moe_logits = dalloc(r, F4(ROWS * (ne + 1)), err)) || !(r->moe_wt = dalloc(r, F4(ROWS * (k + 1)), err)) ||
+        !(r->moe_sel = dalloc(r, 4 * (size_t)(ROWS * k), err)) ||
+        !(r->moe_h = dalloc(r, F4(ROWS * (k + 1) * nf), err)) || !(r->moe_hq8 = dalloc(r, r->moe_hq8_bytes, err)) ||
+        !(r->moe_hqk = dalloc(r, r->moe_hqk_bytes, err)))
+        return err->code;
+    return 0;
+}
+
 /* ------------------------------------------------------------ open -- */
 
 static int open_layers(k_gpu_model *r, ds4_error *err) {
@@ -644,6 +972,10 @@ static int open_layers(k_gpu_model *r, ds4_error *err) {
             if (!L->q_norm) return err->code;
             L->k_norm = (float *)L->q_norm + c->head_dim;
         }
+        if (c->arch == DS4_ARCH_QWEN35MOE) {
+            if ((rc = open_moe(r, T, L, err))) return rc;
+            continue;
+        }
         const ds4_tensor *fin[2] = {&T->ffn_gate, &T->ffn_up};
         dev_mat *const dfin[2] = {&L->ffn_gate, &L->ffn_up};
         if ((rc = upload_group(r, fin, dfin, 2, L->ffn_in, &L->n_ffn_in, err)) ||
@@ -663,7 +995,7 @@ static int open_state(k_runner *r, ds4_error *err) {
     for (int64_t il = 0; il < c->n_main; il++) {
         dev_state *S = &r->S[il];
         if (r->L[il].kind == DS4_LAYER_GDN) {
-            if (!(S->conv_state = dalloc(r, conv, err)) || !(S->ssm = dalloc(r, ssm, err)) ||
+            if (!(S->conv_state = dalloc(r, 2 * conv, err)) || !(S->ssm = dalloc(r, ssm, err)) ||
                 !(S->conv_bak = dalloc(r, conv, err)) || !(S->ssm_bak = dalloc(r, ssm, err)) ||
                 !(S->cap_in = dalloc(r, F4(K_RUNNER_VERIFY_MAX * (cd + vd + 2 * nv)), err)))
                 return err->code;
@@ -686,7 +1018,7 @@ static int open_scratch(k_runner *r, ds4_error *err) {
     if (c->n_ff > w) w = c->n_ff;
     r->xq8_bytes = (size_t)(ROWS * w / 32) * 34;
     r->xqk_bytes = (size_t)(ROWS * w / 256 + 1) * 292;
-    r->part_floats = (size_t)ROWS * (size_t)c->n_head * (size_t)r->n_pages * (size_t)(2 + c->head_dim);
+    r->part_floats = (size_t)ATTN_ROWS * (size_t)c->n_head * (size_t)r->n_pages * (size_t)(2 + c->head_dim);
     struct {
         float **p;
         int64_t n;
@@ -720,9 +1052,8 @@ int k_gpu_model_open(k_device *d, const ds4_model *m, k_gpu_model **out, ds4_err
     *out = NULL;
     if (!d || !m) return ds4_fail(err, DS4_ERR_ARG, "k_gpu_model_open: device or model is NULL");
     const ds4_model_config *c = &m->cfg;
-    if (c->arch != DS4_ARCH_QWEN35)
-        return ds4_fail(err, DS4_ERR_UNSUPPORTED,
-                        "%s: only dense qwen35 models run on the GPU yet (routed MoE is not built)", d->name);
+    if (c->arch != DS4_ARCH_QWEN35 && c->arch != DS4_ARCH_QWEN35MOE)
+        return ds4_fail(err, DS4_ERR_UNSUPPORTED, "%s: only qwen35 and qwen35moe models run on the GPU", d->name);
     if (m->params.precision != DS4_PRECISION_FAST)
         return ds4_fail(err, DS4_ERR_UNSUPPORTED, "%s: the GPU runs fast precision only", d->name);
     if (c->head_dim > K_ATTN_MAX_DIM || c->n_head % c->n_head_kv || c->n_head / c->n_head_kv > K_ATTN_MAX_GROUP ||
@@ -782,11 +1113,14 @@ int k_runner_open(k_gpu_model *g, int64_t n_ctx, k_runner **out, ds4_error *err)
     {
         const char *f = getenv("K_RUNNER_FUSE");
         r->fuse = !(f && !strcmp(f, "0"));
+        const char *g = getenv("K_RUNNER_GEMM");
+        r->gemm = !(g && !strcmp(g, "0"));
     }
     r->S = calloc((size_t)g->c.n_main, sizeof *r->S);
     int rc = r->S ? 0 : ds4_fail(err, DS4_ERR_NOMEM, "out of host memory");
     if (!rc) rc = open_state(r, err);
     if (!rc) rc = open_scratch(r, err);
+    if (!rc) rc = open_moe_scratch(r, err);
     if (rc) {
         k_runner_close(r);
         return rc;
@@ -869,11 +1203,12 @@ static int chunk_launches(k_runner *r, int64_t n, int64_t pos0, int64_t row0, in
         const unsigned mix = L->kind == DS4_LAYER_GDN
                                  ? act_flag(&L->qkv) | act_flag(&L->gate) | act_flag(&L->beta) | act_flag(&L->alpha)
                                  : act_flag(&L->q) | act_flag(&L->k) | act_flag(&L->v);
-        const unsigned ffn = act_flag(&L->ffn_gate) | act_flag(&L->ffn_up);
+        const unsigned ffn = L->is_moe ? L->moe.want : act_flag(&L->ffn_gate) | act_flag(&L->ffn_up);
         if ((rc = pre_norm(r, il > 0, 0, n, L->attn_norm, mix, &ready, err)) ||
             (rc = L->kind == DS4_LAYER_GDN ? gdn_layer(r, L, &r->S[il], n, row0, ready, err)
                                            : attn_layer(r, L, &r->S[il], n, pos0, ready, err)) ||
-            (rc = pre_norm(r, 1, 0, n, L->post_norm, ffn, &ready, err)) || (rc = ffn_layer(r, L, n, ready, err)))
+            (rc = pre_norm(r, 1, 0, n, L->post_norm, ffn, &ready, err)) ||
+            (rc = L->is_moe ? moe_layer(r, L, n, ready, err) : ffn_layer(r, L, n, ready, err)))
             return rc;
     }
     const int64_t n_out = n - out0;
@@ -970,7 +1305,7 @@ int k_runner_verify(k_runner *r, const int32_t *tokens, int64_t n, float *logits
                  ssm = F4(c->ssm_n_v * c->ssm_d_state * c->ssm_d_state);
     for (int64_t il = 0; il < c->n_main && !rc; il++)
         if (r->L[il].kind == DS4_LAYER_GDN &&
-            ((rc = copy_dev(r, r->S[il].conv_bak, r->S[il].conv_state, conv, err)) ||
+            ((rc = copy_dev(r, r->S[il].conv_bak, conv_now(&r->S[il], c), conv, err)) ||
              (rc = copy_dev(r, r->S[il].ssm_bak, r->S[il].ssm, ssm, err))))
             break;
     if (rc) return rc;
@@ -999,11 +1334,13 @@ int k_runner_accept(k_runner *r, int64_t k, ds4_error *err) {
         for (int64_t il = 0; il < c->n_main && !rc; il++) {
             dev_state *S = &r->S[il];
             if (r->L[il].kind != DS4_LAYER_GDN) continue;
-            if ((rc = copy_dev(r, S->conv_state, S->conv_bak, conv, err)) ||
+            if ((rc = copy_dev(r, conv_now(S, c), S->conv_bak, conv, err)) ||
                 (rc = copy_dev(r, S->ssm, S->ssm_bak, ssm, err)))
                 break;
 #ifndef PLANT_ACCEPT_NO_REPLAY /* planted fault (tests must turn red): keep the pre-verify state */
-            for (int64_t t = 0; t < k && !rc; t++)
+            if (r->fuse) /* the k kept rows in one gdn_seq launch: the bits of k gdn_token calls */
+                rc = gdn_seq(r, &r->L[il], S, S->cap_in, k, r->o, err);
+            for (int64_t t = 0; t < k && !rc && !r->fuse; t++)
                 rc = gdn_token(r, &r->L[il], S, S->cap_in + t * W, S->cap_in + t * W + cd, S->cap_in + t * W + cd + vd,
                                r->o, err);
 #endif

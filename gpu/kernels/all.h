@@ -12,3 +12,5 @@
 #include "argmax.h"
 #include "elementwise.h"
 #include "fused.h"
+#include "moe.h"
+#include "gemm.h"

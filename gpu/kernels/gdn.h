@@ -137,3 +137,175 @@ K_KERNEL(gdn_delta) {
         K_ST(o, j * d + m, y * (zm / (1.0f + k_exp(-zm))));
     }
 }
+
+/* Register tile of gdn_seq's state: rows per SIMD-group and elements per
+ * lane of a row kept in registers between tokens (d = 128 with 8
+ * SIMD-groups: 16 x 4 = 64 floats per lane). Rows past K_GDN_SEQ_RPS, or
+ * every row when d > 32 K_GDN_SEQ_COLS, are read and written in device
+ * memory each token, as gdn_delta does: the same values either way. */
+#ifndef K_GDN_SEQ_RPS
+#define K_GDN_SEQ_RPS 16
+#endif
+#ifndef K_GDN_SEQ_COLS
+#define K_GDN_SEQ_COLS 4
+#endif
+
+/* gdn_conv + gdn_delta for n_tok tokens of one value head per threadgroup
+ * (table.h gdn_seq). Per token: the conv of the 3d channels this head
+ * reads (q and k of k head j % n_k, v of head j; the q/k channels are
+ * computed by every head that reads them: the same bits), then gdn_delta's
+ * body verbatim, with the state row in registers instead of device
+ * memory. The conv window of token t is [the state rows, half cur of
+ * conv ; in rows 0..t]: read, never shifted in place; the new state goes
+ * to the other half. Bit-identity with the single-token kernels
+ * is tested (test_gpu_emul gdnseq). */
+K_KERNEL_BOUNDED(gdn_seq, K_GDN_SEQ_MAX_TG, 1) {
+    K_CHECK_TAG(gdn_seq);
+    const k_u32 d = p.d, cd = (2u * p.n_k + p.n_v) * d;
+    if (d == 0u || d > K_GDN_MAX_D || p.n_k == 0u || p.n_v < p.n_k || p.k < 2u || p.k > K_GDN_MAX_CONV ||
+        p.n_tok == 0u || p.cur > 1u || p.z_off < cd || p.ab_off < p.z_off + p.n_v * d || p.o_stride < p.n_v * d ||
+        K_TG_SIZE > K_GDN_SEQ_MAX_TG) {
+        k_raise(status, K_ERR_SHAPE);
+        return;
+    }
+    K_TG_ARRAY(float, qn, K_GDN_MAX_D);
+    K_TG_ARRAY(float, kn, K_GDN_MAX_D);
+    K_TG_ARRAY(float, vn, K_GDN_MAX_D);
+    K_TG_ARRAY(float, on, K_GDN_MAX_D);
+    K_TG_ARRAY(float, part, 32);
+#ifdef PLANT_GDN_SEQ_STALE_CONV
+    /* planted fault (tests must turn red): every token's conv window starts
+     * at the state, as if the state were never shifted between tokens */
+#define K_GDN_SEQ_POS_(t, kk) ((int)(kk) - (int)(p.k - 1u))
+#else
+#define K_GDN_SEQ_POS_(t, kk) ((int)(t) + (int)(kk) - (int)(p.k - 1u))
+#endif
+    const k_u32 j = K_GX, kh = j % p.n_k; /* tiled (spec §3.8, pitfall 3) */
+    if (j >= p.n_v) return; /* a whole threadgroup */
+    K_DEV float *S = s + j * d * d;
+    const k_u32 cin = p.cur * (p.k - 1u) * cd, cout = (1u - p.cur) * (p.k - 1u) * cd;
+    const k_u32 per = (d + 31u) / 32u;
+    const int in_regs = per <= K_GDN_SEQ_COLS;
+    const k_u32 reg_rows = in_regs ? K_GDN_SEQ_RPS : 0u; /* rows m = SIMD + r NSIMD, r < reg_rows */
+    float st[K_GDN_SEQ_RPS][K_GDN_SEQ_COLS];
+    K_UNROLL for (k_u32 r = 0; r < K_GDN_SEQ_RPS; r++) {
+        const k_u32 m = K_SIMD + r * K_NSIMD;
+        K_UNROLL for (k_u32 c = 0; c < K_GDN_SEQ_COLS; c++) {
+            const k_u32 i = c * 32u + K_LANE;
+            st[r][c] = r < reg_rows && m < d && i < d ? K_LD(S, m * d + i) : 0.0f;
+        }
+    }
+    const float oscale = 1.0f / k_sqrt((float)d);
+    for (k_u32 t = 0; t < p.n_tok; t++) {
+        K_DEV_IN float *row = in + t * p.in_stride;
+        /* the conv (gdn_conv): local channel c < d: q of kh; < 2d: k of kh; else v of j */
+        for (k_u32 c = K_TID; c < 3u * d; c += K_TG_SIZE) {
+            const k_u32 ch = c < d ? kh * d + c : c < 2u * d ? (p.n_k + kh) * d + (c - d) : (2u * p.n_k + j) * d + (c - 2u * d);
+            float seq[K_GDN_MAX_CONV];
+            K_UNROLL for (k_u32 kk = 0; kk < K_GDN_MAX_CONV; kk++) {
+                const int pos = K_GDN_SEQ_POS_(t, kk);
+                seq[kk] = kk >= p.k ? 0.0f : pos >= 0 ? K_LD(in, (k_u32)pos * p.in_stride + ch)
+                                                      : K_LD(conv, cin + (k_u32)((int)p.k - 1 + pos) * cd + ch);
+            }
+            float acc = 0.0f;
+            K_UNROLL for (k_u32 kk = 0; kk < K_GDN_MAX_CONV; kk++)
+                if (kk < p.k) acc += K_LD(cw, ch * p.k + kk) * seq[kk];
+            const float y = acc / (1.0f + k_exp(-acc));
+            if (c < d) K_ST(qn, c, y);
+            else if (c < 2u * d) K_ST(kn, c - d, y);
+            else K_ST(vn, c - 2u * d, y);
+        }
+        K_BARRIER();
+        k_gdn_l2norm(qn, d, p.eps, part, K_TID, K_TG_SIZE);
+        k_gdn_l2norm(kn, d, p.eps, part, K_TID, K_TG_SIZE);
+        const float beta = 1.0f / (1.0f + k_exp(-K_LD(row, p.ab_off + j)));
+        const float a = K_LD(row, p.ab_off + p.n_v + j) + K_LD(hp, p.n_v + j);
+        const float sp = a > 20.0f ? a : k_log(1.0f + k_exp(a)); /* ggml's softplus */
+        const float decay = k_exp(K_LD(hp, j) * sp);
+        /* rows in registers: gdn_delta's operations on st[r] */
+        K_UNROLL for (k_u32 r = 0; r < K_GDN_SEQ_RPS; r++) {
+            const k_u32 m = K_SIMD + r * K_NSIMD;
+            if (r >= reg_rows || m >= d) continue; /* uniform per SIMD-group */
+            float u = 0.0f;
+            K_UNROLL for (k_u32 c = 0; c < K_GDN_SEQ_COLS; c++) {
+                const k_u32 i = c * 32u + K_LANE;
+                if (c < per && i < d) {
+                    st[r][c] = st[r][c] * decay;
+                    u += st[r][c] * K_LD(kn, i);
+                }
+            }
+            u = k_simd_sum(u);
+            const float dm = (K_LD(vn, m) - u) * beta;
+            float o = 0.0f;
+            K_UNROLL for (k_u32 c = 0; c < K_GDN_SEQ_COLS; c++) {
+                const k_u32 i = c * 32u + K_LANE;
+                if (c < per && i < d) {
+                    st[r][c] = st[r][c] + K_LD(kn, i) * dm;
+                    o += st[r][c] * K_LD(qn, i);
+                }
+            }
+            o = k_simd_sum(o);
+            if (K_LANE == 0u) K_ST(on, m, o * oscale);
+        }
+        /* the other rows in device memory: gdn_delta's loop verbatim */
+        for (k_u32 m = K_SIMD + reg_rows * K_NSIMD; m < d; m += K_NSIMD) {
+            K_DEV float *Sm = S + m * d;
+            float rw[K_GDN_MAX_D / 32];
+            float u = 0.0f;
+            K_UNROLL for (k_u32 c = 0; c < K_GDN_MAX_D / 32; c++) {
+                const k_u32 i = c * 32u + K_LANE;
+                rw[c] = 0.0f;
+                if (c < per && i < d) {
+                    rw[c] = K_LD(Sm, i) * decay;
+                    u += rw[c] * K_LD(kn, i);
+                }
+            }
+            u = k_simd_sum(u);
+            const float dm = (K_LD(vn, m) - u) * beta;
+            float o = 0.0f;
+            K_UNROLL for (k_u32 c = 0; c < K_GDN_MAX_D / 32; c++) {
+                const k_u32 i = c * 32u + K_LANE;
+                if (c < per && i < d) {
+                    rw[c] = rw[c] + K_LD(kn, i) * dm;
+                    K_ST(Sm, i, rw[c]);
+                    o += rw[c] * K_LD(qn, i);
+                }
+            }
+            o = k_simd_sum(o);
+            if (K_LANE == 0u) K_ST(on, m, o * oscale);
+        }
+        K_BARRIER();
+        /* gated RMSNorm (gdn_delta's): rmsnorm(o) * norm_w * SiLU(z) */
+        float ss = 0.0f;
+        for (k_u32 m = K_TID; m < d; m += K_TG_SIZE) ss += K_LD(on, m) * K_LD(on, m);
+        const float mean = k_tg_sum(ss, part, K_TID, K_TG_SIZE) / (float)d;
+        const float scale = 1.0f / k_sqrt(mean + p.eps);
+        for (k_u32 m = K_TID; m < d; m += K_TG_SIZE) {
+            const float zm = K_LD(row, p.z_off + j * d + m);
+            const float y = (K_LD(on, m) * scale) * K_LD(hp, 2u * p.n_v + m);
+            K_ST(o, t * p.o_stride + j * d + m, y * (zm / (1.0f + k_exp(-zm))));
+        }
+    }
+    K_UNROLL for (k_u32 r = 0; r < K_GDN_SEQ_RPS; r++) {
+        const k_u32 m = K_SIMD + r * K_NSIMD;
+        if (r >= reg_rows || m >= d) continue;
+        K_UNROLL for (k_u32 c = 0; c < K_GDN_SEQ_COLS; c++) {
+            const k_u32 i = c * 32u + K_LANE;
+            if (c < per && i < d) K_ST(S, m * d + i, st[r][c]);
+        }
+    }
+    /* the conv state after the last token: the window's last k - 1 rows,
+     * written by this head for its v channels and, for its k head's q/k
+     * channels, by head kh alone (j == kh exactly when j < n_k) */
+    for (k_u32 c = K_TID; c < 3u * d; c += K_TG_SIZE) {
+        if (c < 2u * d && j >= p.n_k) continue;
+        const k_u32 ch = c < d ? kh * d + c : c < 2u * d ? (p.n_k + kh) * d + (c - d) : (2u * p.n_k + j) * d + (c - 2u * d);
+        for (k_u32 kk = 0; kk + 1u < p.k; kk++) {
+            const int pos = (int)p.n_tok - (int)(p.k - 1u) + (int)kk;
+            const float v = pos >= 0 ? K_LD(in, (k_u32)pos * p.in_stride + ch)
+                                     : K_LD(conv, cin + (k_u32)((int)p.k - 1 + pos) * cd + ch);
+            K_ST(conv, cout + kk * cd + ch, v);
+        }
+    }
+#undef K_GDN_SEQ_POS_
+}

@@ -71,7 +71,14 @@ typedef uchar k_u8;
     X(18, norm_quant)    \
     X(19, swiglu_quant)  \
     X(20, qk_norm_rope)  \
-    X(21, attn_gate_quant)
+    X(21, attn_gate_quant) \
+    X(22, moe_logits)    \
+    X(23, moe_route)     \
+    X(24, moe_gate_up)   \
+    X(25, moe_down) \
+    X(30, gdn_seq)       \
+    X(31, gemm_q8_0)     \
+    X(32, gemm_kq)
 
 /* A params struct starts with its tag: 0xD5A0 in the high half, the kernel
  * id in the low half. */
@@ -496,6 +503,216 @@ typedef struct {
     X(K, 3, a, float, K_IN, p.n_rows * p.n_head * p.head_dim)             \
     X(K, 4, q8, k_u8, K_OUT, (p.flags & K_NQ_Q8_0) ? p.n_rows * (p.n_head * p.head_dim / 32) * 34 : 1) \
     X(K, 5, qk, k_u8, K_OUT, (p.flags & K_NQ_Q8_K) ? p.n_rows * (p.n_head * p.head_dim / 256) * 292 : 1)
+
+/* ------------------------------------------------------------ gdn_seq -- */
+/* n_tok tokens of one GDN layer in ONE launch (prefill chunks, verify rows,
+ * accept's replay, decode): per token the causal conv + SiLU (gdn_conv),
+ * then the gated delta rule + gated RMSNorm (gdn_delta), the same
+ * operations in the same order per value, so the outputs and the final
+ * state are bit for bit those of n_tok launches of the two single-token
+ * kernels at the same threadgroup size (the norms' float sums depend on
+ * it). The recurrent state rows stay in registers between tokens
+ * (K_GDN_SEQ_RPS rows per SIMD-group, K_GDN_SEQ_COLS elements per lane;
+ * rows past that stay in device memory), written back once at the end.
+ * Token t's row of `in` holds [qkv (conv_dim) ... z at z_off ... beta |
+ * alpha at ab_off] (the runner's projection rows). The conv state is two
+ * halves of `conv`: read from half `cur`, the shifted state written to half
+ * 1 - cur (the q/k channels of a k head are read by every value head that
+ * uses it, so an in-place update would race across threadgroups). One threadgroup per
+ * value head; n_v >= n_k (each k head's conv state written by value head
+ * kh). */
+#ifndef K_GDN_SEQ_MAX_TG
+#define K_GDN_SEQ_MAX_TG 256 /* threads per threadgroup, at most (CUDA register cap) */
+#endif
+typedef struct {
+    k_u32 tag;
+    k_u32 n_k;       /* k heads */
+    k_u32 n_v;       /* v heads, >= n_k */
+    k_u32 d;         /* d_k == d_v, <= K_GDN_MAX_D */
+    k_u32 k;         /* conv taps, 2..K_GDN_MAX_CONV */
+    k_u32 n_tok;     /* tokens, >= 1 */
+    k_u32 in_stride; /* floats between token rows of in */
+    k_u32 z_off;     /* z's offset in a row, >= conv_dim */
+    k_u32 ab_off;    /* beta's offset (alpha follows), >= z_off + n_v d */
+    k_u32 o_stride;  /* floats between token rows of o, >= n_v d */
+    k_u32 cur;       /* 0 or 1: the half of conv holding the state now */
+    float eps;
+} k_gdn_seq_params;
+#define K_GDN_SEQ_CD(p) ((2 * (p).n_k + (p).n_v) * (p).d)
+#define K_ARGS_gdn_seq(X, K)                                              \
+    X(K, 0, status, k_u32, K_STATUS, 2)                                   \
+    X(K, 1, p, k_gdn_seq_params, K_PARAMS, 1)                             \
+    X(K, 2, in, float, K_IN, (p.n_tok - 1) * p.in_stride + p.ab_off + 2 * p.n_v) \
+    X(K, 3, cw, float, K_IN, K_GDN_SEQ_CD(p) * p.k)                       \
+    X(K, 4, conv, float, K_OUT, 2 * (p.k - 1) * K_GDN_SEQ_CD(p))          \
+    X(K, 5, hp, float, K_IN, 2 * p.n_v + p.d)                             \
+    X(K, 6, s, float, K_OUT, p.n_v * p.d * p.d)                           \
+    X(K, 7, o, float, K_OUT, (p.n_tok - 1) * p.o_stride + p.n_v * p.d)
+
+/* ---------------------------------------------------------- gemm (gemm.h) -- */
+/* Prefill GEMM: y[r][o] = W_o . xq_r for n_rows activation rows of any
+ * count (the runner's chunks wider than K_MATVEC_MAX_ROWS), every output
+ * value bit for bit the width-1 matvec's (matvec_q8_0 / matvec_kq: the
+ * same exact integer block sums, the same float terms, each added to the
+ * same one of 32 per-lane accumulators in the same order, the same
+ * butterfly), so batch invariance holds across the two paths. Tiled: a
+ * threadgroup of K_GEMM_NSG SIMD-groups serves K_GEMM_NSG * K_GEMM_TOS
+ * weight rows x K_GEMM_TR activation rows; the activation tile is staged
+ * in threadgroup memory once per 1024 inputs and read by every SIMD-group,
+ * each weight word is loaded once per tile and dotted with K_GEMM_TR rows.
+ * Launch K_GEMM_GROUPS_X(n_rows) x K_GEMM_GROUPS_Y(n_out) threadgroups of
+ * 32 K_GEMM_NSG threads (anything else raises K_ERR_SHAPE). The params are
+ * the matvecs' (k_matvec_q8_0_params / k_matvec_kq_params) except n_rows,
+ * which may exceed K_MATVEC_MAX_ROWS. */
+#ifndef K_GEMM_NSG
+#define K_GEMM_NSG 4 /* SIMD-groups per threadgroup */
+#endif
+#ifndef K_GEMM_TOS
+#define K_GEMM_TOS 4 /* weight rows per SIMD-group */
+#endif
+#ifndef K_GEMM_TR
+#define K_GEMM_TR 16 /* activation rows per threadgroup tile */
+#endif
+#define K_GEMM_TG (32 * K_GEMM_NSG)
+/* grid x: activation-row tiles (consecutive threadgroups share weight rows:
+ * L2 hits), grid y: weight-row tiles */
+#define K_GEMM_GROUPS_X(n_rows) (((n_rows) + K_GEMM_TR - 1) / K_GEMM_TR)
+#define K_GEMM_GROUPS_Y(n_out) (((n_out) + K_GEMM_NSG * K_GEMM_TOS - 1) / (K_GEMM_NSG * K_GEMM_TOS))
+typedef k_matvec_q8_0_params k_gemm_q8_0_params;
+typedef k_matvec_kq_params k_gemm_kq_params;
+#define K_ARGS_gemm_q8_0(X, K) K_ARGS_matvec_q8_0(X, K)
+#define K_ARGS_gemm_kq(X, K) K_ARGS_matvec_kq(X, K)
+
+/* ------------------------------------------------------ moe (moe.h) -- */
+/* The routed MoE FFN of qwen35moe (gpu/kernels/moe.h; ids 22..25: the
+ * largest id stays last in the list, Metal's K_ID_END_ sizes its tables). Expert matrices are the file's 3-D tensors
+ * (expert e at e * rows * row bytes); types Q8_0 (ggml 8), Q4_K, Q5_K, Q6_K. */
+#define K_TYPE_Q8_0 8
+#define K_MOE_MAX_EXPERTS 512
+#define K_MOE_MAX_K 16
+#define K_MOE_SHGATE 1u      /* moe_route: logit n_expert is the shared expert's gate */
+#define K_ERR_MOE_LOGIT 4u   /* moe_route: a router logit is NaN or infinite */
+#define K_MOE_TYPE_OK(t) ((t) == K_TYPE_Q8_0 || K_KQ_BLOCK_BYTES(t) != 0u)
+/* bytes of one weight row of n values of type t / of its activation row
+ * (Q8_0 blocks for Q8_0 weights, Q8_K for the K-quants) */
+#define K_MOE_ROW_BYTES(t, n) ((t) == K_TYPE_Q8_0 ? (n) / 32u * 34u : (n) / 256u * K_KQ_BLOCK_BYTES(t))
+#define K_MOE_ACT_BYTES(t, n) ((t) == K_TYPE_Q8_0 ? (n) / 32u * 34u : (n) / 256u * 292u)
+#define K_MOE_IS_Q8_0(t) ((t) == K_TYPE_Q8_0 ? 1u : 0u)
+
+/* y[r][o] = W_o . x_r, F32 weights and activations (the router, with the
+ * shared expert's gate as one more row). One SIMD-group per output row:
+ * launch >= n_out / (SIMD-groups per threadgroup) threadgroups. */
+typedef struct {
+    k_u32 tag;
+    k_u32 n_in;
+    k_u32 n_out;
+    k_u32 n_rows;
+    k_u32 x_stride; /* floats between rows of x */
+    k_u32 y_stride; /* floats between rows of y */
+} k_moe_logits_params;
+#define K_ARGS_moe_logits(X, K)                                           \
+    X(K, 0, status, k_u32, K_STATUS, 2)                                   \
+    X(K, 1, p, k_moe_logits_params, K_PARAMS, 1)                          \
+    X(K, 2, w, float, K_IN, p.n_out * p.n_in)                             \
+    X(K, 3, x, float, K_IN, (p.n_rows - 1) * p.x_stride + p.n_in)         \
+    X(K, 4, y, float, K_OUT, (p.n_rows - 1) * p.y_stride + p.n_out)
+
+/* Per token row (one SIMD-group each): softmax over n_expert logits, the
+ * top k (ties to the lower id), weights renormalised (sum clamped below at
+ * 6.103515625e-5); sel[r][s] the expert of slot s, wt[r][s] its weight,
+ * wt[r][k] sigmoid(the shared gate) with K_MOE_SHGATE (else 1). */
+typedef struct {
+    k_u32 tag;
+    k_u32 n_expert; /* 1..K_MOE_MAX_EXPERTS */
+    k_u32 k;        /* 1..K_MOE_MAX_K, <= n_expert */
+    k_u32 n_rows;
+    k_u32 stride;   /* floats between rows of logits */
+    k_u32 flags;    /* K_MOE_SHGATE */
+} k_moe_route_params;
+#define K_ARGS_moe_route(X, K)                                            \
+    X(K, 0, status, k_u32, K_STATUS, 2)                                   \
+    X(K, 1, p, k_moe_route_params, K_PARAMS, 1)                           \
+    X(K, 2, logits, float, K_IN, (p.n_rows - 1) * p.stride + p.n_expert + (p.flags & K_MOE_SHGATE ? 1 : 0)) \
+    X(K, 3, sel, k_u32, K_OUT, p.n_rows * p.k)                            \
+    X(K, 4, wt, float, K_OUT, p.n_rows * (p.k + 1))
+
+/* h[P][j] = SiLU(gate_j . x_t) * (up_j . x_t) for pair P = t k + s of
+ * expert sel[P] (pairs n_rows k ..: the shared expert of row P - n_rows k),
+ * j < n_ff (shared: n_ff_sh). Grid: >= max(n_ff, n_ff_sh) / (SIMD-groups
+ * per threadgroup) x K_MOE_PAIRS(p). x_t: row t of xq8 (Q8_0) / xqk (Q8_K),
+ * as the matrix types need. All four matrices live in one buffer w (the
+ * emulator takes 8 bindings at most), at byte offsets multiple of 16:
+ * expert e's gate at e g_estride, its up at u_base + e u_estride from row
+ * u_row0 (a fused gate_up tensor: u_base 0, u_row0 n_ff), the shared
+ * expert's gate / up at sg_base / su_base. */
+typedef struct {
+    k_u32 tag;
+    k_u32 n_in;     /* n_embd: a multiple of 32 (256 when a K-quant matrix reads it) */
+    k_u32 n_ff;     /* routed rows (n_ff_exp) */
+    k_u32 n_ff_sh;  /* shared expert rows (0: no shared expert) */
+    k_u32 k;
+    k_u32 n_rows;
+    k_u32 n_expert;
+    k_u32 t_gate, t_up, t_sgate, t_sup; /* ggml types */
+    k_u32 g_estride, u_base, u_estride, u_row0, sg_base, su_base; /* bytes (u_row0: rows) */
+    k_u32 h_stride; /* floats between pair rows of h, >= max(n_ff, n_ff_sh) */
+} k_moe_gate_up_params;
+#define K_MOE_MAX2(a, b) ((a) > (b) ? (a) : (b))
+#define K_MOE_PAIRS(p) ((p).n_rows * (p).k + ((p).n_ff_sh ? (p).n_rows : 0u))
+#define K_MOE_GU_Q8_0(p) (K_MOE_IS_Q8_0((p).t_gate) | K_MOE_IS_Q8_0((p).t_up) | \
+                          ((p).n_ff_sh ? K_MOE_IS_Q8_0((p).t_sgate) | K_MOE_IS_Q8_0((p).t_sup) : 0u))
+#define K_MOE_GU_Q8_K(p) ((1u - K_MOE_IS_Q8_0((p).t_gate)) | (1u - K_MOE_IS_Q8_0((p).t_up)) | \
+                          ((p).n_ff_sh ? (1u - K_MOE_IS_Q8_0((p).t_sgate)) | (1u - K_MOE_IS_Q8_0((p).t_sup)) : 0u))
+#define K_MOE_IN_ALIGN(p) (K_MOE_GU_Q8_K(p) ? 256u : 32u)
+#define K_MOE_GU_W_BYTES(p)                                                                          \
+    K_MOE_MAX2(K_MOE_MAX2((p).n_expert * (p).g_estride, (p).u_base + (p).n_expert * (p).u_estride), \
+               (p).n_ff_sh ? K_MOE_MAX2((p).sg_base + (p).n_ff_sh * K_MOE_ROW_BYTES((p).t_sgate, (p).n_in), \
+                                        (p).su_base + (p).n_ff_sh * K_MOE_ROW_BYTES((p).t_sup, (p).n_in)) : 0u)
+#define K_ARGS_moe_gate_up(X, K)                                          \
+    X(K, 0, status, k_u32, K_STATUS, 2)                                   \
+    X(K, 1, p, k_moe_gate_up_params, K_PARAMS, 1)                         \
+    X(K, 2, sel, k_u32, K_IN, p.n_rows * p.k)                             \
+    X(K, 3, xq8, k_u8, K_IN, K_MOE_GU_Q8_0(p) ? p.n_rows * K_MOE_ACT_BYTES(K_TYPE_Q8_0, p.n_in) : 1) \
+    X(K, 4, xqk, k_u8, K_IN, K_MOE_GU_Q8_K(p) ? p.n_rows * K_MOE_ACT_BYTES(K_TYPE_Q4_K, p.n_in) : 1) \
+    X(K, 5, w, k_u8, K_IN, K_MOE_GU_W_BYTES(p))                           \
+    X(K, 6, h, float, K_OUT, K_MOE_PAIRS(p) * p.h_stride)
+
+/* out[t][o] = sum over slots s = 0..k-1 in order of wt[t][s] * (down_o of
+ * expert sel[t k + s] . hq of pair t k + s), + wt[t][k] * (shared down_o .
+ * hq of the shared pair of t). hq8 / hqk: the SwiGLU rows quantized for
+ * the down types (Q8_0 / Q8_K): pair P at P * act_bytes(n_ff), the shared
+ * row of t at n_rows k act_bytes(n_ff) + t act_bytes(n_ff_sh) of the buffer
+ * of its type. w: the experts' down matrices (expert e at e n_out
+ * row_bytes), the shared expert's at sd_base (a multiple of 16). Grid: >=
+ * n_out / (SIMD-groups per threadgroup) x n_rows. */
+typedef struct {
+    k_u32 tag;
+    k_u32 n_ff;     /* routed down's n_in */
+    k_u32 n_ff_sh;  /* shared down's n_in (0: no shared expert) */
+    k_u32 n_out;    /* n_embd */
+    k_u32 k;
+    k_u32 n_rows;
+    k_u32 n_expert;
+    k_u32 t_down, t_sdown;
+    k_u32 sd_base;  /* bytes */
+    k_u32 y_stride; /* floats between rows of out */
+} k_moe_down_params;
+#define K_MOE_HQ_NEED(p, q80) \
+    ((K_MOE_IS_Q8_0((p).t_down) == (q80) || ((p).n_ff_sh && K_MOE_IS_Q8_0((p).t_sdown) == (q80)))                \
+         ? (p).n_rows * (p).k * K_MOE_ACT_BYTES((q80) ? K_TYPE_Q8_0 : K_TYPE_Q4_K, (p).n_ff) +                  \
+               ((p).n_ff_sh && K_MOE_IS_Q8_0((p).t_sdown) == (q80)                                            \
+                    ? (p).n_rows * K_MOE_ACT_BYTES((q80) ? K_TYPE_Q8_0 : K_TYPE_Q4_K, (p).n_ff_sh) : 0u) \
+         : 1u)
+#define K_ARGS_moe_down(X, K)                                             \
+    X(K, 0, status, k_u32, K_STATUS, 2)                                   \
+    X(K, 1, p, k_moe_down_params, K_PARAMS, 1)                            \
+    X(K, 2, sel, k_u32, K_IN, p.n_rows * p.k)                             \
+    X(K, 3, wt, float, K_IN, p.n_rows * (p.k + 1))                        \
+    X(K, 4, hq8, k_u8, K_IN, K_MOE_HQ_NEED(p, 1u))                        \
+    X(K, 5, hqk, k_u8, K_IN, K_MOE_HQ_NEED(p, 0u))                        \
+    X(K, 6, w, k_u8, K_IN, K_MOE_MAX2(p.n_expert * p.n_out * K_MOE_ROW_BYTES(p.t_down, p.n_ff), \
+                                      p.n_ff_sh ? p.sd_base + p.n_out * K_MOE_ROW_BYTES(p.t_sdown, p.n_ff_sh) : 0u)) \
+    X(K, 7, out, float, K_OUT, (p.n_rows - 1) * p.y_stride + p.n_out)
 
 /* ---------------------------------------------------- derived names -- */
 /* K_ID_<kernel>, K_TAG_OF(kernel), K_ARG_<kernel>_<name> (the slot of an

@@ -1520,6 +1520,235 @@ static void suite_argmax(void) {
     }
 }
 
+/* ------------------------------------------------------------ gdnseq -- */
+/* gdn_seq (n tokens in one launch) against n launches of gdn_conv +
+ * gdn_delta at the same threadgroup size, bit for bit: every token's
+ * output row, the final recurrent state and the final conv state. The
+ * shapes cover the register-resident state (d 128 at 256 threads: 16
+ * rows per SIMD-group), rows past the register tile (d 128 at 128
+ * threads), no register rows at all (d 160 > 32 K_GDN_SEQ_COLS), d not a
+ * multiple of 32, GQA ratios 1..3, conv taps 2..4, n = 1 and odd n. */
+static void suite_gdnseq(void) {
+    /* n_k n_v d taps tg n_tok */
+    const uint32_t shapes[][6] = {{1, 1, 32, 4, 32, 1},  {2, 4, 64, 4, 64, 5},   {2, 3, 48, 3, 64, 7},
+                                  {1, 2, 128, 4, 128, 3}, {1, 3, 128, 4, 256, 4}, {1, 1, 160, 2, 64, 3},
+                                  {2, 2, 32, 4, 32, 9},   {2, 2, 128, 4, 256, 2}}; /* last: the 0.8B's 1:1, d 128 */
+    for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++) {
+        const uint32_t nk = shapes[sh][0], nv = shapes[sh][1], d = shapes[sh][2], K = shapes[sh][3];
+        const uint32_t tg = shapes[sh][4], n = shapes[sh][5];
+        const uint32_t cd = (2 * nk + nv) * d, vd = nv * d, gap = 3;
+        const uint32_t z_off = cd + 1, ab_off = z_off + vd + 2, W = ab_off + 2 * nv + gap, os = vd + 5;
+        const size_t ns = (size_t)nv * d * d, ncs = (size_t)(K - 1) * cd;
+        float *in = malloc(sizeof(float) * n * W), *cw = malloc(sizeof(float) * cd * K);
+        float *hp = malloc(sizeof(float) * (2 * nv + d)), *cs0 = malloc(sizeof(float) * ncs);
+        float *S0 = malloc(sizeof(float) * ns), *S1 = malloc(sizeof(float) * ns), *S2 = malloc(sizeof(float) * ns);
+        float *cs1 = malloc(sizeof(float) * ncs), *cs2 = malloc(sizeof(float) * 2 * ncs);
+        float *o1 = malloc(sizeof(float) * n * os), *o2 = malloc(sizeof(float) * n * os);
+        float *cv = malloc(sizeof(float) * cd);
+        for (uint32_t i = 0; i < n * W; i++) in[i] = frand(-2, 2);
+        for (uint32_t t = 0; t < n; t++)
+            for (uint32_t i = 0; i < 2 * nv; i++) in[t * W + ab_off + i] = frand(-3, 3);
+        for (uint32_t i = 0; i < cd * K; i++) cw[i] = frand(-1, 1);
+        for (uint32_t i = 0; i < nv; i++) hp[i] = -expf(frand(-2, 1)), hp[nv + i] = frand(-1, 1);
+        for (uint32_t i = 0; i < d; i++) hp[2 * nv + i] = frand(0.5f, 1.5f);
+        /* gdn_seq's conv state: half `cur` (alternating by shape) holds
+         * the state, the other half is NaN until the kernel writes it */
+        const uint32_t cur = (uint32_t)sh & 1;
+        fill_nan(cs2, 2 * ncs);
+        for (size_t i = 0; i < ncs; i++) cs0[i] = cs1[i] = cs2[cur * ncs + i] = frand(-2, 2);
+        for (size_t i = 0; i < ns; i++) S0[i] = S1[i] = S2[i] = frand(-0.5f, 0.5f);
+        /* o rows: gaps between rows stay NaN in both (nobody writes them) */
+        fill_nan(o1, n * os), fill_nan(o2, n * os);
+        int ok = 1;
+        /* the reference: n single-token launches */
+        for (uint32_t t = 0; t < n && ok; t++) {
+            k_gdn_conv_params pc = {K_TAG_OF(gdn_conv), cd, K};
+            k_binding bc[] = {K_BIND(gdn_conv, status, status, 8), K_BIND(gdn_conv, p, &pc, sizeof pc),
+                              K_BIND(gdn_conv, x, in + t * W, sizeof(float) * cd),
+                              K_BIND(gdn_conv, cw, cw, sizeof(float) * cd * K),
+                              K_BIND(gdn_conv, state, cs1, sizeof(float) * ncs),
+                              K_BIND(gdn_conv, out, cv, sizeof(float) * cd)};
+            k_gdn_delta_params pd = {K_TAG_OF(gdn_delta), nk, nv, d, 1e-6f};
+            k_binding bd[] = {K_BIND(gdn_delta, status, status, 8), K_BIND(gdn_delta, p, &pd, sizeof pd),
+                              K_BIND(gdn_delta, cv, cv, sizeof(float) * cd),
+                              K_BIND(gdn_delta, z, in + t * W + z_off, sizeof(float) * vd),
+                              K_BIND(gdn_delta, ab, in + t * W + ab_off, sizeof(float) * 2 * nv),
+                              K_BIND(gdn_delta, hp, hp, sizeof(float) * (2 * nv + d)),
+                              K_BIND(gdn_delta, s, S1, sizeof(float) * ns),
+                              K_BIND(gdn_delta, o, o1 + t * os, sizeof(float) * vd)};
+            ok = !launch(K_ID_gdn_conv, (cd + 63) / 64, 1, 1, 64, bc, 6, 0, "gdn_conv") &&
+                 !launch(K_ID_gdn_delta, nv, 1, 1, tg, bd, 8, 0, "gdn_delta");
+        }
+        if (!ok) goto next;
+        k_gdn_seq_params p = {K_TAG_OF(gdn_seq), nk, nv, d, K, n, W, z_off, ab_off, os, cur, 1e-6f};
+        k_binding b[] = {K_BIND(gdn_seq, status, status, 8), K_BIND(gdn_seq, p, &p, sizeof p),
+                         K_BIND(gdn_seq, in, in, sizeof(float) * n * W),
+                         K_BIND(gdn_seq, cw, cw, sizeof(float) * cd * K),
+                         K_BIND(gdn_seq, conv, cs2, sizeof(float) * 2 * ncs),
+                         K_BIND(gdn_seq, hp, hp, sizeof(float) * (2 * nv + d)),
+                         K_BIND(gdn_seq, s, S2, sizeof(float) * ns),
+                         K_BIND(gdn_seq, o, o2, sizeof(float) * n * os)};
+        if (launch(K_ID_gdn_seq, nv, 1, 1, tg, b, 8, (int)sh & 1, "gdn_seq")) goto next;
+        const int same_o = !memcmp(o1, o2, sizeof(float) * n * os), same_s = !memcmp(S1, S2, sizeof(float) * ns);
+        const int same_c = !memcmp(cs1, cs2 + (1 - cur) * ncs, sizeof(float) * ncs) &&
+                           !memcmp(cs0, cs2 + cur * ncs, sizeof(float) * ncs), moved = memcmp(S0, S2, sizeof(float) * ns) != 0;
+        check(same_o && same_s && same_c && moved,
+              "n_k=%u n_v=%u d=%u taps=%u tg=%u tokens=%u: one gdn_seq launch bit-identical to %u gdn_conv + "
+              "gdn_delta launches (outputs %s, state %s, conv state %s)", nk, nv, d, K, tg, n, n,
+              same_o ? "same" : "DIFFER", same_s ? "same" : "DIFFER", same_c ? "same" : "DIFFER");
+    next:
+        free(in), free(cw), free(hp), free(cs0), free(cs1), free(cs2), free(S0), free(S1), free(S2);
+        free(o1), free(o2), free(cv);
+    }
+    /* preconditions refused loudly: n_v < n_k (some k head's conv state
+     * would have no writer) and a threadgroup above the register cap */
+    const uint32_t bad[][3] = {{2, 1, 32}, {1, 1, K_GDN_SEQ_MAX_TG + 32}}; /* n_k n_v tg */
+    for (size_t k = 0; k < 2; k++) {
+        const uint32_t nk = bad[k][0], nv = bad[k][1], d = 32, cd = (2 * nk + nv) * d, W = cd + nv * d + 2 * nv;
+        float *in = calloc(W, 4), *cw = calloc(cd * 4, 4), *c0 = calloc(cd * 6, 4);
+        float *hp = calloc(2 * nv + d, 4), *S = calloc(nv * d * d, 4), *o = calloc(nv * d, 4);
+        k_gdn_seq_params p = {K_TAG_OF(gdn_seq), nk, nv, d, 4, 1, W, cd, cd + nv * d, nv * d, 0, 1e-6f};
+        k_binding b[] = {K_BIND(gdn_seq, status, status, 8), K_BIND(gdn_seq, p, &p, sizeof p),
+                         K_BIND(gdn_seq, in, in, 4 * W), K_BIND(gdn_seq, cw, cw, 4 * cd * 4),
+                         K_BIND(gdn_seq, conv, c0, 4 * cd * 6),
+                         K_BIND(gdn_seq, hp, hp, 4 * (2 * nv + d)), K_BIND(gdn_seq, s, S, 4 * nv * d * d),
+                         K_BIND(gdn_seq, o, o, 4 * nv * d)};
+        const uint32_t grid[3] = {nv, 1, 1};
+        emul_options opt = {0, 0};
+        char err[600];
+        status[0] = status[1] = 0;
+        const int rc = emul_launch(K_ID_gdn_seq, grid, bad[k][2], b, 8, &opt, err, sizeof err);
+        check(rc == 0 && (status[0] & K_ERR_SHAPE), "n_k=%u n_v=%u tg=%u: refused with K_ERR_SHAPE", nk, nv,
+              bad[k][2]);
+        free(in), free(cw), free(c0), free(hp), free(S), free(o);
+    }
+}
+
+/* suite moe: the routed-MoE kernels (gpu/kernels/moe.h) */
+#include "test_gpu_moe.h"
+
+/* -------------------------------------------------------------- gemm -- */
+/* The prefill GEMM against the width-1 matvec, bit for bit, every row of
+ * every shape: Q8_0 (n_in 32..2080: a round of 32 blocks partly or wholly
+ * past the row's end, and 1..3 rounds) and Q4_K/Q5_K/Q6_K (1, 5, 9
+ * super-blocks: the same), weight rows not a multiple of the tile (1, 5,
+ * 17, 23, 37), activation rows 1..37 (tails of the row tile), the output
+ * with a row gap (y_stride > n_out; the gap must stay unwritten). The
+ * matvec itself is checked against the CPU (suites matvec, kquant). */
+static void gemm_case(int type, uint32_t n_in, uint32_t n_out, uint32_t n_rows, int schedule) {
+    const int q8 = type == DS4_TYPE_Q8_0;
+    const uint32_t bk = q8 ? 32 : 256, nb = n_in / bk, ys = n_out + 3;
+    const size_t bs = q8 ? 34 : type == DS4_TYPE_Q4_K ? 144 : type == DS4_TYPE_Q5_K ? 176 : 210, xbs = q8 ? 34 : 292;
+    const char *tn = q8 ? "Q8_0" : type == DS4_TYPE_Q4_K ? "Q4_K" : type == DS4_TYPE_Q5_K ? "Q5_K" : "Q6_K";
+    uint8_t *w = malloc(n_out * nb * bs), *xq = malloc(n_rows * nb * xbs);
+    float *xf = malloc(sizeof(float) * n_rows * n_in);
+    for (uint32_t i = 0; i < n_rows * n_in; i++) xf[i] = frand(-3, 3);
+    if (q8) {
+        float *wf = malloc(sizeof(float) * n_out * n_in);
+        for (uint32_t i = 0; i < n_out * n_in; i++) wf[i] = frand(-1, 1);
+        quantize_rows(wf, w, n_out, n_in);
+        quantize_rows(xf, xq, n_rows, n_in);
+        free(wf);
+    } else {
+        for (size_t i = 0; i < n_out * nb * bs; i++) w[i] = (uint8_t)rnd();
+        for (uint32_t blk = 0; blk < n_out * nb; blk++) { /* finite scales */
+            uint16_t *dd = (uint16_t *)(w + blk * bs + (type == DS4_TYPE_Q6_K ? 208 : 0));
+            dd[0] = ds4_f32_to_fp16(frand(0.001f, 0.03f));
+            if (type != DS4_TYPE_Q6_K) dd[1] = ds4_f32_to_fp16(frand(0.0f, 0.02f));
+        }
+        for (uint32_t r = 0; r < n_rows; r++)
+            scalar.from_float[DS4_TYPE_Q8_K](xf + r * n_in, xq + r * nb * 292, n_in);
+    }
+    const size_t ny = (size_t)(n_rows - 1) * ys + n_out;
+    float *y1 = malloc(sizeof(float) * ny), *yg = malloc(sizeof(float) * ny);
+    fill_nan(y1, ny), fill_nan(yg, ny);
+    int ok = 1;
+    for (uint32_t r = 0; r < n_rows && ok; r++) { /* the reference: one width-1 matvec per row */
+        if (q8) {
+            k_matvec_q8_0_params p = {K_TAG_OF(matvec_q8_0), n_in, n_out, 1, ys};
+            k_binding b[] = {K_BIND(matvec_q8_0, status, status, 8), K_BIND(matvec_q8_0, p, &p, sizeof p),
+                             K_BIND(matvec_q8_0, w, w, n_out * nb * bs),
+                             K_BIND(matvec_q8_0, xq, xq + r * nb * xbs, nb * xbs),
+                             K_BIND(matvec_q8_0, y, y1 + r * ys, sizeof(float) * n_out)};
+            ok = !launch(K_ID_matvec_q8_0, K_MATVEC_GROUPS(n_out, 4), 1, 1, 128, b, 5, 0, "matvec_q8_0");
+        } else {
+            k_matvec_kq_params p = {K_TAG_OF(matvec_kq1), (uint32_t)type, n_in, n_out, 1, ys};
+            k_binding b[] = {K_BIND(matvec_kq, status, status, 8), K_BIND(matvec_kq, p, &p, sizeof p),
+                             K_BIND(matvec_kq, w, w, n_out * nb * bs),
+                             K_BIND(matvec_kq, xq, xq + r * nb * xbs, nb * xbs),
+                             K_BIND(matvec_kq, y, y1 + r * ys, sizeof(float) * n_out)};
+            ok = !launch(K_ID_matvec_kq1, K_MATVEC_KQ_GROUPS(1, n_out, 4), 1, 1, 128, b, 5, 0, "matvec_kq1");
+        }
+    }
+    if (ok) {
+        const uint32_t gx = K_GEMM_GROUPS_X(n_rows), gy = K_GEMM_GROUPS_Y(n_out);
+        if (q8) {
+            k_gemm_q8_0_params p = {K_TAG_OF(gemm_q8_0), n_in, n_out, n_rows, ys};
+            k_binding b[] = {K_BIND(gemm_q8_0, status, status, 8), K_BIND(gemm_q8_0, p, &p, sizeof p),
+                             K_BIND(gemm_q8_0, w, w, n_out * nb * bs), K_BIND(gemm_q8_0, xq, xq, n_rows * nb * xbs),
+                             K_BIND(gemm_q8_0, y, yg, sizeof(float) * ny)};
+            ok = !launch(K_ID_gemm_q8_0, gx, gy, 1, K_GEMM_TG, b, 5, schedule, "gemm_q8_0");
+        } else {
+            k_gemm_kq_params p = {K_TAG_OF(gemm_kq), (uint32_t)type, n_in, n_out, n_rows, ys};
+            k_binding b[] = {K_BIND(gemm_kq, status, status, 8), K_BIND(gemm_kq, p, &p, sizeof p),
+                             K_BIND(gemm_kq, w, w, n_out * nb * bs), K_BIND(gemm_kq, xq, xq, n_rows * nb * xbs),
+                             K_BIND(gemm_kq, y, yg, sizeof(float) * ny)};
+            ok = !launch(K_ID_gemm_kq, gx, gy, 1, K_GEMM_TG, b, 5, schedule, "gemm_kq");
+        }
+        if (ok) {
+            size_t bad = ny;
+            for (size_t i = 0; i < ny && bad == ny; i++)
+                if (memcmp(&y1[i], &yg[i], 4)) bad = i;
+            if (bad < ny)
+                fprintf(stderr, "  first difference: row %zu out %zu: gemm %.9g matvec %.9g\n", bad / ys, bad % ys,
+                        yg[bad], y1[bad]);
+            check(bad == ny, "%s n_in=%u n_out=%u rows=%u: every value bit-identical to the width-1 matvec, the "
+                  "row gaps unwritten", tn, n_in, n_out, n_rows);
+        }
+    }
+    free(w), free(xq), free(xf), free(y1), free(yg);
+}
+
+static void suite_gemm(void) {
+    const uint32_t q8_ins[] = {32, 96, 1056, 2080};
+    const uint32_t shapes[][2] = {{5, 17}, {17, 5}, {23, 37}, {1, 1}}; /* n_out, rows */
+    for (size_t ii = 0; ii < 4; ii++)
+        for (size_t s = 0; s < 4; s++) {
+            if (ii >= 2 && s == 2) continue; /* the widest shape on the short rows only (emulator time) */
+            gemm_case(DS4_TYPE_Q8_0, q8_ins[ii], shapes[s][0], shapes[s][1], (int)(ii + s) & 1);
+        }
+    const int types[] = {DS4_TYPE_Q4_K, DS4_TYPE_Q5_K, DS4_TYPE_Q6_K};
+    const uint32_t kq_ins[] = {256, 1280, 2304};
+    for (int it = 0; it < 3; it++)
+        for (size_t ii = 0; ii < 3; ii++)
+            for (size_t s = 0; s < 4; s++) {
+                if (ii >= 1 && s == 2) continue;
+                gemm_case(types[it], kq_ins[ii], shapes[s][0], shapes[s][1], (int)(it + ii + s) & 1);
+            }
+    /* a grid one threadgroup short (either dimension) and a wrong
+     * threadgroup size raise K_ERR_SHAPE */
+    const uint32_t n_in = 256, n_out = 37, rows = 20, nb = 1;
+    uint8_t *w = calloc(n_out * nb, 144), *xq = calloc(rows * nb, 292);
+    float *y = malloc(sizeof(float) * rows * n_out);
+    const uint32_t cases[][3] = {{K_GEMM_GROUPS_X(rows) - 1, K_GEMM_GROUPS_Y(n_out), K_GEMM_TG},
+                                 {K_GEMM_GROUPS_X(rows), K_GEMM_GROUPS_Y(n_out) - 1, K_GEMM_TG},
+                                 {K_GEMM_GROUPS_X(rows), K_GEMM_GROUPS_Y(n_out), K_GEMM_TG + 32}};
+    for (int k = 0; k < 3; k++) {
+        k_gemm_kq_params p = {K_TAG_OF(gemm_kq), K_TYPE_Q4_K, n_in, n_out, rows, n_out};
+        k_binding b[] = {K_BIND(gemm_kq, status, status, 8), K_BIND(gemm_kq, p, &p, sizeof p),
+                         K_BIND(gemm_kq, w, w, n_out * nb * 144), K_BIND(gemm_kq, xq, xq, rows * nb * 292),
+                         K_BIND(gemm_kq, y, y, sizeof(float) * rows * n_out)};
+        const uint32_t grid[3] = {cases[k][0], cases[k][1], 1};
+        emul_options opt = {0, 0};
+        char err[600];
+        status[0] = status[1] = 0;
+        const int rc = emul_launch(K_ID_gemm_kq, grid, cases[k][2], b, 5, &opt, err, sizeof err);
+        check(rc == 0 && (status[0] & K_ERR_SHAPE), "gemm_kq grid %ux%u tg %u for n_out=%u rows=%u: refused with "
+              "K_ERR_SHAPE", cases[k][0], cases[k][1], cases[k][2], n_out, rows);
+    }
+    free(w), free(xq), free(y);
+}
+
 int main(int argc, char **argv) {
     ds4_kernels_init_scalar(&scalar);
     static const struct {
@@ -1528,7 +1757,8 @@ int main(int argc, char **argv) {
     } suites[] = {{"tables", suite_tables}, {"f16", suite_f16},   {"rmsnorm", suite_rmsnorm},
                   {"quantize", suite_quantize}, {"matvec", suite_matvec}, {"rope", suite_rope},
                   {"attn", suite_attn}, {"kquant", suite_kquant}, {"gdn", suite_gdn},
-                  {"argmax", suite_argmax}, {"glue", suite_glue}, {"fused", suite_fused}};
+                  {"argmax", suite_argmax}, {"glue", suite_glue}, {"fused", suite_fused}, {"moe", suite_moe},
+                  {"gdnseq", suite_gdnseq}, {"gemm", suite_gemm}};
     const int n_suites = (int)(sizeof suites / sizeof suites[0]);
     for (int i = 1; i < argc; i++) {
         int found = 0;

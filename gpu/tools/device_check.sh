@@ -66,7 +66,7 @@ cat "$OUT/harness.log"
 
 # Sanitizers: memcheck over every suite; racecheck / synccheck over the
 # suites whose kernels share threadgroup memory or wait at barriers.
-BARRIER_SUITES="rmsnorm attn gdn argmax fused"  # the suites whose kernels use threadgroup memory and barriers (fused: norm_quant, qk_norm_rope)
+BARRIER_SUITES="rmsnorm attn gdn argmax fused gdnseq gemm"  # the suites whose kernels use threadgroup memory and barriers (fused: norm_quant, qk_norm_rope; gdnseq: gdn_seq; gemm: the activation tile)
 sanitize() {
     local tool=$1 limit=$2
     shift 2
@@ -79,9 +79,9 @@ sanitize() {
     if [ $rc -eq 124 ]; then fail "$tool (timeout ${limit}s)"; elif [ $rc -ne 0 ]; then fail "$tool (rc $rc)"; fi
 }
 if command -v compute-sanitizer >/dev/null; then
-    sanitize memcheck 90 tables rmsnorm quantize matvec rope attn kquant gdn argmax glue fused
-    sanitize racecheck 60 $BARRIER_SUITES
-    sanitize synccheck 45 $BARRIER_SUITES
+    sanitize memcheck 150 tables rmsnorm quantize matvec rope attn kquant gdn argmax glue fused moe gdnseq gemm
+    sanitize racecheck 150 $BARRIER_SUITES
+    sanitize synccheck 90 $BARRIER_SUITES
 else
     fail "compute-sanitizer missing"
 fi

@@ -19,6 +19,9 @@
 #     and prefill; also the 0.8B shape's first 4 rows of logits for a CPU
 #     cross-check (same recipe expanded here: the sha256 is printed);
 #  4. a per-kernel GPU-time profile of decode (K_CUDA_PROFILE=1).
+# The routed MoE (golden moe-q8_0 correctness, the moe35b bench recipe: 21 GB
+# expanded, so give it time, or run it alone with
+# RECIPES=gpu/bench/moe35b-q4_k_m.json) runs in steps 2-4 too.
 set -u
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-build/device_model}"
@@ -48,6 +51,12 @@ timeout 120 $BIN tests/golden/models/dense-q8_0.gguf $W/s100.i32 $W/golden 16
 step "speculative == serial (verify/accept, bit for bit)"
 timeout 120 $BIN --spec tests/golden/models/dense-q8_0.gguf $W/s16.i32 64
 timeout 120 $BIN --spec ds4py/models/demo-q8_0.gguf gpu/bench/demo_tokens.i32 64
+step "routed MoE (gpu/kernels/moe.h): the golden qwen35moe model, speculative == serial, unfused == fused"
+timeout 120 $BIN tests/golden/models/moe-q8_0.gguf $W/s16.i32 $W/moe 8
+timeout 120 $BIN --spec tests/golden/models/moe-q8_0.gguf $W/s16.i32 64
+K_RUNNER_FUSE=0 timeout 120 $BIN tests/golden/models/moe-q8_0.gguf $W/s16.i32 $W/moe_u 8
+for f in prefill.f32 decode.f32 greedy.i32; do cmp -s $W/moe.$f $W/moe_u.$f && echo "UNFUSED SAME moe.$f" || echo "UNFUSED DIFFERS moe.$f"; done
+timeout 150 compute-sanitizer --tool memcheck --print-limit 20 $BIN tests/golden/models/moe-q8_0.gguf $W/s16.i32 $W/mcm 4 2>&1 | tail -3
 step "unfused glue kernels (K_RUNNER_FUSE=0): the same outputs bit for bit"
 K_RUNNER_FUSE=0 timeout 120 $BIN tests/golden/models/dense-q8_0.gguf $W/s100.i32 $W/golden_u 16
 for f in prefill.f32 decode.f32 greedy.i32; do cmp -s $W/golden.$f $W/golden_u.$f && echo "UNFUSED SAME golden.$f" || echo "UNFUSED DIFFERS golden.$f"; done
@@ -63,7 +72,7 @@ step bench models
 for r in ${RECIPES:-gpu/bench/*.json}; do
   n=$(basename "$r" .json)
   t0=$(date +%s)
-  timeout 400 "$PYBIN" gpu/tools/gpu_bench_models.py expand "$r" "$W/$n.gguf" || { echo "EXPAND FAILED $n"; continue; }
+  timeout ${EXPAND_TIMEOUT:-400} "$PYBIN" gpu/tools/gpu_bench_models.py expand "$r" "$W/$n.gguf" || { echo "EXPAND FAILED $n"; continue; }
   echo "expanded $n in $(( $(date +%s) - t0 )) s: $(ls -la $W/$n.gguf | awk '{print $5}') bytes sha256 $(sha256sum $W/$n.gguf | cut -c1-16)"
 done
 if [ -f "$W/dense08b-q4_k_m.gguf" ]; then
@@ -71,24 +80,32 @@ if [ -f "$W/dense08b-q4_k_m.gguf" ]; then
   timeout 200 $BIN $W/dense08b-q4_k_m.gguf $W/b4.i32 $W/bench08 4
   timeout 120 $BIN --spec $W/dense08b-q4_k_m.gguf $W/b4.i32 64
 fi
-(cd $W && tar cf - golden.* demo.* bench08.* 2>/dev/null) > "$OUT/model_outputs.tar"
+(cd $W && tar cf - golden.* demo.* bench08.* moe.* 2>/dev/null) > "$OUT/model_outputs.tar"
 
 step bench decode
 [ -f "$W/dense08b-q4_k_m.gguf" ] && timeout 240 $BIN --bench $W/dense08b-q4_k_m.gguf 128,4096,32768 64
 [ -f "$W/dense08b-q8_0.gguf" ] && timeout 120 $BIN --bench $W/dense08b-q8_0.gguf 128,4096 64
 [ -f "$W/dense27b-q4_k_m.gguf" ] && timeout 240 $BIN --bench $W/dense27b-q4_k_m.gguf 128,4096 32
+# the 35B-A3B-like MoE (routed experts: gpu/kernels/moe.h); llama.cpp's anchor
+# on this H200: 249 / 245 / 213 tok/s decode at depth 0 / 4k / 32k (issue 19)
+[ -f "$W/moe35b-q4_k_m.gguf" ] && timeout 300 $BIN --bench $W/moe35b-q4_k_m.gguf ${MOE_CTX:-128,4096} 32
+[ -f "$W/moe35b-q4_k_m.gguf" ] && timeout 120 $BIN --spec $W/moe35b-q4_k_m.gguf $W/b4.i32 32
+if [ -z "${QUICK:-}" ]; then  # QUICK=1: the default build only (no unfused / graph A/B)
 step "bench decode, unfused glue kernels (K_RUNNER_FUSE=0: the A/B of the fusion)"
 [ -f "$W/dense08b-q4_k_m.gguf" ] && K_RUNNER_FUSE=0 timeout 240 $BIN --bench $W/dense08b-q4_k_m.gguf 128,4096 64
 [ -f "$W/dense08b-q8_0.gguf" ] && K_RUNNER_FUSE=0 timeout 120 $BIN --bench $W/dense08b-q8_0.gguf 128 64
 [ -f "$W/dense27b-q4_k_m.gguf" ] && K_RUNNER_FUSE=0 timeout 240 $BIN --bench $W/dense27b-q4_k_m.gguf 128 32
+[ -f "$W/moe35b-q4_k_m.gguf" ] && K_RUNNER_FUSE=0 timeout 240 $BIN --bench $W/moe35b-q4_k_m.gguf 128 32
 step "bench decode with CUDA graphs (K_CUDA_GRAPH=1)"
 [ -f "$W/dense08b-q4_k_m.gguf" ] && K_CUDA_GRAPH=1 timeout 240 $BIN --bench $W/dense08b-q4_k_m.gguf 128,4096,32768 64
 [ -f "$W/dense08b-q8_0.gguf" ] && K_CUDA_GRAPH=1 timeout 120 $BIN --bench $W/dense08b-q8_0.gguf 128,4096 64
 [ -f "$W/dense27b-q4_k_m.gguf" ] && K_CUDA_GRAPH=1 timeout 240 $BIN --bench $W/dense27b-q4_k_m.gguf 128,4096 32
 [ -f "$W/dense08b-q4_k_m.gguf" ] && K_CUDA_GRAPH=1 timeout 120 $BIN --spec $W/dense08b-q4_k_m.gguf $W/b4.i32 64
+fi
 step profile "(K_CUDA_PROFILE=1: GPU time per kernel, event pairs around each launch)"
 [ -f "$W/dense08b-q4_k_m.gguf" ] && K_CUDA_PROFILE=1 timeout 120 $BIN --bench $W/dense08b-q4_k_m.gguf 128 32 | grep -v prefill
 [ -f "$W/dense27b-q4_k_m.gguf" ] && K_CUDA_PROFILE=1 timeout 120 $BIN --bench $W/dense27b-q4_k_m.gguf 128 16 | grep -v prefill
+[ -f "$W/moe35b-q4_k_m.gguf" ] && K_CUDA_PROFILE=1 timeout 120 $BIN --bench $W/moe35b-q4_k_m.gguf 128 16 | grep -v prefill
 step done
 }
 main 2>&1 | tee "$LOG"

@@ -1,0 +1,215 @@
+/*
+ * gemm.h — the prefill GEMM (table.h gemm_q8_0 / gemm_kq): chunks of more
+ * than K_MATVEC_MAX_ROWS activation rows, every output value bit for bit
+ * the width-1 matvec's (DESIGN.md invariant 1: a row's result never
+ * depends on how many rows share its launch, nor on which kernel serves
+ * it).
+ *
+ * Why the bits agree. The matvecs (quant_q8_0.h, quant_kq.h with
+ * K_MATVEC_ROWS_PER_SIMD 1 / any K-quant variant) give each output value
+ * 32 float accumulators, one per lane L = 8 j + t of a SIMD-group, then
+ * the butterfly (octet 1, 2, 4, then 8, 16: k_matvec_row_sum):
+ *   Q8_0: lane 8 j + t adds the term sumi * (d_w * d_x) of every block ib
+ *         with ib mod 32 = 4 t + j, ascending (the matvec's octet j takes
+ *         blocks ib = j mod 4, its lane (ib / 4) mod 8 adds them);
+ *   K-quants: lane 8 P + t adds, for every super-block ib = P mod 4
+ *         ascending, its share's two terms (d_w d_x) part and
+ *         -(dmin_w d_x) mpart (one for Q6_K).
+ * The integer parts (sumi, part, mpart) are exact whoever sums them. Here
+ * lane L keeps the same accumulator for every (weight row, activation
+ * row) of its tile, computing its own block / share whole (no octet
+ * shuffles), adds the same float terms in the same order, and ends with
+ * the same butterfly: the same value. 1024 inputs (32 Q8_0 blocks or 4
+ * super-blocks) make one round: one block or share per lane.
+ *
+ * Tiling. A threadgroup of K_GEMM_NSG SIMD-groups serves activation rows
+ * [K_GX K_GEMM_TR, + K_GEMM_TR) (consecutive threadgroups share weight
+ * rows, so the L2 keeps them) and weight rows [K_GY K_GEMM_NSG K_GEMM_TOS,
+ * + K_GEMM_NSG K_GEMM_TOS), K_GEMM_TOS per SIMD-group. Per round the
+ * threadgroup stages the activation tile in threadgroup memory, each lane's
+ * entry repacked into three 16-byte words (8 code words; d_x and, for
+ * K-quants, its two bsums sign-extended): 48-byte entries, so the 8 lanes
+ * a 16-byte access serves at a time hit 8 disjoint groups of 4 banks; every
+ * SIMD-group then reads it for all its weight rows. Weights go straight to registers, each word loaded once per
+ * tile and dotted with K_GEMM_TR rows. Accumulators: K_GEMM_TOS x
+ * K_GEMM_TR per lane (64 by default).
+ */
+
+#ifndef K_GEMM_TILE_MAX_BYTES
+#define K_GEMM_TILE_MAX_BYTES 32768 /* Apple GPUs: 32 KB of threadgroup memory */
+#endif
+typedef char k_gemm_tile_fits[K_GEMM_TR * 32 * 12 * 4 <= K_GEMM_TILE_MAX_BYTES &&
+                                      K_GEMM_NSG * 32 <= 1024 && K_GEMM_TOS >= 1 && K_GEMM_TR >= 1
+                                  ? 1
+                                  : -1];
+
+/* The common preconditions of both kernels; every thread takes the same
+ * branch. The Q8_0 order above is K_MATVEC_OCTETS_PER_ROW = 4's. */
+#define K_GEMM_SHAPE_OK(p, blk)                                                                    \
+    ((p).n_in % (blk) == 0u && (p).n_rows > 0u && K_TG_SIZE == K_GEMM_TG &&                        \
+     K_NGX * K_GEMM_TR >= (p).n_rows && K_NGY * K_GEMM_NSG * K_GEMM_TOS >= (p).n_out)
+
+K_KERNEL_BOUNDED(gemm_q8_0, K_GEMM_TG, 1) {
+    K_CHECK_TAG(gemm_q8_0);
+    if (!K_GEMM_SHAPE_OK(p, 32u) || K_MATVEC_OCTETS_PER_ROW != 4u) {
+        k_raise(status, K_ERR_SHAPE);
+        return;
+    }
+    K_TG_ARRAY(k_u32x4, xt, K_GEMM_TR * 32 * 3);
+    const k_u32 nb = p.n_in / 32u, nr = p.n_rows, lane = K_LANE;
+    const k_u32 r0 = K_GX * K_GEMM_TR, o0 = (K_GY * K_GEMM_NSG + K_SIMD) * K_GEMM_TOS;
+    /* lane 8 j + t owns the blocks ib = 4 t + j (mod 32) */
+    const k_u32 slot = 4u * (lane & 7u) + (lane >> 3);
+    K_DEV_IN k_u16 *w16 = (K_DEV_IN k_u16 *)w;
+    K_DEV_IN k_u16 *x16 = (K_DEV_IN k_u16 *)xq;
+    float acc[K_GEMM_TOS][K_GEMM_TR];
+    K_UNROLL for (k_u32 i = 0; i < K_GEMM_TOS; i++)
+        K_UNROLL for (k_u32 r = 0; r < K_GEMM_TR; r++) acc[i][r] = 0.0f;
+    for (k_u32 base = 0; base < nb; base += 32u) {
+        /* stage: entry (r, L) = activation row r0 + r's block base + slot(L) */
+        for (k_u32 e = K_TID; e < K_GEMM_TR * 32u; e += K_GEMM_TG) {
+            const k_u32 r = e / 32u, L = e % 32u, ib = base + 4u * (L & 7u) + (L >> 3);
+            if (r0 + r >= nr || ib >= nb) continue; /* never read */
+            const k_u32 xo = ((r0 + r) * nb + ib) * 34u;
+            k_u32x4 a, b, c;
+            a.x = k_ld_w2(x16, xo + 2u), a.y = k_ld_w2(x16, xo + 6u), a.z = k_ld_w2(x16, xo + 10u),
+            a.w = k_ld_w2(x16, xo + 14u);
+            b.x = k_ld_w2(x16, xo + 18u), b.y = k_ld_w2(x16, xo + 22u), b.z = k_ld_w2(x16, xo + 26u),
+            b.w = k_ld_w2(x16, xo + 30u);
+            c.x = k_f32_bits(k_h2f((k_u16)k_ld_u16_at(x16, xo))), c.y = 0u, c.z = 0u, c.w = 0u;
+            K_ST(xt, 3u * e, a);
+            K_ST(xt, 3u * e + 1u, b);
+            K_ST(xt, 3u * e + 2u, c);
+        }
+        K_BARRIER();
+        const k_u32 ib = base + slot;
+        if (ib < nb) {
+            k_u32 wq[K_GEMM_TOS][8];
+            float dw[K_GEMM_TOS];
+            K_UNROLL for (k_u32 i = 0; i < K_GEMM_TOS; i++) {
+#ifdef PLANT_GEMM_OFF_BY_ONE_ROW
+                /* planted fault (tests must turn red): the next row's weights, in bounds */
+                const k_u32 o = o0 + i + 1u < p.n_out ? o0 + i + 1u : p.n_out - 1u;
+#else
+                const k_u32 o = o0 + i < p.n_out ? o0 + i : p.n_out - 1u;
+#endif
+                const k_u32 wo = (o * nb + ib) * 34u;
+                K_UNROLL for (k_u32 q = 0; q < 8u; q++) wq[i][q] = k_ld_w2(w16, wo + 2u + 4u * q);
+                dw[i] = k_h2f((k_u16)k_ld_u16_at(w16, wo));
+            }
+            K_UNROLL for (k_u32 r = 0; r < K_GEMM_TR; r++) {
+                if (r0 + r >= nr) continue;
+                const k_u32 e = 3u * (r * 32u + lane);
+                const k_u32x4 a = K_LD(xt, e), b = K_LD(xt, e + 1u), c = K_LD(xt, e + 2u);
+                const k_u32 xw[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+                const float dx = k_bits_f32(c.x);
+                K_UNROLL for (k_u32 i = 0; i < K_GEMM_TOS; i++) {
+                    int sumi = 0;
+                    K_UNROLL for (k_u32 q = 0; q < 8u; q++) sumi = k_dot4(wq[i][q], xw[q], sumi);
+                    acc[i][r] += (float)sumi * (dw[i] * dx);
+                }
+            }
+        }
+        K_BARRIER(); /* the tile is read before the next round overwrites it */
+    }
+    K_UNROLL for (k_u32 i = 0; i < K_GEMM_TOS; i++)
+        K_UNROLL for (k_u32 r = 0; r < K_GEMM_TR; r++) {
+            if (r0 + r >= nr) continue; /* uniform: the same r for the whole SIMD-group */
+            const float s = k_matvec_row_sum(acc[i][r]);
+            if (lane == 0u && o0 + i < p.n_out) K_ST(y, (r0 + r) * p.y_stride + o0 + i, s);
+        }
+}
+
+K_KERNEL_BOUNDED(gemm_kq, K_GEMM_TG, 1) {
+    K_CHECK_TAG(gemm_kq);
+    const k_u32 type = p.wtype, bs = K_KQ_BLOCK_BYTES(type);
+    if (!K_GEMM_SHAPE_OK(p, 256u) || bs == 0u) {
+        k_raise(status, K_ERR_SHAPE);
+        return;
+    }
+    K_TG_ARRAY(k_u32x4, xt, K_GEMM_TR * 32 * 3);
+    const k_u32 nb = p.n_in / 256u, nr = p.n_rows, lane = K_LANE, q6 = type == K_TYPE_Q6_K;
+    const k_u32 r0 = K_GX * K_GEMM_TR, o0 = (K_GY * K_GEMM_NSG + K_SIMD) * K_GEMM_TOS;
+    /* lane 8 P + t: share t of the super-blocks ib = P (mod 4) */
+    const k_u32 P = lane >> 3, t = lane & 7u;
+    K_DEV_IN k_u32x4 *w4 = (K_DEV_IN k_u32x4 *)w;
+    K_DEV_IN k_u16 *w16 = (K_DEV_IN k_u16 *)w;
+    K_DEV_IN k_u32 *x32 = (K_DEV_IN k_u32 *)xq;
+    float acc[K_GEMM_TOS][K_GEMM_TR];
+    K_UNROLL for (k_u32 i = 0; i < K_GEMM_TOS; i++)
+        K_UNROLL for (k_u32 r = 0; r < K_GEMM_TR; r++) acc[i][r] = 0.0f;
+    for (k_u32 base = 0; base < nb; base += 4u) {
+        /* stage: entry (r, L) = the Q8_K words lane L's share of super-block
+         * base + P meets (quant_kq.h's xw[], in its order), d_x, bsums */
+        for (k_u32 e = K_TID; e < K_GEMM_TR * 32u; e += K_GEMM_TG) {
+            const k_u32 r = e / 32u, L = e % 32u, ib = base + (L >> 3), tl = L & 7u;
+            if (r0 + r >= nr || ib >= nb) continue; /* never read */
+            const k_u32 xb = ((r0 + r) * nb + ib) * 73u;
+            const k_u32 xlo = 1u + (q6 ? 32u * (tl >> 2) + 2u * (tl & 3u) : 16u * (tl >> 1) + 4u * (tl & 1u));
+            k_u32 v[8];
+            if (q6) { /* two branches: register indices stay constants */
+                K_UNROLL for (k_u32 q = 0; q < 4u; q++) {
+                    v[2u * q] = K_LD(x32, xb + xlo + 8u * q);
+                    v[2u * q + 1u] = K_LD(x32, xb + xlo + 8u * q + 1u);
+                }
+            } else {
+                K_UNROLL for (k_u32 q = 0; q < 4u; q++) {
+                    v[q] = K_LD(x32, xb + xlo + q);
+                    v[4u + q] = K_LD(x32, xb + xlo + 8u + q);
+                }
+            }
+            const k_u32 bsw = 65u + 2u * (tl >> 1), bsh = 16u * (tl & 1u);
+            const k_u32 b0 = (K_LD(x32, xb + bsw) >> bsh) & 0xffffu, b1 = (K_LD(x32, xb + bsw + 1u) >> bsh) & 0xffffu;
+            k_u32x4 a, b, c;
+            a.x = v[0], a.y = v[1], a.z = v[2], a.w = v[3];
+            b.x = v[4], b.y = v[5], b.z = v[6], b.w = v[7];
+            c.x = K_LD(x32, xb), c.y = (k_u32)((int)b0 - (b0 & 0x8000u ? 65536 : 0));
+            c.z = (k_u32)((int)b1 - (b1 & 0x8000u ? 65536 : 0)), c.w = 0u;
+            K_ST(xt, 3u * e, a);
+            K_ST(xt, 3u * e + 1u, b);
+            K_ST(xt, 3u * e + 2u, c);
+        }
+        K_BARRIER();
+        const k_u32 ib = base + P;
+        if (ib < nb) {
+            k_kq_lane Lw[K_GEMM_TOS];
+            K_UNROLL for (k_u32 i = 0; i < K_GEMM_TOS; i++) {
+#ifdef PLANT_GEMM_OFF_BY_ONE_ROW
+                const k_u32 o = o0 + i + 1u < p.n_out ? o0 + i + 1u : p.n_out - 1u;
+#else
+                const k_u32 o = o0 + i < p.n_out ? o0 + i : p.n_out - 1u;
+#endif
+                const k_u32 blk = o * nb + ib;
+                Lw[i] = q6 ? k_kq6_load(w16, blk * 210u, t) : k_kq45_load(w4, blk * (bs / 16u), type, t);
+            }
+            K_UNROLL for (k_u32 r = 0; r < K_GEMM_TR; r++) {
+                if (r0 + r >= nr) continue;
+                const k_u32 e = 3u * (r * 32u + lane);
+                const k_u32x4 a = K_LD(xt, e), b = K_LD(xt, e + 1u), c = K_LD(xt, e + 2u);
+                const k_u32 xw[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+                const float dx = k_bits_f32(c.x);
+                const int b0 = (int)c.y, b1 = (int)c.z;
+                K_UNROLL for (k_u32 i = 0; i < K_GEMM_TOS; i++) {
+                    /* quant_kq.h's per-lane terms, verbatim */
+                    int part = 0;
+                    K_UNROLL for (k_u32 G = 0; G < 4u; G++)
+                        part += Lw[i].sc[G] * k_dot4(Lw[i].code[2u * G + 1u], xw[2u * G + 1u],
+                                                     k_dot4(Lw[i].code[2u * G], xw[2u * G], 0));
+                    acc[i][r] += (Lw[i].d * dx) * (float)part;
+                    if (!q6) acc[i][r] -= (Lw[i].dmin * dx) * (float)(Lw[i].m_lo * b0 + Lw[i].m_hi * b1);
+                }
+            }
+        }
+        K_BARRIER();
+    }
+    K_UNROLL for (k_u32 i = 0; i < K_GEMM_TOS; i++)
+        K_UNROLL for (k_u32 r = 0; r < K_GEMM_TR; r++) {
+            if (r0 + r >= nr) continue;
+            /* ((S0 + S1) + (S2 + S3)), S_P the octet sums: matvec_kq1's combine
+             * (whatever K_MATVEC_ROWS_PER_SIMD, which is Q8_0's) */
+            float s = k_octet_sum(acc[i][r]);
+            s = s + k_shfl_xor(s, 8u);
+            s = s + k_shfl_xor(s, 16u);
+            if (lane == 0u && o0 + i < p.n_out) K_ST(y, (r0 + r) * p.y_stride + o0 + i, s);
+        }
+}

@@ -1,0 +1,335 @@
+/*
+ * moe.h — the routed mixture-of-experts FFN of qwen35moe (csrc/forward/moe.c,
+ * qwen35-spec.md §5) on the device, in four kernels:
+ *
+ *   moe_logits   the F32 router (and the shared expert's F32 gate as one
+ *                more row): a float matvec, one SIMD-group per output row
+ *   moe_route    per token row: softmax over all experts, top-k (ties to
+ *                the lower expert id), renormalisation with the
+ *                6.103515625e-5 clamp, sigmoid of the shared gate
+ *   moe_gate_up  per (token row, slot) pair and output row: the selected
+ *                expert's gate and up dots, read INDIRECTLY through the
+ *                expert id on the device (only routed experts' rows are
+ *                read), then SwiGLU; the shared expert is one more pair
+ *   moe_down     per (token row, output row): the selected experts' down
+ *                dots, each times its route weight, summed in slot order
+ *                0..k-1, then + sigmoid(gate) * the shared expert's down
+ *
+ * Between gate_up and down the host quantizes the SwiGLU rows with the
+ * existing quantize_q8_0 / quantize_q8_K kernels (the down projection's
+ * activation type), as the CPU's ds4_matmul does.
+ *
+ * Numerics. Every expert dot is the dense matvec's dot of the same type
+ * bit for bit (k_moe_dot_kq / k_moe_dot_q8_0 below run the row summation
+ * order of matvec_kq* / matvec_q8_0: docs/gpu.md §4), so the tolerance
+ * against the CPU is the matvec's. The router is F32 x F32 in float (the
+ * CPU's AVX dot has its own order), the softmax sums in float where the
+ * CPU's fast path sums in double (Metal has no double), exp is the
+ * target's: the route weights are within a stated relative bound of the
+ * exact ones (gpu/tests/test_gpu_moe.h; the CPU's are too), and the chosen
+ * experts are the CPU's whenever the k-th and (k+1)-th probabilities are
+ * not within it. A row's
+ * result never depends on how many rows share the launch (no value
+ * crosses rows; per-row orders are fixed).
+ */
+
+/* One weight row against one activation row, Q8_0 x Q8_0: matvec_q8_0's
+ * order (quant_q8_0.h): the row's OPR octets take blocks round robin, lane
+ * t of octet j adds the terms of blocks ib = j + OPR (t + 8 m) in
+ * ascending order (the octet's exact integer sum times (d_w * d_x)), then
+ * k_matvec_row_sum. Byte offsets wo (the matrix) and xo (the activation
+ * row) keep every load 2-aligned. All 32 lanes call it with the same
+ * trip count (the octet sums shuffle); every lane returns the row's value. */
+K_FN float k_moe_dot_q8_0(K_DEV_IN k_u8 *w, k_u32 wo, k_u32 row, k_u32 n_in, K_DEV_IN k_u8 *xq, k_u32 xo,
+                          k_u32 lane) {
+    const k_u32 OPR = K_MATVEC_OCTETS_PER_ROW, nb = n_in / 32u, t = lane & 7u, j = (lane >> 3) % OPR;
+    K_DEV_IN k_u16 *w16 = (K_DEV_IN k_u16 *)w;
+    K_DEV_IN k_u16 *x16 = (K_DEV_IN k_u16 *)xq;
+    float acc = 0.0f;
+    for (k_u32 base = 0; base < nb; base += OPR) {
+        const k_u32 ib = base + j, live = ib < nb, ibx = live ? ib : 0u;
+        const k_u32 bw = wo + (row * nb + ibx) * 34u, bx = xo + ibx * 34u;
+        const int sumi = k_octet_isum(k_dot4(k_ld_w2(w16, bw + 2u + 4u * t), k_ld_w2(x16, bx + 2u + 4u * t), 0));
+        if (live && t == ((ib / OPR) & 7u))
+            acc += (float)sumi * (k_h2f((k_u16)k_ld_u16_at(w16, bw)) * k_h2f((k_u16)k_ld_u16_at(x16, bx)));
+    }
+    return k_matvec_row_sum(acc);
+}
+
+/* One weight row against one Q8_K activation row, Q4_K / Q5_K / Q6_K:
+ * matvec_kq*'s order (quant_kq.h) as its one-row-per-SIMD-group variant
+ * runs it: octet P serves super-blocks ib = P, P + 4, ... ascending, lane t
+ * adds (d_w d_x) * share and -(dmin_w d_x) * mins per block, then the
+ * octet butterfly and ((S0 + S1) + (S2 + S3)). The same weight loaders
+ * (k_kq45_load / k_kq6_load) and integer dot; wo / xo are byte offsets of
+ * the matrix (16-aligned for Q4_K/Q5_K: whole matrices of 144/176-byte
+ * blocks) and of the activation row (292-byte blocks: 4-aligned). Lanes may
+ * run different trip counts (no shuffle inside the loop); all 32 reach the
+ * butterfly, and every lane returns the row's value. */
+K_FN float k_moe_dot_kq(K_DEV_IN k_u8 *w, k_u32 wo, k_u32 row, k_u32 type, k_u32 n_in, K_DEV_IN k_u8 *xq,
+                        k_u32 xo, k_u32 lane) {
+    const k_u32 nb = n_in / 256u, bs = K_KQ_BLOCK_BYTES(type), t = lane & 7u, q6 = type == K_TYPE_Q6_K;
+    K_DEV_IN k_u32x4 *w4 = (K_DEV_IN k_u32x4 *)w;
+    K_DEV_IN k_u16 *w16 = (K_DEV_IN k_u16 *)w;
+    K_DEV_IN k_u32 *x32 = (K_DEV_IN k_u32 *)xq;
+    const k_u32 xlo = 1u + (q6 ? 32u * (t >> 2) + 2u * (t & 3u) : 16u * (t >> 1) + 4u * (t & 1u));
+    const k_u32 bsw = 65u + 2u * (t >> 1), bsh = 16u * (t & 1u);
+    float acc = 0.0f;
+    for (k_u32 ib = lane >> 3; ib < nb; ib += 4u) {
+        const k_u32 blk = row * nb + ib;
+        const k_kq_lane L = q6 ? k_kq6_load(w16, wo + blk * 210u, t) : k_kq45_load(w4, wo / 16u + blk * (bs / 16u), type, t);
+        const k_u32 xb = xo / 4u + ib * 73u;
+        k_u32 xw[8];
+        if (q6) {
+            K_UNROLL for (k_u32 q = 0; q < 4u; q++) {
+                xw[2u * q] = K_LD(x32, xb + xlo + 8u * q);
+                xw[2u * q + 1u] = K_LD(x32, xb + xlo + 8u * q + 1u);
+            }
+        } else {
+            K_UNROLL for (k_u32 i = 0; i < 4u; i++) {
+                xw[i] = K_LD(x32, xb + xlo + i);
+                xw[4u + i] = K_LD(x32, xb + xlo + 8u + i);
+            }
+        }
+        int part = 0;
+        K_UNROLL for (k_u32 G = 0; G < 4u; G++)
+            part += L.sc[G] * k_dot4(L.code[2u * G + 1u], xw[2u * G + 1u], k_dot4(L.code[2u * G], xw[2u * G], 0));
+        const float dx = k_bits_f32(K_LD(x32, xb));
+        acc += (L.d * dx) * (float)part;
+        if (!q6) {
+            const k_u32 b0 = (K_LD(x32, xb + bsw) >> bsh) & 0xffffu, b1 = (K_LD(x32, xb + bsw + 1u) >> bsh) & 0xffffu;
+            const int mpart = L.m_lo * ((int)b0 - (b0 & 0x8000u ? 65536 : 0)) + L.m_hi * ((int)b1 - (b1 & 0x8000u ? 65536 : 0));
+            acc -= (L.dmin * dx) * (float)mpart;
+        }
+    }
+    float s = k_octet_sum(acc);
+    s = s + k_shfl_xor(s, 8u);
+    s = s + k_shfl_xor(s, 16u);
+    return s;
+}
+
+/* Row `row` of the matrix at byte wo of w (a ggml type the GPU has a
+ * matvec for) against the activation row at byte xo of xq (Q8_0 for Q8_0
+ * weights, Q8_K for the K-quants). `type` is uniform over the SIMD-group. */
+K_FN float k_moe_dot(K_DEV_IN k_u8 *w, k_u32 wo, k_u32 row, k_u32 type, k_u32 n_in, K_DEV_IN k_u8 *xq, k_u32 xo,
+                     k_u32 lane) {
+    if (type == K_TYPE_Q8_0) return k_moe_dot_q8_0(w, wo, row, n_in, xq, xo, lane);
+    return k_moe_dot_kq(w, wo, row, type, n_in, xq, xo, lane);
+}
+
+/* y[r][o] = W_o . x_r in float, W F32 rows of n_in, one SIMD-group per
+ * output row: lane l adds w[i] * x[i] for i = l, l + 32, ... in ascending
+ * order, then k_simd_sum (a fixed order: a row's value never depends on
+ * n_rows or the threadgroup size). Rows go in blocks of K_MATVEC_MAX_ROWS
+ * sharing each weight load. */
+K_KERNEL(moe_logits) {
+    K_CHECK_TAG(moe_logits);
+    if (p.n_in == 0u || p.n_rows == 0u || K_NGX * K_NSIMD < p.n_out) {
+        k_raise(status, K_ERR_SHAPE);
+        return;
+    }
+    const k_u32 o = K_GX * K_NSIMD + K_SIMD;
+    if (o >= p.n_out) return; /* a whole SIMD-group; no barriers here */
+    for (k_u32 r0 = 0; r0 < p.n_rows; r0 += K_MATVEC_MAX_ROWS) {
+        float acc[K_MATVEC_MAX_ROWS];
+        K_UNROLL for (k_u32 r = 0; r < K_MATVEC_MAX_ROWS; r++) acc[r] = 0.0f;
+        for (k_u32 i = K_LANE; i < p.n_in; i += 32u) {
+            const float wv = K_LD(w, o * p.n_in + i);
+            K_UNROLL for (k_u32 r = 0; r < K_MATVEC_MAX_ROWS; r++)
+                if (r0 + r < p.n_rows) acc[r] += wv * K_LD(x, (r0 + r) * p.x_stride + i);
+        }
+        K_UNROLL for (k_u32 r = 0; r < K_MATVEC_MAX_ROWS; r++) {
+            if (r0 + r >= p.n_rows) continue; /* uniform over the SIMD-group */
+            const float s = k_simd_sum(acc[r]);
+            if (K_LANE == 0u) K_ST(y, (r0 + r) * p.y_stride + o, s);
+        }
+    }
+}
+
+/* (p, id) beats (bp, bid): the larger probability, equal ones the lower
+ * expert id (the CPU's upward scan with a strict '>'). Probabilities are
+ * finite and >= 0 here, so this is a total order and the butterfly's
+ * winner does not depend on the reduction order. */
+K_FN int k_moe_beats(float pv, k_u32 id, float bp, k_u32 bid) { return pv > bp || (pv == bp && id < bid); }
+
+/* One SIMD-group per token row, lane l holding experts l + 32 j. The CPU's
+ * fast-path operations (moe.c route) in its order where a GPU can: mx =
+ * the largest logit, e = exp(l - mx), sum = the e's (in float, per lane
+ * ascending then the butterfly; the CPU sums in double), p = e * (1 /
+ * sum), k rounds of the (p desc, id asc) winner among the untaken, ws =
+ * the k chosen p's in slot order (float; the CPU: double) clamped below at
+ * 6.103515625e-5 (llama-graph.cpp build_moe_ffn), w_s = p_s / ws; slot k
+ * of wt holds sigmoid(the shared gate logit) = 1 / (1 + exp(-g)) (norm.c
+ * ds4_sigmoid) with K_MOE_SHGATE, else 1. A row whose logits are not all
+ * finite raises K_ERR_MOE_LOGIT (the CPU would route it arbitrarily). */
+K_KERNEL(moe_route) {
+    K_CHECK_TAG(moe_route);
+    if (p.n_expert == 0u || p.n_expert > K_MOE_MAX_EXPERTS || p.k == 0u || p.k > K_MOE_MAX_K ||
+        p.k > p.n_expert) {
+        k_raise(status, K_ERR_SHAPE);
+        return;
+    }
+    const k_u32 row = K_GX * K_NSIMD + K_SIMD, lane = K_LANE, ne = p.n_expert;
+    if (row >= p.n_rows) return; /* a whole SIMD-group */
+    const k_u32 base = row * p.stride;
+    float ev[K_MOE_MAX_EXPERTS / 32];
+    float mx = K_LD(logits, base), bad = 0.0f;
+    K_UNROLL for (k_u32 j = 0; j < K_MOE_MAX_EXPERTS / 32u; j++) {
+        const k_u32 e = lane + 32u * j;
+        ev[j] = e < ne ? K_LD(logits, base + e) : 0.0f;
+        if (e < ne) {
+            if (!(ev[j] - ev[j] == 0.0f)) bad = 1.0f; /* NaN or Inf */
+            mx = k_max2(mx, ev[j]);
+        }
+    }
+    mx = k_simd_max(mx);
+    if (k_simd_max(bad) != 0.0f) {
+        if (lane == 0u) k_raise(status, K_ERR_MOE_LOGIT);
+        return;
+    }
+    float sum = 0.0f;
+    K_UNROLL for (k_u32 j = 0; j < K_MOE_MAX_EXPERTS / 32u; j++)
+        if (lane + 32u * j < ne) {
+            ev[j] = k_exp(ev[j] - mx);
+            sum += ev[j];
+        }
+    sum = k_simd_sum(sum);
+    const float inv = 1.0f / sum;
+    K_UNROLL for (k_u32 j = 0; j < K_MOE_MAX_EXPERTS / 32u; j++) ev[j] = ev[j] * inv;
+    k_u32 taken = 0u; /* bit j: expert lane + 32 j is chosen */
+    float wt_s[K_MOE_MAX_K];
+    k_u32 sel_s[K_MOE_MAX_K];
+    K_UNROLL for (k_u32 s = 0; s < K_MOE_MAX_K; s++) {
+        wt_s[s] = 0.0f, sel_s[s] = 0u;
+        if (s >= p.k) continue; /* uniform */
+        float bp = -1.0f; /* below every probability: the first untaken expert wins the lane */
+        k_u32 bid = 0xffffffffu;
+        K_UNROLL for (k_u32 j = 0; j < K_MOE_MAX_EXPERTS / 32u; j++) {
+            const k_u32 e = lane + 32u * j;
+            if (e < ne && !((taken >> j) & 1u) && k_moe_beats(ev[j], e, bp, bid)) bp = ev[j], bid = e;
+        }
+        for (k_u32 m = 16u; m >= 1u; m >>= 1) {
+            const float op = k_shfl_xor(bp, m);
+            const k_u32 oid = (k_u32)k_shfl_xor_i((int)bid, m);
+#ifdef PLANT_MOE_LAST_TIE /* planted fault (tests must turn red): equal probabilities go to the higher id */
+            if (op > bp || (op == bp && oid > bid && oid != 0xffffffffu)) bp = op, bid = oid;
+#else
+            if (k_moe_beats(op, oid, bp, bid)) bp = op, bid = oid;
+#endif
+        }
+        if (bid % 32u == lane) taken |= 1u << (bid / 32u);
+        wt_s[s] = bp, sel_s[s] = bid;
+    }
+    float ws = 0.0f;
+    K_UNROLL for (k_u32 s = 0; s < K_MOE_MAX_K; s++)
+        if (s < p.k) ws += wt_s[s];
+    if (ws < 6.103515625e-5f) ws = 6.103515625e-5f;
+    if (lane != 0u) return;
+    K_UNROLL for (k_u32 s = 0; s < K_MOE_MAX_K; s++) {
+        if (s >= p.k) continue;
+        K_ST(sel, row * p.k + s, sel_s[s]);
+        K_ST(wt, row * (p.k + 1u) + s, wt_s[s] / ws);
+    }
+    float gm = 1.0f;
+    if (p.flags & K_MOE_SHGATE) gm = 1.0f / (1.0f + k_exp(-K_LD(logits, base + ne)));
+    K_ST(wt, row * (p.k + 1u) + p.k, gm);
+}
+
+/* Pair P = t k + s (token row t, slot s; P >= n_rows k: the shared expert
+ * of token row P - n_rows k) and output row j = K_GX K_NSIMD + K_SIMD, one
+ * SIMD-group each: g = the gate row j of the pair's expert (id sel[P], read
+ * on the device) . x_t, u = the up row j . x_t (k_moe_dot: the dense
+ * matvec's bits), h[P][j] = (g / (1 + exp(-g))) * u (swiglu's expression).
+ * Only the selected experts' rows are read. */
+K_KERNEL(moe_gate_up) {
+    K_CHECK_TAG(moe_gate_up);
+    const k_u32 nf = p.n_ff > p.n_ff_sh ? p.n_ff : p.n_ff_sh;
+    if (!K_MOE_TYPE_OK(p.t_gate) || !K_MOE_TYPE_OK(p.t_up) || p.k == 0u || p.n_in % K_MOE_IN_ALIGN(p) ||
+        (p.n_ff_sh && (!K_MOE_TYPE_OK(p.t_sgate) || !K_MOE_TYPE_OK(p.t_sup))) || p.h_stride < nf ||
+        (p.g_estride | p.u_base | p.u_estride | p.sg_base | p.su_base) % 16u || K_NGX * K_NSIMD < nf ||
+        K_NGY < K_MOE_PAIRS(p)) {
+        k_raise(status, K_ERR_SHAPE);
+        return;
+    }
+    const k_u32 P = K_GY, j = K_GX * K_NSIMD + K_SIMD, routed = P < p.n_rows * p.k;
+    if (P >= K_MOE_PAIRS(p)) return; /* a whole threadgroup */
+    const k_u32 t = routed ? P / p.k : P - p.n_rows * p.k;
+    if (j >= (routed ? p.n_ff : p.n_ff_sh)) return; /* a whole SIMD-group; no barriers here */
+    k_u32 e = 0u;
+    if (routed) {
+        e = K_LD(sel, P);
+        if (e >= p.n_expert) { /* uniform over the SIMD-group */
+            if (K_LANE == 0u) k_raise(status, K_ERR_SHAPE);
+            return;
+        }
+#ifdef PLANT_MOE_NEXT_EXPERT /* planted fault (tests must turn red): the next expert's rows, in bounds */
+        if (e + 1u < p.n_expert) e = e + 1u;
+#endif
+    }
+    const k_u32 tg = routed ? p.t_gate : p.t_sgate, tu = routed ? p.t_up : p.t_sup;
+    const k_u32 gb = routed ? e * p.g_estride : p.sg_base, ub = routed ? p.u_base + e * p.u_estride : p.su_base;
+    const k_u32 ur = routed ? p.u_row0 + j : j;
+    const k_u32 ax8 = t * K_MOE_ACT_BYTES(K_TYPE_Q8_0, p.n_in), axk = t * K_MOE_ACT_BYTES(K_TYPE_Q4_K, p.n_in);
+    /* both rows into L2 before the first dot (a hint, CUDA only: the up
+     * row's fetch overlaps the gate dot; no effect on any value) */
+    const k_u32 rbg = K_MOE_ROW_BYTES(tg, p.n_in), rbu = K_MOE_ROW_BYTES(tu, p.n_in);
+    for (k_u32 b = 32u * K_LANE; b < rbg; b += 1024u) K_PREFETCH(w, gb + j * rbg + b);
+    for (k_u32 b = 32u * K_LANE; b < rbu; b += 1024u) K_PREFETCH(w, ub + ur * rbu + b);
+    const float g = k_moe_dot(w, gb, j, tg, p.n_in, tg == K_TYPE_Q8_0 ? xq8 : xqk, tg == K_TYPE_Q8_0 ? ax8 : axk, K_LANE);
+    const float u = k_moe_dot(w, ub, ur, tu, p.n_in, tu == K_TYPE_Q8_0 ? xq8 : xqk, tu == K_TYPE_Q8_0 ? ax8 : axk, K_LANE);
+    if (K_LANE == 0u) K_ST(h, P * p.h_stride + j, (g / (1.0f + k_exp(-g))) * u);
+}
+
+/* Token row t = K_GY, output row o = K_GX K_NSIMD + K_SIMD, one SIMD-group:
+ * y = d_0 w_0, then y = y + d_s w_s for s = 1..k-1, then y = y + w_k sd
+ * (moe.c's combine in its order; w_k = sigmoid(shared gate), wt's slot k),
+ * where d_s = row o of expert sel[t k + s]'s down matrix . the pair's
+ * quantized SwiGLU row and sd the shared expert's (k_moe_dot: the dense
+ * matvec's bits). The quantized rows: pair P's at P * act_bytes(n_ff) in
+ * the buffer of the down type's activation type (hq8: Q8_0, hqk: Q8_K),
+ * the shared expert's of token t after all n_rows k of them. */
+K_KERNEL(moe_down) {
+    K_CHECK_TAG(moe_down);
+    if (!K_MOE_TYPE_OK(p.t_down) || (p.n_ff_sh && !K_MOE_TYPE_OK(p.t_sdown)) || p.k == 0u ||
+        p.n_ff % (p.t_down == K_TYPE_Q8_0 ? 32u : 256u) || p.sd_base % 16u ||
+        (p.n_ff_sh && p.n_ff_sh % (p.t_sdown == K_TYPE_Q8_0 ? 32u : 256u)) || K_NGX * K_NSIMD < p.n_out ||
+        K_NGY < p.n_rows) {
+        k_raise(status, K_ERR_SHAPE);
+        return;
+    }
+    const k_u32 t = K_GY, o = K_GX * K_NSIMD + K_SIMD;
+    if (t >= p.n_rows || o >= p.n_out) return; /* a whole SIMD-group; no barriers here */
+    const k_u32 td = p.t_down, eb = p.n_out * K_MOE_ROW_BYTES(td, p.n_ff), ab = K_MOE_ACT_BYTES(td, p.n_ff);
+    K_DEV_IN k_u8 *hq = td == K_TYPE_Q8_0 ? hq8 : hqk;
+    /* every slot's row (and the shared one) into L2 first (a hint, CUDA
+     * only: the k + 1 fetches overlap instead of one per dot; no effect on
+     * any value) */
+    const k_u32 rbd = K_MOE_ROW_BYTES(td, p.n_ff);
+    for (k_u32 s = 0; s < p.k; s++) {
+        const k_u32 e = K_LD(sel, t * p.k + s);
+        if (e < p.n_expert)
+            for (k_u32 b = 32u * K_LANE; b < rbd; b += 1024u) K_PREFETCH(w, e * eb + o * rbd + b);
+    }
+    if (p.n_ff_sh) {
+        const k_u32 rbs = K_MOE_ROW_BYTES(p.t_sdown, p.n_ff_sh);
+        for (k_u32 b = 32u * K_LANE; b < rbs; b += 1024u) K_PREFETCH(w, p.sd_base + o * rbs + b);
+    }
+    float y = 0.0f;
+    for (k_u32 s = 0; s < p.k; s++) {
+        const k_u32 P = t * p.k + s, e = K_LD(sel, P);
+        if (e >= p.n_expert) { /* uniform over the SIMD-group */
+            if (K_LANE == 0u) k_raise(status, K_ERR_SHAPE);
+            return;
+        }
+        const float d = k_moe_dot(w, e * eb, o, td, p.n_ff, hq, P * ab, K_LANE);
+        const float wv = K_LD(wt, t * (p.k + 1u) + s);
+        y = s == 0u ? d * wv : y + d * wv;
+    }
+    if (p.n_ff_sh) {
+        const k_u32 ts = p.t_sdown, abs_ = K_MOE_ACT_BYTES(ts, p.n_ff_sh);
+        const k_u32 at = p.n_rows * p.k * K_MOE_ACT_BYTES(ts, p.n_ff) + t * abs_;
+        const float sd = k_moe_dot(w, p.sd_base, o, ts, p.n_ff_sh, ts == K_TYPE_Q8_0 ? hq8 : hqk, at, K_LANE);
+        y = y + K_LD(wt, t * (p.k + 1u) + p.k) * sd;
+    }
+    if (K_LANE == 0u) K_ST(out, t * p.y_stride + o, y);
+}
