@@ -543,12 +543,20 @@ def _loop(model, ids, text, session, own, max_tokens, params, sampler, matcher, 
         accept = sampler is not None and params.penalties_on
         positional = sampler is not None and params.draw == "position"
         pos0 = s.n_past  # the first sampled token goes here
+        # greedy on a GPU without logprobs: the device's argmax chooses each
+        # next token (ties to the lowest id, NaN rows refused: the CPU's
+        # rule), so a step copies back 4 bytes instead of the vocabulary's
+        # logits (1 MB for a 248k vocabulary)
+        on_device = greedy and lps is None and isinstance(stepper, GpuSession)
+        chosen = None
         piece, events, token, lp = "", (), None, None
         if budget <= 0:
             finish = FINISH_LENGTH
         while finish is None:
             # -- sample --
-            if greedy:
+            if chosen is not None:
+                t = chosen
+            elif greedy:
                 t = int(logits.argmax())  # the method: np.argmax adds ~1 µs of dispatch
                 if logits[t] != logits[t]:  # argmax lands on the first NaN, if any
                     raise ModelError("the model produced NaN logits", lib.DS4_ERR_BAD_MODEL)
@@ -571,7 +579,10 @@ def _loop(model, ids, text, session, own, max_tokens, params, sampler, matcher, 
                 piece, events, finish = _commit_text(dec, matcher, parser, pieces, token, finish)
             if finish is None:
                 # -- evaluate the token for the next step --
-                logits = stepper.step(t)
+                if on_device:
+                    chosen = stepper.step_argmax(t)
+                else:
+                    logits = stepper.step(t)
                 decode_steps += 1
                 if emit:
                     now = time.perf_counter()

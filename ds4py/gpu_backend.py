@@ -30,7 +30,7 @@ The plugin
 What a GPU session does (GpuSession): eval (last row or every row),
 verify / accept (exact rollback), logits back to the host so sampling,
 logprobs and stop strings are the CPU's Python code. What it does not do
-yet, refused with a ModelError naming it: precision="exact", MoE models,
+yet, refused with a ModelError naming it: precision="exact",
 weight types other than Q8_0 / Q4_K / Q5_K / Q6_K, snapshots (so the prefix
 cache and the chat REPL), hidden states and layer taps, the nextn head and
 DFlash (so speculative drafting: ``generate`` turns auto-drafting off and
@@ -65,7 +65,7 @@ _KIND = {"cuda": "cuda", "gpu-emul": "emul"}
 ABI_VERSION = 1  # gpu/host/plugin.h DS4_GPU_ABI_VERSION this module calls
 _ERR_CAP = 1024
 # ds4_status codes (csrc/ds4.h) this module tells apart
-_ERR_ARG, _ERR_UNSUPPORTED, _ERR_INTERNAL = 2, 4, 26
+_ERR_ARG, _ERR_UNSUPPORTED, _ERR_BAD_MODEL, _ERR_INTERNAL = 2, 4, 5, 26
 
 
 def backend_of(model) -> str:
@@ -313,6 +313,8 @@ class GpuSession:
         self._last_row = -1     # last_logits(): row of position n_past - 1
         self._tok1 = np.zeros(1, dtype=np.int32)
         self._tok1_p = self._ffi.cast("int32_t *", self._ffi.from_buffer(self._tok1))
+        self._arg1 = np.zeros(1, dtype=np.int32)   # step_argmax's answer
+        self._arg1_p = self._ffi.cast("int32_t *", self._ffi.from_buffer(self._arg1))
         self._rows_p = self._fptr(self._rows)
         self._step_view = self._ro(self._rows[0])
 
@@ -387,6 +389,24 @@ class GpuSession:
         self._n_rows, self._last_row = 1, 0
         return self._step_view
 
+    def step_argmax(self, token: int) -> int:
+        """One greedy decode step with the choice made on the device: the id
+        of the largest logit after ``token`` (ties to the lowest id, as
+        ``int(logits.argmax())``), copying back 4 bytes, not the logits. A
+        row holding a NaN raises ModelError, as the CPU loop does. The
+        logits stay on the device: ``last_logits()`` raises until the next
+        eval or verify."""
+        ptr = self._live()
+        self._tok1[0] = token
+        self._check(self._lib.ds4_gpu_eval(ptr, self._tok1_p, 1, 0, self._ffi.NULL,
+                                           self._arg1_p, self._err, _ERR_CAP))
+        self._stats["launches"] = int(self._lib.ds4_gpu_launches(ptr))
+        self._n_rows, self._last_row = 0, -2   # -2: the logits were not copied back
+        t = int(self._arg1[0])
+        if t < 0 or t >= self.vocab_size:    # K_ARGMAX_NAN / NONE (gpu/kernels/table.h)
+            raise ModelError("the model produced NaN logits", _ERR_BAD_MODEL)
+        return t
+
     def verify(self, tokens, return_hidden: bool = False, hidden_layers=None):
         """As :meth:`ds4py.Session.verify`: 1..VERIFY_MAX rows, logits of every
         row, equal to evaluating them one at a time on this backend."""
@@ -416,8 +436,12 @@ class GpuSession:
 
     def last_logits(self):
         """float32 ``[vocab]`` logits of position ``n_past - 1`` (None before
-        any eval); a view, lifetime as eval's."""
+        any eval); a view, lifetime as eval's. After :meth:`step_argmax` the
+        logits were never copied back: ModelError."""
         self._live()
+        if self._last_row == -2:
+            raise ModelError("the last step chose its token on the device (step_argmax): "
+                             "its logits were not copied back", _ERR_ARG)
         return None if self._last_row < 0 else self._ro(self._rows[self._last_row])
 
     @property
@@ -520,7 +544,9 @@ class _GpuLine:
         kinds = [k for k in model.config.layer_kinds if k != "nextn"]
         self.head = (f"{model.backend} ({model._plugin.path}): all {len(kinds)} trunk layers "
                      f"on the GPU layer loop (gpu/host/runner.c: {kinds.count('gdn')} gdn, "
-                     f"{kinds.count('attn')} attn, dense FFN), LM head and logits on the "
+                     f"{kinds.count('attn')} attn, "
+                     f"{'routed MoE FFN' if model.config.arch == 'qwen35moe' else 'dense FFN'}), "
+                     f"LM head and logits on the "
                      f"device")
         self.stats = model._stats
 
