@@ -28,7 +28,10 @@ build)
   ls -la "$LL/build/bin/llama-bench"
   ;;
 bench)
-  "$LL/build/bin/llama-bench" -m "$2" -ngl 99 -fa 1 -n 128 -d "$3" -p "$4" -r "${5:-2}" -o md
+  # prefill from an empty context, then decode at each depth (one run with
+  # both lists would also time every prefill size at every depth)
+  "$LL/build/bin/llama-bench" -m "$2" -ngl 99 -fa 1 -n 0 -p "$4" -r "${5:-2}" -o md
+  "$LL/build/bin/llama-bench" -m "$2" -ngl 99 -fa 1 -p 0 -n 128 -d "$3" -r "${5:-2}" -o md
   ;;
 *)
   echo "usage: $0 build SRC.tar.gz | bench MODEL.gguf DEPTHS PROMPTS [REPS]"; exit 2 ;;

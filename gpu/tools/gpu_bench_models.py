@@ -63,7 +63,12 @@ def expand(recipe_path: str, out: str) -> None:
     for k, v in doc["metadata"].items():
         if k == "general.architecture":
             continue
-        if isinstance(v, bool):
+        if k == "tokenizer.ggml.merges" and not v:
+            # gguf-py drops an empty array, and llama.cpp refuses a gpt2
+            # vocabulary without the key ("cannot find tokenizer merges"):
+            # one merge of two synthetic tokens, which no text ever meets
+            w.add_array(k, ["<t0> <t1>"])
+        elif isinstance(v, bool):
             w.add_bool(k, v)
         elif isinstance(v, str):
             w.add_string(k, v)
@@ -71,6 +76,9 @@ def expand(recipe_path: str, out: str) -> None:
             w.add_uint32(k, v)
         elif isinstance(v, float):
             w.add_float32(k, v)
+        elif v and isinstance(v[0], bool):   # before int: a bool is an int
+            w.add_key_value(k, [bool(x) for x in v], gguf.GGUFValueType.ARRAY,
+                            sub_type=gguf.GGUFValueType.BOOL)
         elif v and isinstance(v[0], int):
             w.add_array(k, [int(x) for x in v])
         else:
