@@ -71,7 +71,13 @@ sanitize() {
     local tool=$1 limit=$2
     shift 2
     step "compute-sanitizer --tool $tool ($*)"
-    timeout "$limit" compute-sanitizer --tool "$tool" --error-exitcode 3 ./build/cuda/test_gpu_cuda "$@" \
+    # --report-api-errors no: the gdnseq and gemm suites launch threadgroups
+    # past a kernel's __launch_bounds__ on purpose (refused at launch, checked
+    # by the harness, test_gpu_emul.c REFUSED_AT_LAUNCH); the sanitizer would
+    # count those refused launches as errors. Every other API call's status is
+    # checked by the host code itself.
+    timeout "$limit" compute-sanitizer --tool "$tool" --report-api-errors no --error-exitcode 3 \
+        ./build/cuda/test_gpu_cuda "$@" \
         >"$OUT/sanitizer_$tool.log" 2>&1
     local rc=$?
     grep -v '^PASS' "$OUT/sanitizer_$tool.log" | tail -25
