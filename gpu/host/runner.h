@@ -5,11 +5,12 @@
  * the device. The same code runs on CUDA (the H200) and under the emulator
  * (CI), so the loop a GPU runs is the loop CI checks.
  *
- * This increment (docs/gpu.md §7): eval of any number of rows (prefill in
- * chunks of K_MATVEC_MAX_ROWS, the GDN recurrence token by token), logits
- * of the last or every row, on-device argmax, verify/accept with exact
- * rollback. Not yet: snapshots, hidden taps, the nextn head, MoE (refused
- * at open), the hookup behind ds4py.load(backend=...).
+ * Now (docs/gpu.md §7): dense and routed-MoE trunks; eval of any number of
+ * rows (prefill in chunks of K_RUNNER_CHUNK rows through the GEMM, each GDN
+ * layer's recurrence over a chunk in one gdn_seq launch), logits of the
+ * last or every row, on-device argmax, verify/accept with exact rollback;
+ * driven by gpu/tests/test_gpu_model.c and, through gpu/host/plugin.c, by
+ * ds4py.load(backend=...). Not yet: snapshots, hidden taps, the nextn head.
  */
 #ifndef K_RUNNER_H
 #define K_RUNNER_H
@@ -27,7 +28,7 @@ typedef struct k_runner k_runner;
 
 /* Upload m's trunk weights to d, once for every session. Refuses
  * (DS4_ERR_UNSUPPORTED, naming the tensor or the feature) what has no GPU
- * kernel yet: MoE, exact precision, a weight type other than Q8_0 / Q4_K /
+ * kernel yet: exact precision, a weight type other than Q8_0 / Q4_K /
  * Q5_K / Q6_K. Does not own d or m; both must outlive it. */
 int k_gpu_model_open(k_device *d, const ds4_model *m, k_gpu_model **out, ds4_error *err);
 void k_gpu_model_close(k_gpu_model *g);

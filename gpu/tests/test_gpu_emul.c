@@ -4,8 +4,9 @@
  * tests/test_gpu_emul.py runs it per suite and with planted faults).
  *
  *   test_gpu_emul [suite ...]     suites: tables f16 rmsnorm quantize matvec
- *                                 rope attn kquant gdn argmax glue fused
- *                                 (default: all)
+ *                                 rope attn kquant gdn argmax glue fused moe
+ *                                 gdnseq gemm (default: all; moe lives in
+ *                                 test_gpu_moe.h)
  *
  * Prints one line per check, "PASS suite: ..." or "FAIL suite: ...", and
  * exits 1 if any check failed. References are the project's own CPU code
@@ -24,7 +25,13 @@
  * PLANT_FUSED_NO_BARRIER (norm_quant reads the Q8_K chunk winners without
  * the barrier), PLANT_FUSED_SWIGLU_ORDER (swiglu_quant regroups SiLU(g)*u),
  * PLANT_FUSED_ROPE_NO_BARRIER (qk_norm_rope rotates pairs without the barrier),
- * PLANT_FUSED_GATE_LAST_TIE (attn_gate_quant's Q8_K max ties to the higher index).
+ * PLANT_FUSED_GATE_LAST_TIE (attn_gate_quant's Q8_K max ties to the higher index),
+ * PLANT_KQ_OFF_BY_ONE_ROW (the K-quant matvec reads the next weight row),
+ * PLANT_MOE_NEXT_EXPERT / PLANT_MOE_LAST_TIE (moe.h: the next expert's rows;
+ * routing ties to the higher id), PLANT_GDN_SEQ_STALE_CONV (gdn_seq reads
+ * the conv state it is replacing), PLANT_GEMM_OFF_BY_ONE_ROW (the prefill
+ * GEMM reads the next weight row); tests/test_gpu_emul.py holds the list
+ * it checks, with the suites each must turn red.
  *
  * Built with -DK_TEST_CUDA (make cuda-test), every launch goes to the GPU
  * through cuda/host.cu and every suite checks the GPU's results against
