@@ -192,3 +192,49 @@ def test_short_quiet_stretches_skip_choose_but_not_priming(monkeypatch):
     assert n_calls0 == n_rounds0 and n_calls <= n_rounds0 // 2 + 2
     for key in ("draft_rounds", "probes", "drafted", "accepted", "accept_counts", "depth_counts"):
         assert st[key] == st0[key], key
+
+
+def test_a_drafting_rounds_choice_is_charged_to_its_overhead():
+    """The time choose() takes belongs to the drafting round it starts (a
+    quiet plain round makes no choice; leaving it out priced drafting too
+    cheap). A fake clock advances 1 s per read, and choose() itself reads it
+    50 times: every recorded overhead of a drafting round holds those 50 s
+    (plus the reads between the round's own stamps), every plain sample
+    holds none of them."""
+    m = demo()
+    ids = m.tokenizer.encode(CODE)
+    now = [0.0]
+
+    def clock():
+        now[0] += 1.0
+        return now[0]
+
+    over, plain = [], []
+
+    class Slow(AdaptivePolicy):
+        def choose(self, cap):
+            for _ in range(50):
+                clock()
+            return super().choose(cap)
+
+        def record_overhead(self, seconds):
+            over.append(seconds)
+            super().record_overhead(seconds)
+
+        def record_plain(self, seconds):
+            plain.append(seconds)
+            super().record_plain(seconds)
+
+        def record_plain_many(self, samples):
+            plain.extend(samples)
+            super().record_plain_many(samples)
+
+    # never drafts by choice: depth-1 probes every 4 rounds, plain rounds between
+    pol = Slow(cost=never, burst=0, probe_cap=4)
+    with m.new_session() as s:
+        toks, st = speculative_generate(m, ids, 40, policy=pol, session=s, clock=clock)
+    assert st["draft_rounds"] >= 3 and len(plain) >= 10
+    # the choice's 50 reads plus 1 after it (t0), then the round's and settle's
+    # own stamps: the exact count depends on the round's path, not below 51
+    assert all(x >= 51 for x in over), over
+    assert all(x < 50 for x in plain), plain

@@ -60,7 +60,12 @@ the trunk commits, prefill included). A refused run never drafts.
 Costs reach the policy as wall times from ``clock``, measured the same way
 for every depth: from the start of the round's core work to the end of its
 Python bookkeeping, excluding only what the caller does per committed token
-(the same whether or not the token came from a draft). Every depth-0 round
+(the same whether or not the token came from a draft). A drafting round's
+overhead also carries its ``choose`` call (~15 us warm, 30-60 us right after
+an eval leaves the caches cold): a quiet plain round makes no choice, so
+without it drafting was priced ~5% of a plain step too cheap and drafted at
+a loss where it breaks even (prose on the demo model: 0.93x serial before,
+0.96-0.98x after, A/B interleaved on a loaded machine). Every depth-0 round
 of an admitted run is timed (two clock reads): on a shared machine many
 samples are scheduler stalls, and the cost model's low quantile needs a
 steady supply of clean ones (the policy re-prices only when the plain cost
@@ -224,6 +229,7 @@ class SpecRunner:
         self.generated.append(last)
         self.rounds += 1
         cap = min(room - 1, VERIFY_MAX - 1, self._max_depth) if self.admitted else 0
+        t_choose = self.clock()
         k = min(policy.choose(cap), cap) if cap > 0 else 0
         self.depth_counts[k] += 1
         self._pending = None
@@ -256,6 +262,10 @@ class SpecRunner:
         self.probes += bool(policy.last_was_probe)
         P = s.n_past
         t0 = self.clock()
+        # the choice is part of what a drafting round costs: a quiet plain
+        # round never makes one (module doc "Quiet stretches"), so leaving it
+        # out priced drafting ~40 us (~5% of a plain step) too cheap
+        t_choose = t0 - t_choose
         if self.rejection:
             out, m, drafts, t1, t2 = self._rejection_round(last, k, P)
         elif self._core:
@@ -292,7 +302,7 @@ class SpecRunner:
                     if m == k or t != drafts[m]:
                         break
                     m += 1
-        self._pending = (k, m, drafts, t0, t1, t2, self.clock())
+        self._pending = (k, m, drafts, t0, t1, t2, self.clock(), t_choose)
         return out
 
     def _dist(self, row: np.ndarray) -> np.ndarray:
@@ -355,7 +365,7 @@ class SpecRunner:
         token j ended the generation)."""
         if self._pending is None:  # a plain step: nothing to roll back
             return
-        k, m, drafts, t0, t1, t2, t_out = self._pending
+        k, m, drafts, t0, t1, t2, t_out, t_choose = self._pending
         self._pending = None
         policy = self.policy
         t3 = self.clock()
@@ -379,7 +389,7 @@ class SpecRunner:
         t4 = self.clock()
         policy.record_draft(k, t1 - t0)
         policy.record_verify(k + 1, t2 - t1)
-        policy.record_overhead((t_out - t2) + (t4 - t3))
+        policy.record_overhead(t_choose + (t_out - t2) + (t4 - t3))
 
     def _end_quiet(self) -> None:
         """Tell the policy about the fast path's rounds."""
