@@ -69,6 +69,13 @@ static void fill_acts(uint8_t *x, size_t n_blocks, int kq) {
         if (kq) {
             const float d = 0.01f;
             memcpy(x + b * bs, &d, 4);
+            // bsums = the sums of the codes, as every Q8_K quantizer writes
+            // them (gemm_kq_mma's min term relies on it; table.h)
+            for (int j = 0; j < 16; j++) {
+                int16_t s = 0;
+                for (int i = 0; i < 16; i++) s = (int16_t)(s + (int8_t)x[b * bs + 4 + 16 * j + i]);
+                memcpy(x + b * bs + 260 + 2 * j, &s, 2);
+            }
         } else {
             const uint16_t h = small_half();
             memcpy(x + b * bs, &h, 2);
@@ -289,6 +296,33 @@ static void bench_prefill(uint32_t a_in, uint32_t a_out) {
                              K_BIND(gemm_kq, y, dy, sizeof(float) * rows * n_out)};
             const uint32_t gg[3] = {K_GEMM_GROUPS_X(rows), K_GEMM_GROUPS_Y(n_out), 1};
             const double us_g = time_launches(kq ? K_ID_gemm_kq : K_ID_gemm_q8_0, gg, K_GEMM_TG, b, 5, 20);
+            // the int8 tensor-core GEMM (gemm_mma.h) on the same data: its
+            // time, and its outputs against the dp4a GEMM's, bit for bit
+            float *dy2;
+            CK(cudaMalloc(&dy2, sizeof(float) * rows * n_out));
+            k_matvec_kq_params pkm = {K_TAG_OF(gemm_kq_mma), (uint32_t)type, n_in, n_out, rows, n_out};
+            k_gemm_q8_0_mma_params p8m = {K_TAG_OF(gemm_q8_0_mma), n_in, n_out, rows, n_out};
+            k_binding bmm[] = {K_BIND(gemm_kq_mma, status, dstatus, 8),
+                               kq ? K_BIND(gemm_kq_mma, p, &pkm, sizeof pkm) : K_BIND(gemm_q8_0_mma, p, &p8m, sizeof p8m),
+                               K_BIND(gemm_kq_mma, w, dw, wbytes), K_BIND(gemm_kq_mma, xq, dx, xbytes),
+                               K_BIND(gemm_kq_mma, y, dy2, sizeof(float) * rows * n_out)};
+            const uint32_t gmm[3] = {K_MMA_GROUPS_X(rows), K_MMA_GROUPS_Y(n_out), 1};
+            const double us_mma = time_launches(kq ? K_ID_gemm_kq_mma : K_ID_gemm_q8_0_mma, gmm, K_MMA_TG, bmm, 5, 20);
+            {
+                float *y1 = (float *)malloc(sizeof(float) * rows * n_out), *y2 = (float *)malloc(sizeof(float) * rows * n_out);
+                CK(cudaMemcpy(y1, dy, sizeof(float) * rows * n_out, cudaMemcpyDeviceToHost));
+                CK(cudaMemcpy(y2, dy2, sizeof(float) * rows * n_out, cudaMemcpyDeviceToHost));
+                size_t ndiff = 0;
+                for (size_t i = 0; i < (size_t)rows * n_out; i++) ndiff += memcmp(&y1[i], &y2[i], 4) != 0;
+                const double macs = (double)n_in * n_out * rows;
+                printf("PREFILL mma %s n_in=%5u n_out=%5u rows=%u tile NSG=%d NT=%d: %8.1f us (%6.1f int8 TMAC/s, "
+                       "%5.1f us/row); dp4a gemm %8.1f us: %.2fx; outputs %s (%zu of %zu differ)\n", type_name(type), n_in,
+                       n_out, rows, (int)K_MMA_NSG, (int)K_MMA_NT, us_mma, macs / (us_mma * 1e6), us_mma / rows, us_g,
+                       us_g / us_mma, ndiff ? "DIFFER FROM THE DP4A GEMM" : "bit-identical to the dp4a gemm", ndiff,
+                       (size_t)rows * n_out);
+                free(y1), free(y2);
+            }
+            cudaFree(dy2);
             // the matvec path: ceil(rows / 16) launches of up to 16 rows
             double us_m = 0;
             for (uint32_t r0 = 0; r0 < rows; r0 += K_MATVEC_MAX_ROWS) {

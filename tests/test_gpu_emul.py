@@ -22,7 +22,7 @@ import amalgamate  # noqa: E402
 # checks (a loop over an empty shape list) fails instead of passing.
 SUITES = {"tables": 7, "f16": 2, "rmsnorm": 18, "quantize": 5, "matvec": 12, "rope": 4, "attn": 8,
           "kquant": 20, "gdn": 8, "argmax": 4, "glue": 10, "fused": 34,
-          "gdnseq": 10, "gemm": 47,
+          "gdnseq": 10, "gemm": 47, "mma": 130,
           "moe": 66}
 
 
@@ -70,6 +70,11 @@ PLANTED = [
     ("PLANT_GEMM_OFF_BY_ONE_ROW", "gemm",
      r"(Q8_0|Q4_K|Q5_K|Q6_K) n_in=\d+ n_out=(5|17|23) rows=\d+: "
      r"every value bit-identical to the width-1 matvec"),
+    # the tensor-core GEMMs swap the A fragment registers of rows g and g + 8
+    # (one k slice): caught bit for bit against the dp4a GEMM and the matvec
+    ("PLANT_MMA_FRAGMENT_SWAP", "mma",
+     r"(Q8_0|Q4_K|Q5_K|Q6_K) n_in=\d+ n_out=(5|37|70) rows=(17|45|130): "
+     r"every value bit-identical to the dp4a GEMM"),
     # matvec reads the next weight row (in bounds): caught by the CPU comparison
     ("PLANT_OFF_BY_ONE_ROW", "matvec", r"n_in=\d+ n_out=(5|17): within the reordering bound"),
     # the barrier after the attention scores removed: caught by the race shadow

@@ -58,6 +58,27 @@ K_FN float k_bits_f32(k_u32 u) { return __uint_as_float(u); }
 K_FN float k_bf2f(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
 #define k_raise(status, bits) atomicOr((status), (bits))
 
+/* Warp-wide int8 tensor-core products (sm_80+; gemm_mma.h): D = A B + C on
+ * a 16 x 8 int32 tile, K = 16 or 32 int8 per row/column, all 32 lanes at
+ * the same call (.aligned). Fragment layout: PTX ISA "Matrix Fragments for
+ * mma.m16n8k16 / m16n8k32 with integer type" (spelled out in
+ * gpu/emul/emul.c, whose emulation the CI tests run). Exact integers. */
+#define K_HAS_MMA 1
+typedef struct { int x, y, z, w; } k_i32x4;
+K_FN k_i32x4 k_mma_s8_k16(k_i32x4 c, k_u32 a0, k_u32 a1, k_u32 b0) {
+    asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};"
+        : "+r"(c.x), "+r"(c.y), "+r"(c.z), "+r"(c.w)
+        : "r"(a0), "r"(a1), "r"(b0));
+    return c;
+}
+K_FN k_i32x4 k_mma_s8_k32(k_i32x4 c, k_u32 a0, k_u32 a1, k_u32 a2, k_u32 a3, k_u32 b0, k_u32 b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+r"(c.x), "+r"(c.y), "+r"(c.z), "+r"(c.w)
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    return c;
+}
+
 #define K_CU_PARAM_K_STATUS(T, name) k_u32 *name,
 #define K_CU_PARAM_K_PARAMS(T, name) const T name,
 #define K_CU_PARAM_K_IN(T, name) const T *__restrict__ name,

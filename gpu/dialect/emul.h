@@ -71,6 +71,22 @@ K_FN int k_dot4(uint32_t a, uint32_t b, int c) {
 
 K_FN float k_bf2f(uint16_t h) { return k_bits_f32((uint32_t)h << 16); }
 
+/* Warp-wide int8 tensor-core products (gemm_mma.h; CUDA: mma.sync), all 32
+ * lanes at the same call: emul.c computes each lane's outputs from the
+ * whole SIMD-group's fragments in the PTX layout (documented there). */
+#define K_HAS_MMA 1
+typedef struct { int32_t x, y, z, w; } k_i32x4;
+K_FN k_i32x4 k_emul_mma(uint32_t k, k_i32x4 c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                        uint32_t b0, uint32_t b1, int line) {
+    const uint32_t a[4] = {a0, a1, a2, a3}, b[2] = {b0, b1};
+    int32_t v[4] = {c.x, c.y, c.z, c.w};
+    emul_mma_s8(k, a, b, v, line);
+    c.x = v[0], c.y = v[1], c.z = v[2], c.w = v[3];
+    return c;
+}
+#define k_mma_s8_k16(c, a0, a1, b0) k_emul_mma(16u, (c), (a0), (a1), 0u, 0u, (b0), 0u, __LINE__)
+#define k_mma_s8_k32(c, a0, a1, a2, a3, b0, b1) k_emul_mma(32u, (c), (a0), (a1), (a2), (a3), (b0), (b1), __LINE__)
+
 /* A kernel is k_<name>_impl(table args, int) plus the entry the emulator
  * calls with the bound slots, k_emul_<name>(slots). */
 #define K_EMUL_PARAM_K_STATUS(T, name) k_u32 *name,

@@ -63,6 +63,7 @@ static struct {
     region reg[MAX_REGIONS];
     int n_reg, n_dev_reg;
     float xbuf[2][MAX_THREADS]; /* shuffle exchange, double-buffered by parity */
+    uint32_t mbuf[2][MAX_THREADS][7]; /* MMA fragments (a0..a3, b0, b1, k), likewise */
     char err[512];
     int n_err;
     uint64_t scratch[4]; /* target of a refused access */
@@ -118,6 +119,68 @@ int emul_shfl_xor_i(int v, uint32_t mask, int line) {
     f = emul_shfl_xor(f, mask, line);
     memcpy(&v, &f, sizeof v);
     return v;
+}
+
+/* One warp-wide int8 tensor-core product, D = A B + C on a 16 x 8 tile
+ * (mma.sync.aligned.m16n8k{16,32}.row.col.s32.s8.s8.s32): every lane
+ * hands in its fragments, waits for its 31 partners at this call (like a
+ * shuffle), then computes its own 4 outputs from all 32 lanes' fragments.
+ * Fragment layout: PTX ISA 9.7.14.5.9, "Matrix Fragments for mma.m16n8k16
+ * with integer type" and "... mma.m16n8k32" (.s8: row groupID for a_i,
+ * 0 <= i < 4 || 8 <= i < 12, else groupID + 8; col 4 threadID_in_group +
+ * (i & 3), + 16 for i >= 8). Cross-checked with llama.cpp
+ * ggml-cuda/mma.cuh: tile<16, 8, int>::get_i/get_j is this C layout,
+ * tile<8, 8, int> this B layout (int l*4 + lane%4 of column lane/4), and
+ * its A tiles for the int8 mma come from load_ldmatrix's ldmatrix.x4
+ * (lane l addresses row l%16, ints 4 (l/16)..: register i = rows g / g + 8
+ * alternating, ints c then 4 + c), i.e. this A layout. With g = lane >> 2,
+ * c = lane & 3:
+ *   A (16 x K, row-major, 4 int8 per register): m16n8k16: a0 = row g,
+ *     k 4c..4c+3; a1 = row g + 8, same k. m16n8k32: a0 = row g, k 4c..+3;
+ *     a1 = row g + 8, k 4c..+3; a2 = row g, k 16 + 4c..+3; a3 = row g + 8,
+ *     k 16 + 4c..+3 (byte b of a register is k + b);
+ *   B (K x 8, column-major): b0 = k 4c..4c+3 of column g; m16n8k32 also
+ *     b1 = k 16 + 4c..+3;
+ *   C, D (16 x 8 int32): d0 = (row g, col 2c), d1 = (g, 2c + 1),
+ *     d2 = (g + 8, 2c), d3 = (g + 8, 2c + 1).
+ * Integer products and sums: exact (int64 here, wrapped to int32 as the
+ * hardware's s32 accumulator does; far from reached by our operands). */
+static int8_t mma_byte(uint32_t w, uint32_t b) { return (int8_t)(uint8_t)(w >> (8u * b)); }
+
+void emul_mma_s8(uint32_t k, const uint32_t a[4], const uint32_t b[2], int32_t c[4], int line) {
+    fiber *f = &E.f[E.cur];
+    const uint32_t tid = (uint32_t)E.cur, base = tid & ~31u, lane = tid & 31u;
+    uint32_t *m = E.mbuf[f->parity][tid];
+    for (int i = 0; i < 4; i++) m[i] = a[i];
+    m[4] = b[0], m[5] = b[1], m[6] = k;
+    f->state = WAIT_SIMD;
+    f->site = line;
+    yield_to_scheduler();
+    uint32_t(*M)[7] = E.mbuf[f->parity];
+    f->parity ^= 1;
+    for (uint32_t l = 0; l < 32; l++)
+        if (M[base + l][6] != k) {
+            fail("line %d: lanes of one SIMD-group call the MMA with K %u and %u", line, k, M[base + l][6]);
+            return;
+        }
+    if (k != 16u && k != 32u) {
+        fail("line %d: MMA with K %u (16 or 32)", line, k);
+        return;
+    }
+    const uint32_t g = lane >> 2, cc = lane & 3u;
+    for (uint32_t i = 0; i < 4; i++) {
+        const uint32_t row = g + 8u * (i >> 1), col = 2u * cc + (i & 1u);
+        int64_t s = c[i];
+        for (uint32_t kk = 0; kk < k; kk++) {
+            const uint32_t hi = kk >> 4, q = (kk & 15u) >> 2, byte = kk & 3u;
+            /* A(row, kk): lane (row mod 8) * 4 + q, register (row >= 8) + 2 hi */
+            const uint32_t aw = M[base + (row & 7u) * 4u + q][(row >> 3) + 2u * hi];
+            /* B(kk, col): lane col * 4 + q, register hi */
+            const uint32_t bw = M[base + col * 4u + q][4u + hi];
+            s += (int64_t)mma_byte(aw, byte) * (int64_t)mma_byte(bw, byte);
+        }
+        c[i] = (int32_t)(uint32_t)(uint64_t)s;
+    }
 }
 
 void emul_raise(uint32_t *status, uint32_t bits) {

@@ -48,6 +48,9 @@ extern emul_thread_pos emul_pos; /* of the running fiber (one OS thread runs the
 void emul_barrier(int line);
 float emul_shfl_xor(float v, uint32_t mask, int line);
 int emul_shfl_xor_i(int v, uint32_t mask, int line);
+/* warp-wide int8 MMA, k 16 or 32 (emul.c has the fragment layout); a2, a3
+ * and b1 unused at k 16 */
+void emul_mma_s8(uint32_t k, const uint32_t a[4], const uint32_t b[2], int32_t c[4], int line);
 void *emul_tg_array(int line, size_t elem, size_t n);
 void *emul_chk(const void *base, const void *addr, size_t size, int write, int line);
 void emul_raise(uint32_t *status, uint32_t bits);

@@ -11,7 +11,8 @@
  *
  * Rows are processed in chunks of K_RUNNER_CHUNK (64): the matrices of a
  * chunk wider than K_MATVEC_MAX_ROWS (16) go through the prefill GEMM
- * (gemm.h), narrower ones (decode, verify) through the matvecs, the same
+ * (gemm_mma.h on int8 tensor cores where the device has them, CUDA and the
+ * emulator; else gemm.h's dp4a; K_RUNNER_GEMM picks), narrower ones (decode, verify) through the matvecs, the same
  * bits per value either way; the GDN conv + recurrence of all the chunk's
  * tokens is one gdn_seq launch per layer (state on chip between tokens);
  * attention serves up to 16 rows per split-K launch (row t sees positions
@@ -148,7 +149,7 @@ struct k_runner {
     dev_state *S;
     int64_t n_ctx, n_pages, n_past, launches;
     int fuse;               /* fused glue kernels (fused.h); K_RUNNER_FUSE=0: the unfused sequence */
-    int gemm;               /* prefill GEMM for chunks > 16 rows (gemm.h); K_RUNNER_GEMM=0: matvecs */
+    int gemm;               /* prefill GEMM for chunks > 16 rows: 2 gemm_mma.h, 1 gemm.h, 0 (K_RUNNER_GEMM=0) matvecs */
     int capturing;          /* inside a verify: GDN layers keep their rows */
     int64_t ver_n, ver_pos; /* the last verify's rows and first position (0: none) */
     void *pages; /* u32 page table: identity (one sequence, no sharing yet) */
@@ -351,6 +352,21 @@ static int mm_rows(k_runner *r, const mm_job *job, int64_t n_rows, ds4_error *er
     const int64_t n_in = w->n_in, ys = job->y_stride, q8 = w->type == DS4_TYPE_Q8_0;
     const size_t xrow = q8 ? (size_t)(n_in / 32) * 34 : (size_t)(n_in / 256) * 292;
     uint8_t *const xq = q8 ? r->xq8 : r->xqk;
+#ifdef K_HAS_MMA_KERNELS
+    if (n_rows > K_MATVEC_MAX_ROWS && r->gemm == 2 && (!q8 || K_MATVEC_OCTETS_PER_ROW == 4u) &&
+        K_MMA_GROUPS_Y((uint64_t)w->n_out) <= 65535u) { /* int8 tensor cores (gemm_mma.h): the same bits */
+        k_matvec_kq_params p = {K_TAG_OF(gemm_kq_mma), (uint32_t)w->type, (uint32_t)n_in, (uint32_t)w->n_out,
+                                (uint32_t)n_rows, (uint32_t)ys};
+        k_gemm_q8_0_mma_params p8 = {K_TAG_OF(gemm_q8_0_mma), (uint32_t)n_in, (uint32_t)w->n_out, (uint32_t)n_rows,
+                                     (uint32_t)ys};
+        k_binding b[] = {STATUS_BIND(gemm_kq_mma),
+                         q8 ? K_BIND(gemm_q8_0_mma, p, &p8, sizeof p8) : K_BIND(gemm_kq_mma, p, &p, sizeof p),
+                         K_BIND(gemm_kq_mma, w, w->p, w->bytes), K_BIND(gemm_kq_mma, xq, xq, (size_t)n_rows * xrow),
+                         K_BIND(gemm_kq_mma, y, job->y, F4((n_rows - 1) * ys + w->n_out))};
+        return launch(r, q8 ? K_ID_gemm_q8_0_mma : K_ID_gemm_kq_mma, K_MMA_GROUPS_X((uint32_t)n_rows),
+                      K_MMA_GROUPS_Y((uint32_t)w->n_out), 1, K_MMA_TG, b, 5, err);
+    }
+#endif
     if (n_rows > K_MATVEC_MAX_ROWS && r->gemm && (!q8 || K_MATVEC_OCTETS_PER_ROW == 4u) &&
         K_GEMM_GROUPS_Y((uint64_t)w->n_out) <= 65535u) {
         k_matvec_kq_params p = {K_TAG_OF(gemm_kq), (uint32_t)w->type, (uint32_t)n_in, (uint32_t)w->n_out,
@@ -649,7 +665,7 @@ static int attn_layer(k_runner *r, dev_layer *L, dev_state *S, int64_t n, int64_
         k_binding bm[] = {STATUS_BIND(attn_merge), K_BIND(attn_merge, p, &pm, sizeof pm),
                           K_BIND(attn_merge, part, r->part, part),
                           K_BIND(attn_merge, out, r->attn + t0 * nh * dh, F4(an * nh * dh))};
-        if ((rc = launch(r, K_ID_attn_merge, (uint32_t)nh, (uint32_t)an, 1, 32, bm, 4, err))) return rc;
+        if ((rc = launch(r, K_ID_attn_merge, (uint32_t)nh, (uint32_t)an, 1, k_attn_merge_threads((uint32_t)dh), bm, 4, err))) return rc;
     }
     mm_job out = {&L->o, r->y, E};
     if (r->fuse) { /* the output gate and the o projection's quantizer in one launch (attn_gate_quant) */
@@ -1113,8 +1129,15 @@ int k_runner_open(k_gpu_model *g, int64_t n_ctx, k_runner **out, ds4_error *err)
     {
         const char *f = getenv("K_RUNNER_FUSE");
         r->fuse = !(f && !strcmp(f, "0"));
+        /* K_RUNNER_GEMM: 0 the matvecs, dp4a the dp4a GEMM (gemm.h), mma or
+         * unset the int8 tensor-core GEMM (gemm_mma.h) where the device has
+         * it (CUDA, the emulator; not Metal: there dp4a) -- all the same bits */
         const char *g = getenv("K_RUNNER_GEMM");
-        r->gemm = !(g && !strcmp(g, "0"));
+        int mma = 0;
+#ifdef K_HAS_MMA_KERNELS
+        mma = !strcmp(r->dev->name, "cuda") || !strcmp(r->dev->name, "emul");
+#endif
+        r->gemm = g && !strcmp(g, "0") ? 0 : g && !strcmp(g, "dp4a") ? 1 : mma ? 2 : 1;
     }
     r->S = calloc((size_t)g->c.n_main, sizeof *r->S);
     int rc = r->S ? 0 : ds4_fail(err, DS4_ERR_NOMEM, "out of host memory");

@@ -14,3 +14,8 @@
 #include "fused.h"
 #include "moe.h"
 #include "gemm.h"
+/* int8 tensor-core GEMMs: CUDA and the emulator (K_HAS_MMA); the Metal
+ * amalgamation leaves the file out (gpu/tools/amalgamate.py) */
+#ifdef K_HAS_MMA
+#include "gemm_mma.h"
+#endif

@@ -63,18 +63,41 @@ K_KERNEL(attn_partials) {
          * g < G guard, so part[] and acc[] stay in registers (indexed by a
          * runtime bound they spilled to local memory on CUDA: 350 us per
          * block on the H200); the float operations are the same. */
-        for (k_u32 pp = K_SIMD; pp < len; pp += K_NSIMD) { /* uniform per SIMD-group */
-            float part[K_ATTN_MAX_GROUP];
-            K_UNROLL for (k_u32 g = 0; g < K_ATTN_MAX_GROUP; g++) part[g] = 0.0f;
-            for (k_u32 d = K_LANE; d < dh; d += 32u) {
-                const float kv = k_h2f(K_LD(kpool, kb + pp * dh + d));
-                K_UNROLL for (k_u32 g = 0; g < K_ATTN_MAX_GROUP; g++)
-                    if (g < G) part[g] += kv * K_LD(qs, g * dh + d);
+        for (k_u32 pp = K_SIMD; pp < len; pp += 2u * K_NSIMD) { /* uniform per SIMD-group */
+            /* two positions (pp, pq) per pass, and the lane's K elements d =
+             * lane + 32 i of both rows loaded before their first use: a loop
+             * to the runtime dh waited out one load latency per element (8
+             * per position at head_dim 256: 64 us for one block at ctx 128,
+             * the KV streamed at ~0.2 TB/s at 32k on the H200). Each
+             * position's dot still adds in ascending d: the same bits */
+            const k_u32 pq = pp + K_NSIMD;
+            const int two = pq < len; /* uniform per SIMD-group */
+            float kv[2][K_ATTN_MAX_DIM / 32u];
+            K_UNROLL for (k_u32 i = 0; i < K_ATTN_MAX_DIM / 32u; i++) {
+                const k_u32 d = K_LANE + 32u * i;
+                kv[0][i] = d < dh ? k_h2f(K_LD(kpool, kb + pp * dh + d)) : 0.0f;
+                kv[1][i] = two && d < dh ? k_h2f(K_LD(kpool, kb + pq * dh + d)) : 0.0f;
+            }
+            float part[2][K_ATTN_MAX_GROUP];
+            K_UNROLL for (k_u32 g = 0; g < K_ATTN_MAX_GROUP; g++) part[0][g] = 0.0f, part[1][g] = 0.0f;
+            K_UNROLL for (k_u32 i = 0; i < K_ATTN_MAX_DIM / 32u; i++) {
+                const k_u32 d = K_LANE + 32u * i;
+                if (d < dh)
+                    K_UNROLL for (k_u32 g = 0; g < K_ATTN_MAX_GROUP; g++)
+                        if (g < G) {
+                            const float qv = K_LD(qs, g * dh + d);
+                            part[0][g] += kv[0][i] * qv;
+                            part[1][g] += kv[1][i] * qv;
+                        }
             }
             K_UNROLL for (k_u32 g = 0; g < K_ATTN_MAX_GROUP; g++) {
                 if (g >= G) break; /* uniform: no lane skips the shuffles below alone */
-                const float s = k_simd_sum(part[g]) * p.scale;
+                const float s = k_simd_sum(part[0][g]) * p.scale;
                 if (K_LANE == 0) K_ST(S, g * K_ATTN_BLOCK + pp, s);
+                if (two) {
+                    const float s1 = k_simd_sum(part[1][g]) * p.scale;
+                    if (K_LANE == 0) K_ST(S, g * K_ATTN_BLOCK + pq, s1);
+                }
             }
         }
 #ifndef PLANT_MISSING_BARRIER
@@ -135,7 +158,12 @@ K_KERNEL(attn_partials) {
 
 /* One threadgroup per (query head, row); thread d (stride K_TG_SIZE) merges
  * element d. Every thread recomputes (M, L) from the same partials, so all
- * hold the same bits. out = A * (1/L), as the CPU's fast precision. */
+ * hold the same bits. out = A * (1/L), as the CPU's fast precision. The
+ * partials are read K_ATTN_MERGE_AHEAD blocks at a time, all loads before
+ * the folds (the fold is a chain through M: one block per load latency made
+ * the merge the bulk of attention at long contexts); the folds keep
+ * ascending block order: the same bits. */
+#define K_ATTN_MERGE_AHEAD 8u
 K_KERNEL(attn_merge) {
     K_CHECK_TAG(attn_merge);
     const k_u32 h = K_GX, t = K_GY, dh = p.head_dim;
@@ -143,18 +171,25 @@ K_KERNEL(attn_merge) {
     const k_u32 nb_t = (p.pos0 + t + 1u + K_ATTN_BLOCK - 1u) / K_ATTN_BLOCK;
     for (k_u32 d = K_TID; d < dh; d += K_TG_SIZE) {
         float M = 0.0f, L = 0.0f, A = 0.0f;
-        for (k_u32 b = 0; b < nb_t; b++) {
-            const k_u32 o = ((t * p.n_head + h) * p.n_blocks + b) * (2u + dh);
-            const float mb = K_LD(part, o), lb = K_LD(part, o + 1u), ab = K_LD(part, o + 2u + d);
-            if (b == 0) {
-                M = mb, L = lb, A = ab;
-                continue;
+        for (k_u32 b0 = 0; b0 < nb_t; b0 += K_ATTN_MERGE_AHEAD) {
+            float mb[K_ATTN_MERGE_AHEAD], lb[K_ATTN_MERGE_AHEAD], ab[K_ATTN_MERGE_AHEAD];
+            K_UNROLL for (k_u32 u = 0; u < K_ATTN_MERGE_AHEAD; u++) {
+                const k_u32 b = b0 + u < nb_t ? b0 + u : nb_t - 1u; /* in bounds; unused past nb_t */
+                const k_u32 o = ((t * p.n_head + h) * p.n_blocks + b) * (2u + dh);
+                mb[u] = K_LD(part, o), lb[u] = K_LD(part, o + 1u), ab[u] = K_LD(part, o + 2u + d);
             }
-            const float nm = k_max2(M, mb);
-            const float ea = k_exp(M - nm), eb = k_exp(mb - nm);
-            L = L * ea + lb * eb;
-            A = A * ea + ab * eb;
-            M = nm;
+            K_UNROLL for (k_u32 u = 0; u < K_ATTN_MERGE_AHEAD; u++) {
+                if (b0 + u >= nb_t) break;
+                if (b0 + u == 0u) {
+                    M = mb[u], L = lb[u], A = ab[u];
+                    continue;
+                }
+                const float nm = k_max2(M, mb[u]);
+                const float ea = k_exp(M - nm), eb = k_exp(mb[u] - nm);
+                L = L * ea + lb[u] * eb;
+                A = A * ea + ab[u] * eb;
+                M = nm;
+            }
         }
         K_ST(out, t * p.out_stride + h * dh + d, A * (1.0f / L));
     }

@@ -25,4 +25,13 @@ static inline uint32_t k_attn_n_splits(uint32_t n_blocks, uint32_t blocks_per_sp
     return (n_blocks + blocks_per_split - 1) / blocks_per_split;
 }
 
+/* Threads of an attn_merge threadgroup: one per head_dim element (whole
+ * SIMD-groups, at most 256), so no thread merges more than one element's
+ * chain of partials (with 32 threads, 8 chains one after another at head_dim
+ * 256). The bits do not depend on it. */
+static inline uint32_t k_attn_merge_threads(uint32_t head_dim) {
+    const uint32_t t = (head_dim + 31u) / 32u * 32u;
+    return t < 32u ? 32u : t > 256u ? 256u : t;
+}
+
 #endif

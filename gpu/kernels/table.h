@@ -78,7 +78,19 @@ typedef uchar k_u8;
     X(25, moe_down) \
     X(30, gdn_seq)       \
     X(31, gemm_q8_0)     \
-    X(32, gemm_kq)
+    X(32, gemm_kq)       \
+    K_MMA_KERNEL_LIST(X)
+
+/* The int8 tensor-core GEMMs (gemm_mma.h) exist on CUDA and under the
+ * emulator only: Metal has no int8 simdgroup matrix, so neither its kernel
+ * source (K_DEVICE_METAL) nor its Objective-C host (__OBJC__) lists them,
+ * and a Metal runner keeps the dp4a GEMM (docs/gpu.md section 4). */
+#if defined(K_DEVICE_METAL) || defined(__OBJC__) || defined(K_NO_MMA)
+#define K_MMA_KERNEL_LIST(X)
+#else
+#define K_MMA_KERNEL_LIST(X) X(33, gemm_q8_0_mma) X(34, gemm_kq_mma)
+#define K_HAS_MMA_KERNELS 1
+#endif
 
 /* A params struct starts with its tag: 0xD5A0 in the high half, the kernel
  * id in the low half. */
@@ -582,6 +594,34 @@ typedef k_matvec_q8_0_params k_gemm_q8_0_params;
 typedef k_matvec_kq_params k_gemm_kq_params;
 #define K_ARGS_gemm_q8_0(X, K) K_ARGS_matvec_q8_0(X, K)
 #define K_ARGS_gemm_kq(X, K) K_ARGS_matvec_kq(X, K)
+
+/* ------------------------------------------------ gemm_mma (gemm_mma.h) -- */
+/* The same products as gemm_q8_0 / gemm_kq, bit for bit (every value the
+ * width-1 matvec's), with the exact integer block dot products from int8
+ * tensor-core MMA (CUDA mma.sync m16n8k16/k32; the emulator emulates its
+ * fragment layout; not on Metal). A threadgroup of K_MMA_NSG SIMD-groups
+ * serves 16 K_MMA_NSG weight rows (16 per SIMD-group) x K_MMA_TR = 8
+ * K_MMA_NT activation rows. Launch K_MMA_GROUPS_X(n_rows) x
+ * K_MMA_GROUPS_Y(n_out) threadgroups of K_MMA_TG threads (anything else
+ * raises K_ERR_SHAPE). Same params and tables as the matvecs (n_rows any
+ * count). gemm_kq_mma takes the Q4_K/Q5_K min terms from an MMA of the
+ * mins with the Q8_K codes, so it needs Q8_K rows whose bsums are the sums
+ * of their codes (true of every row quantize_q8_K / the fused quantizers
+ * write, and of the CPU's quantizer). */
+#ifndef K_MMA_NSG
+#define K_MMA_NSG 4 /* SIMD-groups per threadgroup (16 weight rows each) */
+#endif
+#ifndef K_MMA_NT
+#define K_MMA_NT 4 /* 8-row activation tiles per SIMD-group */
+#endif
+#define K_MMA_TG (32 * K_MMA_NSG)
+#define K_MMA_TR (8 * K_MMA_NT)
+#define K_MMA_GROUPS_X(n_rows) (((n_rows) + K_MMA_TR - 1) / K_MMA_TR)
+#define K_MMA_GROUPS_Y(n_out) (((n_out) + 16 * K_MMA_NSG - 1) / (16 * K_MMA_NSG))
+typedef k_matvec_q8_0_params k_gemm_q8_0_mma_params;
+typedef k_matvec_kq_params k_gemm_kq_mma_params;
+#define K_ARGS_gemm_q8_0_mma(X, K) K_ARGS_matvec_q8_0(X, K)
+#define K_ARGS_gemm_kq_mma(X, K) K_ARGS_matvec_kq(X, K)
 
 /* ------------------------------------------------------ moe (moe.h) -- */
 /* The routed MoE FFN of qwen35moe (gpu/kernels/moe.h; ids 22..25: the

@@ -5,8 +5,8 @@
  *
  *   test_gpu_emul [suite ...]     suites: tables f16 rmsnorm quantize matvec
  *                                 rope attn kquant gdn argmax glue fused moe
- *                                 gdnseq gemm (default: all; moe lives in
- *                                 test_gpu_moe.h)
+ *                                 gdnseq gemm mma (default: all; moe lives in
+ *                                 test_gpu_moe.h, mma in test_gpu_mma.h)
  *
  * Prints one line per check, "PASS suite: ..." or "FAIL suite: ...", and
  * exits 1 if any check failed. References are the project's own CPU code
@@ -30,7 +30,8 @@
  * PLANT_MOE_NEXT_EXPERT / PLANT_MOE_LAST_TIE (moe.h: the next expert's rows;
  * routing ties to the higher id), PLANT_GDN_SEQ_STALE_CONV (gdn_seq reads
  * the conv state it is replacing), PLANT_GEMM_OFF_BY_ONE_ROW (the prefill
- * GEMM reads the next weight row); tests/test_gpu_emul.py holds the list
+ * GEMM reads the next weight row), PLANT_MMA_FRAGMENT_SWAP (the tensor-core
+ * GEMMs swap two A fragment registers); tests/test_gpu_emul.py holds the list
  * it checks, with the suites each must turn red.
  *
  * Built with -DK_TEST_CUDA (make cuda-test), every launch goes to the GPU
@@ -956,7 +957,7 @@ static int run_attn(const attn_case *c, uint32_t pos0, uint32_t n_rows, const fl
         k_binding bm[] = {K_BIND(attn_merge, status, status, 8), K_BIND(attn_merge, p, &m, sizeof m),
                           K_BIND(attn_merge, part, part, sizeof(float) * part_n),
                           K_BIND(attn_merge, out, out, sizeof(float) * n_rows * qs)};
-        rc = launch(K_ID_attn_merge, c->n_head, n_rows, 1, 32, bm, 4, schedule, "attn_merge");
+        rc = launch(K_ID_attn_merge, c->n_head, n_rows, 1, k_attn_merge_threads(c->dh), bm, 4, schedule, "attn_merge");
     }
     free(part);
     return rc;
@@ -1768,6 +1769,9 @@ static void suite_gemm(void) {
     free(w), free(xq), free(y);
 }
 
+/* suite mma: the int8 tensor-core GEMMs (gpu/kernels/gemm_mma.h) */
+#include "test_gpu_mma.h"
+
 int main(int argc, char **argv) {
     ds4_kernels_init_scalar(&scalar);
     static const struct {
@@ -1777,7 +1781,7 @@ int main(int argc, char **argv) {
                   {"quantize", suite_quantize}, {"matvec", suite_matvec}, {"rope", suite_rope},
                   {"attn", suite_attn}, {"kquant", suite_kquant}, {"gdn", suite_gdn},
                   {"argmax", suite_argmax}, {"glue", suite_glue}, {"fused", suite_fused}, {"moe", suite_moe},
-                  {"gdnseq", suite_gdnseq}, {"gemm", suite_gemm}};
+                  {"gdnseq", suite_gdnseq}, {"gemm", suite_gemm}, {"mma", suite_mma}};
     const int n_suites = (int)(sizeof suites / sizeof suites[0]);
     for (int i = 1; i < argc; i++) {
         int found = 0;

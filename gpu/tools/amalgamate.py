@@ -21,19 +21,26 @@ GPU = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$')
 ROOTS = {"metal": ["dialect/metal.h", "dialect/common.h", "kernels/all.h"],
          "cuda": ["dialect/cuda.h", "dialect/common.h", "kernels/all.h"]}
+# Files a target does not get: Metal has no int8 simdgroup matrix, so the
+# tensor-core GEMMs (kernels/gemm_mma.h, K_HAS_MMA) are not part of its
+# source; its host keeps the dp4a GEMM (docs/gpu.md section 4).
+EXCLUDE = {"metal": {"kernels/gemm_mma.h"}, "cuda": set()}
 
 
-def inline(path, seen, out):
+def inline(path, seen, out, exclude=frozenset()):
     path = os.path.normpath(path)
     if path in seen:
         return
     seen.add(path)
+    if os.path.relpath(path, GPU) in exclude:
+        out.append(f"/* ---- {os.path.relpath(path, GPU)}: not on this target ---- */\n")
+        return
     out.append(f"/* ---- {os.path.relpath(path, GPU)} ---- */\n")
     with open(path) as f:
         for line in f:
             m = INCLUDE.match(line)
             if m:
-                inline(os.path.join(os.path.dirname(path), m.group(1)), seen, out)
+                inline(os.path.join(os.path.dirname(path), m.group(1)), seen, out, exclude)
             else:
                 out.append(line)
 
@@ -41,7 +48,7 @@ def inline(path, seen, out):
 def amalgamate(target):
     seen, out = set(), []
     for rel in ROOTS[target]:
-        inline(os.path.join(GPU, rel), seen, out)
+        inline(os.path.join(GPU, rel), seen, out, EXCLUDE[target])
     return "".join(out)
 
 

@@ -12,6 +12,9 @@
 #     on the GPU, against the same CPU references as under the emulator);
 #  4. compute-sanitizer memcheck (all suites), racecheck and synccheck (the
 #     suites whose kernels use threadgroup memory and barriers);
+#     The mma suite (the int8 tensor-core GEMMs, gemm_mma.h) runs there
+#     too: every value bit for bit the dp4a GEMM's and the matvec's, on the
+#     real mma.sync fragment layout;
 #  5. the matvec microbenchmark at a 27B-like shape (5120 x 17408): GB/s
 #     of weights read against the H200's ~4300 GB/s; the GDN step and the
 #     argmax / top-8 over a 248320 vocabulary in microseconds.
@@ -66,7 +69,7 @@ cat "$OUT/harness.log"
 
 # Sanitizers: memcheck over every suite; racecheck / synccheck over the
 # suites whose kernels share threadgroup memory or wait at barriers.
-BARRIER_SUITES="rmsnorm attn gdn argmax fused gdnseq gemm"  # the suites whose kernels use threadgroup memory and barriers (fused: norm_quant, qk_norm_rope; gdnseq: gdn_seq; gemm: the activation tile)
+BARRIER_SUITES="rmsnorm attn gdn argmax fused gdnseq gemm mma"  # the suites whose kernels use threadgroup memory and barriers (fused: norm_quant, qk_norm_rope; gdnseq: gdn_seq; gemm: the activation tile; mma: per-thread tree slots, no barrier)
 sanitize() {
     local tool=$1 limit=$2
     shift 2
@@ -85,7 +88,7 @@ sanitize() {
     if [ $rc -eq 124 ]; then fail "$tool (timeout ${limit}s)"; elif [ $rc -ne 0 ]; then fail "$tool (rc $rc)"; fi
 }
 if command -v compute-sanitizer >/dev/null; then
-    sanitize memcheck 150 tables rmsnorm quantize matvec rope attn kquant gdn argmax glue fused moe gdnseq gemm
+    sanitize memcheck 180 tables rmsnorm quantize matvec rope attn kquant gdn argmax glue fused moe gdnseq gemm mma
     sanitize racecheck 150 $BARRIER_SUITES
     sanitize synccheck 90 $BARRIER_SUITES
 else
@@ -95,6 +98,10 @@ fi
 step "microbenchmark: matvec at 5120 x 17408 (a 27B-like FFN), GDN step, argmax"
 timeout 60 ./build/cuda/bench_matvec 5120 17408 2>&1 | tee "$OUT/bench.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || fail "bench"
+# PREFILL mma lines: the tensor-core GEMM's outputs at this shape against the
+# dp4a GEMM's, bit for bit (random Q8_K rows with consistent bsums)
+if grep -q "^PREFILL mma.*DIFFER" "$OUT/bench.log"; then fail "mma-vs-dp4a"; fi
+grep -q "^PREFILL mma" "$OUT/bench.log" || fail "mma-bench-missing"
 
 echo
 echo "=== done in $(($(date +%s) - T0)) s; logs in $OUT"
