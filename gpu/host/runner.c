@@ -11,8 +11,8 @@
  *
  * Rows are processed in chunks of K_RUNNER_CHUNK (64): the matrices of a
  * chunk wider than K_MATVEC_MAX_ROWS (16) go through the prefill GEMM
- * (gemm_mma.h on int8 tensor cores where the device has them, CUDA and the
- * emulator; else gemm.h's dp4a; K_RUNNER_GEMM picks), narrower ones (decode, verify) through the matvecs, the same
+ * (gemm.h's dp4a; K_RUNNER_GEMM=mma: gemm_mma.h on int8 tensor cores, CUDA
+ * and the emulator), narrower ones (decode, verify) through the matvecs, the same
  * bits per value either way; the GDN conv + recurrence of all the chunk's
  * tokens is one gdn_seq launch per layer (state on chip between tokens);
  * attention serves up to 16 rows per split-K launch (row t sees positions
@@ -1129,15 +1129,18 @@ int k_runner_open(k_gpu_model *g, int64_t n_ctx, k_runner **out, ds4_error *err)
     {
         const char *f = getenv("K_RUNNER_FUSE");
         r->fuse = !(f && !strcmp(f, "0"));
-        /* K_RUNNER_GEMM: 0 the matvecs, dp4a the dp4a GEMM (gemm.h), mma or
-         * unset the int8 tensor-core GEMM (gemm_mma.h) where the device has
-         * it (CUDA, the emulator; not Metal: there dp4a) -- all the same bits */
+        /* K_RUNNER_GEMM: 0 the matvecs, unset or dp4a the dp4a GEMM (gemm.h),
+         * mma the int8 tensor-core GEMM (gemm_mma.h) where the device has it
+         * (CUDA, the emulator; not Metal) -- all the same bits. dp4a is the
+         * default: on the H200 (2026-11-30) the tensor-core GEMM ran a
+         * 27B-like prefill at 0.90x of it and the 0.8B Q8_0 shape at 0.67x
+         * (its fixed-order float epilogue, not the MMAs, is the bound) */
         const char *g = getenv("K_RUNNER_GEMM");
         int mma = 0;
 #ifdef K_HAS_MMA_KERNELS
-        mma = !strcmp(r->dev->name, "cuda") || !strcmp(r->dev->name, "emul");
+        mma = g && !strcmp(g, "mma") && (!strcmp(r->dev->name, "cuda") || !strcmp(r->dev->name, "emul"));
 #endif
-        r->gemm = g && !strcmp(g, "0") ? 0 : g && !strcmp(g, "dp4a") ? 1 : mma ? 2 : 1;
+        r->gemm = g && !strcmp(g, "0") ? 0 : mma ? 2 : 1;
     }
     r->S = calloc((size_t)g->c.n_main, sizeof *r->S);
     int rc = r->S ? 0 : ds4_fail(err, DS4_ERR_NOMEM, "out of host memory");
