@@ -50,6 +50,14 @@ typedef char k_runner_chunk_ok[K_RUNNER_CHUNK >= K_MATVEC_MAX_ROWS && K_RUNNER_C
 /* Threadgroups the split-K attention aims for (about two per SM of an
  * H200's 132; attn_plan.h): only speed depends on it. */
 #define ATTN_TARGET_GROUPS 256
+/* Threads of an attn_partials threadgroup on CUDA (a speed knob: the score
+ * loop's positions spread over its SIMD-groups; the bits never depend on
+ * it). 1024 measured best on the H200 (attn.h: the sweep); the emulator and
+ * Metal keep 256 (the emulator's fibers cost per thread, and a Metal
+ * pipeline's maxTotalThreadsPerThreadgroup may be below 1024: unmeasured). */
+#ifndef K_ATTN_TG
+#define K_ATTN_TG 1024
+#endif
 
 typedef struct {
     void *p;
@@ -150,6 +158,7 @@ struct k_runner {
     int64_t n_ctx, n_pages, n_past, launches;
     int fuse;               /* fused glue kernels (fused.h); K_RUNNER_FUSE=0: the unfused sequence */
     int gemm;               /* prefill GEMM for chunks > 16 rows: 2 gemm_mma.h, 1 gemm.h, 0 (K_RUNNER_GEMM=0) matvecs */
+    uint32_t attn_tg;       /* attn_partials threads: K_ATTN_TG on CUDA, else 256 */
     int capturing;          /* inside a verify: GDN layers keep their rows */
     int64_t ver_n, ver_pos; /* the last verify's rows and first position (0: none) */
     void *pages; /* u32 page table: identity (one sequence, no sharing yet) */
@@ -657,7 +666,7 @@ static int attn_layer(k_runner *r, dev_layer *L, dev_state *S, int64_t n, int64_
         /* 256 threads: at short contexts only n_head_kv x rows threadgroups
          * exist, so each needs its own latency hiding (no effect on the bits:
          * attn.h's per-position and per-element work is placed by position) */
-        if ((rc = launch(r, K_ID_attn_partials, (uint32_t)nkv, k_attn_n_splits(nb, bps), (uint32_t)an, 256, bp, 7,
+        if ((rc = launch(r, K_ID_attn_partials, (uint32_t)nkv, k_attn_n_splits(nb, bps), (uint32_t)an, r->attn_tg, bp, 7,
                          err)))
             return rc;
         k_attn_merge_params pm = {K_TAG_OF(attn_merge), (uint32_t)nh, (uint32_t)dh, (uint32_t)an, (uint32_t)apos,
@@ -1141,6 +1150,7 @@ int k_runner_open(k_gpu_model *g, int64_t n_ctx, k_runner **out, ds4_error *err)
         mma = g && !strcmp(g, "mma") && (!strcmp(r->dev->name, "cuda") || !strcmp(r->dev->name, "emul"));
 #endif
         r->gemm = g && !strcmp(g, "0") ? 0 : mma ? 2 : 1;
+        r->attn_tg = !strcmp(r->dev->name, "cuda") ? K_ATTN_TG : 256;
     }
     r->S = calloc((size_t)g->c.n_main, sizeof *r->S);
     int rc = r->S ? 0 : ds4_fail(err, DS4_ERR_NOMEM, "out of host memory");

@@ -28,6 +28,19 @@
  * reference.
  */
 
+/* Speed knobs (-D; the bits never depend on them): positions per pass of
+ * the score loop, V rows loaded ahead per thread. H200 sweep (2026-11-30,
+ * gpu/tools/device_attn_sweep.sh, 0.8B Q8_0 decode at ctx 128 / 32k, with
+ * the runner's K_ATTN_TG): KPOS 1 / VAHEAD 8 / 1024 threads 354 / 303 tok/s,
+ * attn_partials 29 / 89 us a launch; KPOS 2 / 8 / 256 311 / 216 (89 / 316
+ * us); KPOS 2 / 8 / 1024 341-348 / 282-285; KPOS 1 / 8 / 512 354 / 296;
+ * KPOS 1 / 16 / 1024 348 / 291; KPOS 4 with 256 threads 316 / 225-230. */
+#ifndef K_ATTN_KPOS
+#define K_ATTN_KPOS 1u
+#endif
+#ifndef K_ATTN_VAHEAD
+#define K_ATTN_VAHEAD 8u
+#endif
 K_KERNEL(attn_partials) {
     K_CHECK_TAG(attn_partials);
     const k_u32 dh = p.head_dim;
@@ -63,40 +76,41 @@ K_KERNEL(attn_partials) {
          * g < G guard, so part[] and acc[] stay in registers (indexed by a
          * runtime bound they spilled to local memory on CUDA: 350 us per
          * block on the H200); the float operations are the same. */
-        for (k_u32 pp = K_SIMD; pp < len; pp += 2u * K_NSIMD) { /* uniform per SIMD-group */
-            /* two positions (pp, pq) per pass, and the lane's K elements d =
-             * lane + 32 i of both rows loaded before their first use: a loop
-             * to the runtime dh waited out one load latency per element (8
-             * per position at head_dim 256: 64 us for one block at ctx 128,
-             * the KV streamed at ~0.2 TB/s at 32k on the H200). Each
-             * position's dot still adds in ascending d: the same bits */
-            const k_u32 pq = pp + K_NSIMD;
-            const int two = pq < len; /* uniform per SIMD-group */
-            float kv[2][K_ATTN_MAX_DIM / 32u];
-            K_UNROLL for (k_u32 i = 0; i < K_ATTN_MAX_DIM / 32u; i++) {
-                const k_u32 d = K_LANE + 32u * i;
-                kv[0][i] = d < dh ? k_h2f(K_LD(kpool, kb + pp * dh + d)) : 0.0f;
-                kv[1][i] = two && d < dh ? k_h2f(K_LD(kpool, kb + pq * dh + d)) : 0.0f;
+        for (k_u32 pp = K_SIMD; pp < len; pp += K_ATTN_KPOS * K_NSIMD) { /* uniform per SIMD-group */
+            /* K_ATTN_KPOS positions pp + j NSIMD per pass, and the lane's K
+             * elements d = lane + 32 i of all their rows loaded before the
+             * first use: a loop to the runtime dh waited out one load latency
+             * per element (8 per position at head_dim 256: 64 us for one
+             * block at ctx 128, the KV streamed at ~0.2 TB/s at 32k on the
+             * H200). Each position's dot still adds in ascending d: the same
+             * bits whatever K_ATTN_KPOS */
+            float kv[K_ATTN_KPOS][K_ATTN_MAX_DIM / 32u];
+            K_UNROLL for (k_u32 j = 0; j < K_ATTN_KPOS; j++) {
+                const k_u32 pj = pp + j * K_NSIMD;
+                K_UNROLL for (k_u32 i = 0; i < K_ATTN_MAX_DIM / 32u; i++) {
+                    const k_u32 d = K_LANE + 32u * i;
+                    kv[j][i] = pj < len && d < dh ? k_h2f(K_LD(kpool, kb + pj * dh + d)) : 0.0f;
+                }
             }
-            float part[2][K_ATTN_MAX_GROUP];
-            K_UNROLL for (k_u32 g = 0; g < K_ATTN_MAX_GROUP; g++) part[0][g] = 0.0f, part[1][g] = 0.0f;
+            float part[K_ATTN_KPOS][K_ATTN_MAX_GROUP];
+            K_UNROLL for (k_u32 j = 0; j < K_ATTN_KPOS; j++)
+                K_UNROLL for (k_u32 g = 0; g < K_ATTN_MAX_GROUP; g++) part[j][g] = 0.0f;
             K_UNROLL for (k_u32 i = 0; i < K_ATTN_MAX_DIM / 32u; i++) {
                 const k_u32 d = K_LANE + 32u * i;
                 if (d < dh)
                     K_UNROLL for (k_u32 g = 0; g < K_ATTN_MAX_GROUP; g++)
                         if (g < G) {
                             const float qv = K_LD(qs, g * dh + d);
-                            part[0][g] += kv[0][i] * qv;
-                            part[1][g] += kv[1][i] * qv;
+                            K_UNROLL for (k_u32 j = 0; j < K_ATTN_KPOS; j++) part[j][g] += kv[j][i] * qv;
                         }
             }
-            K_UNROLL for (k_u32 g = 0; g < K_ATTN_MAX_GROUP; g++) {
-                if (g >= G) break; /* uniform: no lane skips the shuffles below alone */
-                const float s = k_simd_sum(part[0][g]) * p.scale;
-                if (K_LANE == 0) K_ST(S, g * K_ATTN_BLOCK + pp, s);
-                if (two) {
-                    const float s1 = k_simd_sum(part[1][g]) * p.scale;
-                    if (K_LANE == 0) K_ST(S, g * K_ATTN_BLOCK + pq, s1);
+            K_UNROLL for (k_u32 j = 0; j < K_ATTN_KPOS; j++) {
+                const k_u32 pj = pp + j * K_NSIMD;
+                if (pj >= len) break; /* uniform per SIMD-group: no lane skips the shuffles alone */
+                K_UNROLL for (k_u32 g = 0; g < K_ATTN_MAX_GROUP; g++) {
+                    if (g >= G) break;
+                    const float s = k_simd_sum(part[j][g]) * p.scale;
+                    if (K_LANE == 0) K_ST(S, g * K_ATTN_BLOCK + pj, s);
                 }
             }
         }
@@ -125,14 +139,14 @@ K_KERNEL(attn_partials) {
         for (k_u32 d = K_TID; d < dh; d += K_TG_SIZE) {
             float acc[K_ATTN_MAX_GROUP];
             K_UNROLL for (k_u32 g = 0; g < K_ATTN_MAX_GROUP; g++) acc[g] = 0.0f;
-            /* eight V loads in flight before their adds (latency: one or
-             * two threadgroups per SM at short contexts); the adds keep
-             * ascending pp order, so the sums are unchanged */
+            /* K_ATTN_VAHEAD V loads in flight before their adds (latency:
+             * one or two threadgroups per SM at short contexts); the adds
+             * keep ascending pp order, so the sums are unchanged */
             k_u32 pp = 0;
-            for (; pp + 8u <= len; pp += 8u) {
-                float v8[8];
-                K_UNROLL for (k_u32 u = 0; u < 8u; u++) v8[u] = k_h2f(K_LD(vpool, kb + (pp + u) * dh + d));
-                K_UNROLL for (k_u32 u = 0; u < 8u; u++)
+            for (; pp + K_ATTN_VAHEAD <= len; pp += K_ATTN_VAHEAD) {
+                float v8[K_ATTN_VAHEAD];
+                K_UNROLL for (k_u32 u = 0; u < K_ATTN_VAHEAD; u++) v8[u] = k_h2f(K_LD(vpool, kb + (pp + u) * dh + d));
+                K_UNROLL for (k_u32 u = 0; u < K_ATTN_VAHEAD; u++)
                     K_UNROLL for (k_u32 g = 0; g < K_ATTN_MAX_GROUP; g++)
                         if (g < G) acc[g] += K_LD(S, g * K_ATTN_BLOCK + pp + u) * v8[u];
             }
