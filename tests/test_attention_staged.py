@@ -9,11 +9,15 @@ so every comparison here is exact (no tolerance): on prefill rows (the rows
 path, several blocks per row), on decode rows past one block (split-K), and
 under DS4_FORCE_SCALAR=1 (the portable V step over the scalar kernel set).
 
-Three models, covering the AVX-512 kernels' branches: the golden dense Q8_0
+Five models, covering the AVX-512 kernels' branches: the golden dense Q8_0
 file (head 16, GQA group 2) and two generated ones: head 40 with a GQA group
 of 3 (the two-head and one-head V passes, a masked 8-lane tail) and head 72
 with a group of 8 (two four-head passes of scores and V step, a 64-value dot
-step, then a masked tail).
+step, then a masked tail); then the 0.8B bench shape's attention (head 256,
+group 4: whole 64-value steps) and a group of 17 with head 64 (more heads
+than the AVX-512 softmax's 16 lanes). tests/test_attention_kernels.py checks
+the kernels one by one on inputs no model here produces (NaN scores, F16
+subnormals and overflow, ...).
 """
 
 from __future__ import annotations
@@ -36,6 +40,12 @@ GOLDEN = os.path.join(HERE, "golden", "models", "dense-q8_0.gguf")
 ODD = BM.Shape("qwen35", 4, 256, 12, 4, 40, 2, 4, 64, n_ff=512, n_vocab=1024, n_rot=16)
 # head_dim 72, 8 query heads over 1 kv head (8 * 72 = 576: whole Q8_0 blocks).
 WIDE = BM.Shape("qwen35", 4, 256, 8, 1, 72, 2, 4, 64, n_ff=512, n_vocab=1024, n_rot=16)
+# The 0.8B bench shape's attention (head 256, 8 query heads over 2 kv heads):
+# four whole 64-value dot steps, no tail, the four-head V pass.
+DEEP = BM.Shape("qwen35", 4, 256, 8, 2, 256, 2, 4, 64, n_ff=512, n_vocab=1024, n_rot=64)
+# 17 query heads over 1 kv head, head 64: more heads than the AVX-512
+# softmax's 16 lanes, five score passes sharing one widened K row.
+MANY = BM.Shape("qwen35", 4, 256, 17, 1, 64, 2, 4, 64, n_ff=512, n_vocab=1024, n_rot=16)
 
 # Prefill 300 rows in one eval (rows path; rows past 256 see two blocks),
 # 40 decode steps (split-K), then 200 more rows in one eval: logits of every
@@ -78,6 +88,20 @@ def wide_model(tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="module")
+def deep_model(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("attn") / "deep-q8_0.gguf")
+    BM.write_model(DEEP, "Q8_0", path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def many_model(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("attn") / "many-q8_0.gguf")
+    BM.write_model(MANY, "Q8_0", path)
+    return path
+
+
 def _run(path: str, threads: int, reference: bool, scalar: bool) -> tuple[str, int]:
     env = {k: v for k, v in os.environ.items()
            if k not in ("DS4_FORCE_SCALAR", "DS4_ATTN_REFERENCE", "DS4PY_PATHS")}
@@ -101,6 +125,17 @@ def test_staged_equals_reference(which, scalar, odd_model, wide_model):
     ref, ref_same = _run(path, 2, reference=True, scalar=scalar)
     assert same == 1, "staged: token-by-token rows differ from batched rows"
     assert ref_same == 1, "reference: token-by-token rows differ from batched rows"
+    assert staged == ref, "the staged F16 recipe differs from the position-by-position one"
+
+
+@pytest.mark.parametrize("which", ["deep", "many"])
+def test_staged_equals_reference_bench_shapes(which, deep_model, many_model):
+    """The session's own kernel set (AVX-512 here) on head dims with whole
+    64-value dot steps and on a GQA group wider than 16 heads."""
+    path = {"deep": deep_model, "many": many_model}[which]
+    staged, same = _run(path, 2, reference=False, scalar=False)
+    ref, ref_same = _run(path, 2, reference=True, scalar=False)
+    assert same == 1 and ref_same == 1, "token-by-token rows differ from batched rows"
     assert staged == ref, "the staged F16 recipe differs from the position-by-position one"
 
 

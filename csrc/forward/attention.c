@@ -166,6 +166,8 @@ typedef struct {
     float scale;
     f16_acc_fn acc;       /* NULL: the portable V step */
     f16_scores_fn scores; /* NULL: the set's to_float + vec_dot_f32[F32] */
+    /* NULL: the portable pass 2 (softmax scalars and S, position by position) */
+    void (*softmax)(float *w, float *r, int64_t rs, int64_t G, int64_t P, float *st, int64_t hs);
     int staged;     /* F16 recipe in three passes (else position by position) */
 } kv_view;
 
@@ -345,6 +347,47 @@ static void f16_acc_portable(const ds4_fwd *f, const attn_scratch *sc, float *a,
     }
 }
 
+/* Pass 2 of block_f16_staged, position by position (the definition the
+ * AVX-512 kernel ds4_attn_f16_softmax_avx512 reproduces bit for bit): per
+ * head the weights over the scores in sw, the rescale factors in sr, the
+ * factors ms in sm; st[g*hstride] = M, st[g*hstride + 1] = S. */
+static void f16_softmax_portable(const attn_scratch *sc, int64_t G, int64_t P, float *st,
+                                 int64_t hstride) {
+    for (int64_t g = 0; g < G; g++) {
+        float *w = sc->sw + g * DS4_KV_PAGE, *r = sc->sr + g * DS4_KV_PAGE;
+        float *m = sc->sm + g * DS4_KV_PAGE;
+        float M = -INFINITY;
+        for (int64_t i = 0; i < P; i++) {
+            const float s = w[i];
+            float ms = 1.0f, vs = 1.0f, x = 1.0f;
+            if (s > M) {
+                const float Mold = M;
+                M = s;
+                ms = expf(Mold - M);
+                if (Mold != -INFINITY) x = ms;
+            } else {
+                vs = expf(s - M);
+            }
+            w[i] = vs;
+            r[i] = x;
+            m[i] = ms;
+        }
+        st[g * hstride] = M;
+    }
+    /* S = S*ms + vs, position by position, for up to four heads at once:
+     * each head's chain of dependent multiply-adds overlaps the others'. */
+    for (int64_t g0 = 0; g0 < G; g0 += 4) {
+        const int64_t n = G - g0 < 4 ? G - g0 : 4;
+        float S[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int64_t i = 0; i < P; i++)
+            for (int64_t j = 0; j < n; j++) {
+                const int64_t o = (g0 + j) * DS4_KV_PAGE + i;
+                S[j] = S[j] * sc->sm[o] + sc->sw[o];
+            }
+        for (int64_t j = 0; j < n; j++) st[(g0 + j) * hstride + 1] = S[j];
+    }
+}
+
 /* block_partial_f16 for the G query heads of kv head kvh (queries qgw,
  * G x dh, already rounded to F16 and widened), in three passes over the
  * block. Head g's partial goes to st + g*hstride: [0] = M, [1] = S,
@@ -358,7 +401,10 @@ static void f16_acc_portable(const ds4_fwd *f, const attn_scratch *sc, float *a,
  *     accumulator is zero; a factor that rounds to exactly 1 changes no
  *     F16 value either, so skipping it is the same), else the weight
  *     expf(s - M); then S = S*ms + vs (ms = expf(Mold - M) on a new max,
- *     else 1), up to four heads' chains interleaved;
+ *     else 1), up to four heads' chains interleaved (f16_softmax_portable;
+ *     the AVX-512 set runs ds4_attn_f16_softmax_avx512, the same values 16
+ *     positions at a time with glibc's expf vectorised, used only where
+ *     that expf was found equal to this process's);
  *  3. the V accumulation with those factors (attn_simd.h).
  * Pass 2's expf calls depend only on the scores, so they overlap each
  * other instead of waiting on each position's V step. Memory hints (AVX-512
@@ -391,39 +437,13 @@ static void block_f16_staged(const kv_view *kv, int64_t kvh, int64_t G, const fl
         }
     }
     for (int64_t g = 0; g < G; g++) {
-        float *w = sc->sw + g * DS4_KV_PAGE, *r = sc->sr + g * DS4_KV_PAGE;
-        float *m = sc->sm + g * DS4_KV_PAGE;
-        float M = -INFINITY;
-        for (int64_t i = 0; i < P; i++) {
-            const float s = w[i];
-            float ms = 1.0f, vs = 1.0f, x = 1.0f;
-            if (s > M) {
-                const float Mold = M;
-                M = s;
-                ms = expf(Mold - M);
-                if (Mold != -INFINITY) x = ms;
-            } else {
-                vs = expf(s - M);
-            }
-            w[i] = vs;
-            r[i] = x;
-            m[i] = ms;
-        }
         float *o = st + g * hstride;
-        o[0] = M;
         for (int64_t d = 0; d < dh; d++) o[2 + d] = 0.0f;
     }
-    /* S = S*ms + vs, position by position, for up to four heads at once:
-     * each head's chain of dependent multiply-adds overlaps the others'. */
-    for (int64_t g0 = 0; g0 < G; g0 += 4) {
-        const int64_t n = G - g0 < 4 ? G - g0 : 4;
-        float S[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        for (int64_t i = 0; i < P; i++)
-            for (int64_t j = 0; j < n; j++) {
-                const int64_t o = (g0 + j) * DS4_KV_PAGE + i;
-                S[j] = S[j] * sc->sm[o] + sc->sw[o];
-            }
-        for (int64_t j = 0; j < n; j++) st[(g0 + j) * hstride + 1] = S[j];
+    if (kv->softmax) {
+        kv->softmax(sc->sw, sc->sr, DS4_KV_PAGE, G, P, st, hstride);
+    } else {
+        f16_softmax_portable(sc, G, P, st, hstride);
     }
     if (kv->acc) {
         /* block b+1 (it exists when `next`: the row sees past this block) */
@@ -659,6 +679,10 @@ void ds4_attn_block(ds4_fwd *f, const ds4_layer *L, ds4_kv_layer *kvl, int64_t n
     ac.kv.staged = f->attn_f16 && !attn_reference();
     ac.kv.acc = ac.kv.staged && avx512_kernels(f) ? ds4_attn_f16_acc_avx512 : NULL;
     ac.kv.scores = ac.kv.staged && avx512_kernels(f) ? ds4_attn_f16_scores_avx512 : NULL;
+    /* pass 2 in 16 lanes: glibc's expf vectorised, used only where it was
+     * found equal to this process's expf */
+    ac.kv.softmax = ac.kv.acc && ds4_attn_f16_softmax_avx512_ok() ? ds4_attn_f16_softmax_avx512
+                                                                  : NULL;
     if (ac.kv.staged && avx2_kernels(f)) {
         ac.kv.acc = ds4_attn_f16_acc_avx2;
         ac.kv.scores = ds4_attn_f16_scores_avx2;
@@ -673,13 +697,15 @@ void ds4_attn_block(ds4_fwd *f, const ds4_layer *L, ds4_kv_layer *kvl, int64_t n
     ac.part = f->attn_part;
     const int split = n == 1 && ac.nb > 1;
     if (ds4_paths_on()) {
-        char v[96];
+        char v[128];
         snprintf(v, sizeof v, "%s, 256-blocks per GQA group, %s",
                  split ? "split-K decode" : "rows",
                  !f->attn_f16 ? "F32 Q/V"
                  : !ac.kv.staged ? "F16 KV, Q/V in F16, reference loop"
                  : ac.kv.acc == ds4_attn_f16_acc_avx2
                      ? "F16 KV, Q/V in F16, staged, scores+V step avx2"
+                 : ac.kv.acc && ac.kv.softmax
+                     ? "F16 KV, staged, scores+V step avx512, softmax avx512" /* 95 chars at most */
                  : ac.kv.acc ? "F16 KV, Q/V in F16, staged, scores+V step avx512"
                              : "F16 KV, Q/V in F16, staged, scores+V step portable");
         ds4_path_note(f->path_layer, "attention", v);

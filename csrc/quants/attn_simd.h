@@ -7,8 +7,8 @@
  * session runs that ISA's kernel set (so DS4_FORCE_SCALAR also turns these
  * off) and *_ok() says it was built.
  *
- * The V step of the F16 recipe (ds4_attn_f16_acc_*) over P consecutive positions i and G query
- * heads g (positions ascending; per position every head):
+ * The V step of the F16 recipe (ds4_attn_f16_acc_*) over P <= 256 consecutive positions i
+ * (one block) and G query heads g (positions ascending; per position every head):
  *     x = r[g*rs + i];
  *     if (x != 1.0f) a_g[d] = f32(f16(a_g[d] * x))            for all d < dh;
  *     a_g[d] = f32(f16(a_g[d] + f32(v_i[d]) * w[g*rs + i]))   for all d < dh;
@@ -40,6 +40,17 @@ int ds4_attn_f16_acc_avx512_ok(void);
 void ds4_attn_f16_acc_avx512(float *a, int64_t as, int64_t G, const uint16_t *v, int64_t P,
                              const float *w, const float *r, int64_t rs, int64_t dh,
                              const uint16_t *nk, const uint16_t *nv, int64_t nP);
+
+/* Pass 2 of the staged recipe (attention.c block_f16_staged) for G heads
+ * over P <= 256 positions: head g's scores w[g*rs + i] are replaced by the
+ * weights vs, r[g*rs + i] receives the rescale factors x, st[g*hs] the
+ * block's max M and st[g*hs + 1] the sum S, all as the portable loop makes
+ * them; expf is glibc's, 16 lanes at a time. Valid only where
+ * ds4_attn_f16_softmax_avx512_ok() (expf16 checked against this process's
+ * expf once) says 1. */
+int ds4_attn_f16_softmax_avx512_ok(void);
+void ds4_attn_f16_softmax_avx512(float *w, float *r, int64_t rs, int64_t G, int64_t P, float *st,
+                                 int64_t hs);
 
 /* The same two kernels for sessions running the AVX2 kernel set
  * (attn_avx2.c): scores in the order of that set's vec_dot_f32[F32]; nk,
