@@ -45,6 +45,7 @@ import csv
 import json
 import os
 import platform
+import re
 import resource
 import statistics
 import subprocess
@@ -67,6 +68,7 @@ QUICK_MODELS = ("dense08b-Q4_K_M",)
 #   {"op": "prefill", "n": N}            -> {"s": seconds}
 #   {"op": "decode_sweep", "ctx": [...], "steps": k} -> {"tps": [...]}
 #   {"op": "rss"}                        -> {"rss_mb": peak}
+#   {"op": "paths"}                      -> {"paths": DS4PY_PATHS record} (ds4py)
 
 def _tokens(n: int, vocab: int, salt: int) -> list[int]:
     # deterministic, spread over the vocabulary, no special meaning
@@ -189,15 +191,18 @@ def worker_main(engine, path, threads, n_ctx, repack):
             r = {"tps": eng.decode_sweep(cmd["ctx"], cmd["steps"])}
         elif cmd["op"] == "rss":
             r = {"rss_mb": _peak_rss_mb()}
+        elif cmd["op"] == "paths":
+            from ds4py._core import paths_report
+            r = {"paths": paths_report()}
         else:
             r = {"error": f"unknown op {cmd['op']!r}"}
         print(json.dumps(r), flush=True)
 
 
 class Worker:
-    def __init__(self, name, engine, path, threads, n_ctx, repack, log_dir):
+    def __init__(self, name, engine, path, threads, n_ctx, repack, log_dir, extra_env=None):
         self.name = name
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), **(extra_env or {})}
         # the engines' own logging (llama.cpp's is verbose) goes to a file
         self.log = open(os.path.join(log_dir, f"worker-{name.replace(' ', '_')}.log"), "w")
         self.p = subprocess.Popen(
@@ -322,9 +327,41 @@ def run_model(spec, a, bw, log):
             "decode": {c: _stats(v) for c, v in r["decode"].items()},
             "peak_rss_mb": rss[name],
         }
+    # split-K decode attention runs from 512 positions on: 1k shows the
+    # decode paths without another 8k prefill
+    out["paths"] = kernel_paths(path, a, prefills[0], min(ctxs[-1], 1024), log)
     out["bytes_per_token"] = {c: bytes_per_token(path, c) for c in ctxs}
     out["bound_tps"] = {c: bw["read"] * 1e9 / out["bytes_per_token"][c]["total"] for c in ctxs}
     return out
+
+
+def kernel_paths(path, a, prefill_n, ctx, log):
+    """Which kernel variant each layer ran (DS4PY_PATHS=1), from a separate
+    ds4py worker after the timed runs: the record takes a lock per noted
+    call, so it must not share a process with a timed figure. The worker
+    runs one prefill (the GEMM paths) and a few decode steps at ctx (the
+    matvec and split-K attention paths). Returns {(op, variant): layers}
+    as a list of [op, variant, n_layers] rows."""
+    env = {"DS4PY_PATHS": "1"}
+    n_ctx = max(prefill_n, ctx + 8) + 64
+    w = Worker("ds4py paths", "ds4py", path, a.threads, n_ctx, True, a.out, extra_env=env)
+    try:
+        w.ask(op="prefill", n=prefill_n)
+        w.ask(op="decode_sweep", ctx=[ctx], steps=2)
+        rep = w.ask(op="paths")["paths"]
+    finally:
+        w.close()
+    count: dict = {}
+    for line in rep.splitlines():
+        m = re.match(r"layer +-?\d+  (.{22}) (.*)$", line)  # paths.c's "layer %3lld  %-22s %s"
+        if not m:
+            continue
+        key = (m.group(1).strip(), m.group(2).strip())
+        count[key] = count.get(key, 0) + 1
+    rows = [[op, var, n] for (op, var), n in sorted(count.items())]
+    if not rows:
+        log("  kernel paths: none recorded (DS4PY_PATHS gave no report)")
+    return rows
 
 
 def l3_bytes() -> int:
@@ -387,6 +424,8 @@ def report(results, bw, threads, log):
                              f"{b['head'] / 1e6:.1f} + GDN state {b['gdn_state'] / 1e6:.1f} + KV "
                              f"{b['kv'] / 1e6:.1f}")
                 log(line)
+        for op, var, n in r.get("paths", []):
+            log(f"ds4py path: {op:22s} {var}  ({n} layer{'s' if n != 1 else ''})")
         log("peak RSS: " + ", ".join(f"{n} {r['engines'][n]['peak_rss_mb']:.0f} MB" for n in names))
     return rows
 

@@ -22,6 +22,11 @@ MTP head). ``make bench-spec`` runs this.
      serial      generate(draft=False): the plain decode loop
      adaptive    generate() defaults: the nextn head, AdaptivePolicy
      depth K     generate(draft_depth=K), K = 1..4
+     dflash      the same target loaded with a DFlash drafter (--dflash FILE;
+                 default with the demo model: its shipped drafter), adaptive
+     dflash K    the DFlash drafter at a forced depth K = 2, 4, 8
+                 (DFlash pairs run forced under classifier.measuring(): a
+                 measurement, whatever the pairs table says of the pair)
 
    Every mode must produce the serial tokens (checked; a difference aborts).
    Printed per workload and mode: decode tok/s (evaluated tokens / decode
@@ -175,14 +180,36 @@ def modes() -> list[tuple[str, dict]]:
             + [(f"depth {k}", dict(draft_depth=k)) for k in (1, 2, 3, 4)])
 
 
-def run_workload(model, prompts, n, reps) -> dict:
+DFLASH_DEPTHS = (2, 4, 8)
+
+
+def dflash_modes() -> list[tuple[str, dict]]:
+    return ([("dflash", {})]
+            + [(f"dflash {k}", dict(draft_depth=k)) for k in DFLASH_DEPTHS])
+
+
+def run_workload(model, prompts, n, reps, dmodel=None) -> dict:
+    """dmodel: the same target loaded with a DFlash drafter (its modes are
+    added, the pairing forced under classifier.measuring(): this is a
+    measurement, whatever the pairs table says of the pair)."""
+    from ds4py.spec.classifier import measuring
+
     kws = dict(modes())
+    dkws = dict(dflash_modes()) if dmodel is not None else {}
 
     def run_one(name, prompt):
         text, chat = prompt
-        g = ds4py.generate(model, text, max_tokens=n, temperature=0, chat=chat, **kws[name])
+        if name in dkws:
+            with measuring():
+                g = ds4py.generate(dmodel, text, max_tokens=n, temperature=0, chat=chat,
+                                   force_draft=True, **dkws[name])
+            if not (g.draft or {}).get("drafting"):
+                raise SystemExit(f"{name}: the DFlash drafter did not draft "
+                                 f"({(g.draft or {}).get('refused')})")
+        else:
+            g = ds4py.generate(model, text, max_tokens=n, temperature=0, chat=chat, **kws[name])
         return g.tokens, g.evaluated_tokens, g.generation_s, g.draft or {}
-    return _timed_modes(list(kws), prompts, reps, run_one)
+    return _timed_modes(list(kws) + list(dkws), prompts, reps, run_one)
 
 
 def main() -> None:
@@ -194,9 +221,19 @@ def main() -> None:
     ap.add_argument("--workload", action="append", choices=sorted(WORKLOADS),
                     help="run only these workloads")
     ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--dflash", default=None,
+                    help="also run these DFlash drafter modes (default with the demo model: "
+                         "its shipped drafter; 'none' to skip)")
     args = ap.parse_args()
     path = args.model or demo_model_path()
     model = ds4py.load(path, n_threads=args.threads)
+    dflash = args.dflash
+    if dflash is None and args.model is None:
+        dflash = os.path.join(os.path.dirname(path), "demo-dflash-q8_0.gguf")
+    dmodel = None
+    if dflash and dflash != "none":
+        from ds4py.dflash import load as load_dflash
+        dmodel = load_dflash(path, n_threads=args.threads, dflash=dflash)
     name = os.path.basename(path)
     print(f"{name}: {args.threads} thread(s), {args.tokens} tokens, greedy, "
           f"{args.reps} reps (+1 warm-up), load average {os.getloadavg()[0]:.2f}")
@@ -232,7 +269,7 @@ def main() -> None:
         if id_prompts is not None:
             res = run_ids_workload(model, id_prompts, args.tokens, args.reps)
         else:
-            res = run_workload(model, WORKLOADS[wl], args.tokens, args.reps)
+            res = run_workload(model, WORKLOADS[wl], args.tokens, args.reps, dmodel)
         base = statistics.median(res["serial"]["tps"])
         n_prompts = len(id_prompts) if id_prompts is not None else len(WORKLOADS[wl])
         print(f"\n{wl}: {n_prompts} prompt(s)")
@@ -245,7 +282,7 @@ def main() -> None:
             last = r["last"] or {}
             acc = last.get("acceptance")
             mal = last.get("mean_accepted_length")
-            dep = last.get("depth_counts") if mode == "adaptive" else ""
+            dep = last.get("depth_counts") if mode in ("adaptive", "dflash") else ""
             print(f"  {mode:<9} {min(v):9.0f} {med:8.0f} {max(v):8.0f} {med / base:8.2f} "
                   f"{statistics.median(r['cpu_ms']):8.3f} "
                   f"{'-' if acc is None else f'{acc:.3f}':>7} "
@@ -277,6 +314,8 @@ def main() -> None:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(report, f, indent=1)
     model.close()
+    if dmodel is not None:
+        dmodel.close()
 
 
 if __name__ == "__main__":

@@ -131,8 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where the model runs (default: cpu). cuda: NVIDIA GPU, plugin "
                         "compiled with nvcc on first use; auto: cuda if it can run the model, "
                         "else cpu; gpu-emul: the GPU kernels under the emulator (tests, "
-                        "slow); metal: not wired yet. GPU backends run dense models, fast "
-                        "precision, without drafting (ds4py.gpu_backend)")
+                        "slow); metal: not wired yet. GPU backends run dense and routed-MoE "
+                        "models, fast precision, without drafting (ds4py.gpu_backend)")
 
     c = sub.add_parser(
         "chat", parents=[common, model, sampling], help="interactive multi-turn chat",
