@@ -52,6 +52,7 @@ verify rejects at worst. Greedy output is exact whatever the drafter says.
 from __future__ import annotations
 
 import os
+import threading
 import weakref
 from dataclasses import dataclass
 
@@ -64,6 +65,7 @@ from .spec.drafter import Drafter, DraftError, DraftState
 __all__ = ["DFlashConfig", "DFlash", "DFlashContext", "DFlashDrafter", "TapSession",
            "attach_dflash", "load"]
 
+_IDLE_LOCK = threading.Lock()  # DFlash.context / recycle (server threads)
 # Snapshot -> (tap layers, taps [n_past, n_taps, n_embd]) of the snapshot's
 # history, recorded by TapSession.snapshot (weak: it goes with the snapshot).
 _SNAPSHOT_TAPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -138,8 +140,31 @@ class DFlash:
             tuple(int(c.target_layers[i]) for i in range(c.n_taps)), int(c.mask_token_id),
             float(c.rms_eps), float(c.rope_base))
 
+    # Contexts of finished drafters kept for the next one: a new context
+    # costs a thread pool and its buffers (3.3 ms on the demo drafter, 2
+    # threads: 4 plain steps of the demo target, paid by every generate()
+    # call). A recycled context is truncated to 0 rows, so it holds nothing
+    # of its last user. At most IDLE_CONTEXTS are kept (the server's
+    # parallel slots each hold one while drafting).
+    IDLE_CONTEXTS = 4
+
     def context(self) -> DFlashContext:
-        return DFlashContext(self)
+        """A context with no rows: a recycled one if a finished drafter left
+        one (:meth:`recycle`), else a new one."""
+        with _IDLE_LOCK:
+            idle = self.__dict__.setdefault("_idle", [])
+            ctx = idle.pop() if idle else None
+        if ctx is None:
+            return DFlashContext(self)
+        ctx.truncate(0)
+        return ctx
+
+    def recycle(self, ctx: DFlashContext) -> None:
+        """Take back the context of a drafter that is gone."""
+        with _IDLE_LOCK:
+            idle = self.__dict__.setdefault("_idle", [])
+            if len(idle) < self.IDLE_CONTEXTS:
+                idle.append(ctx)
 
     def __repr__(self) -> str:
         c = self.config
@@ -220,6 +245,10 @@ class TapSession:
         self._nr, self._nl = ffi.new("int64_t *"), ffi.new("int64_t *")
         self._vocab = session.vocab_size
         self._tap_shape = (1, len(self._layers), drafter.dflash.config.n_embd)
+        self._tap_bytes = 4 * len(self._layers) * drafter.dflash.config.n_embd
+        self._ctx_ptr = drafter.ctx._ptr
+        self._lp = self._lg = None  # step()'s cached buffer addresses and views
+        self._taps_view = self._logits_view = None
 
     def __getattr__(self, name):
         return getattr(self._s, name)
@@ -237,23 +266,38 @@ class TapSession:
         per-call conversions."""
         if self._pending is not None:
             self._flush()
-        s = self._s
-        ptr = s._live()
-        p0 = s.n_past
+        ptr = self._s._live()
+        p0 = lib.ds4_session_n_past(ptr)
         self._tok[0] = token
         status = lib.ds4_session_eval_layers(ptr, self._tok, 1, 0, self._lay_p,
                                              self._layers.size, self._err)
         if status:
             raise ModelError(ffi.string(self._err.message).decode("utf-8", "replace"),
                              int(status))
+        # the session's tap and logits buffers move only when they grow: the
+        # numpy views are rebuilt then (a view per step costs ~10 us of
+        # Python, ~1% of a demo-model step, as does np.prod of the shape)
         lp = lib.ds4_session_layer_hidden(ptr, self._nr, self._nl)
-        taps = np.frombuffer(ffi.buffer(lp, 4 * int(np.prod(self._tap_shape))),
-                             dtype=np.float32).reshape(self._tap_shape)
-        self._add(taps, p0)
+        if lp != self._lp:
+            self._lp = lp
+            self._taps_view = np.frombuffer(ffi.buffer(lp, self._tap_bytes),
+                                            dtype=np.float32).reshape(self._tap_shape)
+        h = self._hist
+        if (self.valid and self._owned and h is not None and p0 == self._len
+                and p0 < h.shape[0] and lib.ds4_dflash_ctx_n(self._ctx_ptr) <= p0):
+            h[p0] = self._taps_view[0]   # _add's common case: append one row
+            self._len = p0 + 1
+            if not LAZY_CONTEXT:
+                self.sync()
+        else:
+            self._add(self._taps_view, p0)
         lg = lib.ds4_session_logits(ptr, self._nr)
-        out = np.frombuffer(ffi.buffer(lg, self._vocab * 4), dtype=np.float32)
-        out.flags.writeable = False
-        return out
+        if lg != self._lg:
+            self._lg = lg
+            out = np.frombuffer(ffi.buffer(lg, self._vocab * 4), dtype=np.float32)
+            out.flags.writeable = False
+            self._logits_view = out
+        return self._logits_view
 
     @property
     def session(self):
@@ -452,6 +496,10 @@ class DFlashDrafter(Drafter):
         self.block_size = dflash.config.block_size
         self.max_depth = self.block_size - 1  # drafts one pass can make
         self.ctx = dflash.context()
+        # the context goes back to the DFlash when this drafter is collected
+        # (ds4py.generate makes a drafter per call); the finalizer holds the
+        # DFlash and the context, not the drafter
+        weakref.finalize(self, dflash.recycle, self.ctx)
         self._bound: TapSession | None = None
         self.passes = 0
 

@@ -116,35 +116,37 @@ def test_no_draft_server_reports_no_draft(demo):
         s.stop()
 
 
-def test_forced_dflash_server_drafts_with_dflash_and_stays_exact(demo):
+def test_forced_dflash_server_refuses_the_measured_bad_pair(demo):
+    """The shipped DFlash pair is REFUSE_MEASURED_BAD (ds4py/spec/pairs.json):
+    --force-draft cannot override it; no drafting at all (not the bundled
+    head either: the CLI's rule), the text is serial's. (Drafting with a
+    DFlash drafter in the server: test_server_spec.py.)"""
     s = ServerProcess("--dflash", DEMO_DFLASH, "--force-draft", model=None)
     try:
         s.wait_ready(TIMEOUT_S)
         body = _chat(s)
         d = body["usage"]["draft"]
-        assert d["drafter"] == "dflash" and d["verdict"] == "ALLOW_FORCED_UNKNOWN"
-        assert d["drafting"] and d["drafted"] > 0, d["refused"]
+        assert d["drafter"] is None and not d["drafting"]
+        assert d["verdict"] == "REFUSE_MEASURED_BAD"
         g = ds4py.generate(demo, CHAT, max_tokens=MAX_TOKENS, temperature=0, draft=False)
         assert body["choices"][0]["message"]["content"] == g.content
         assert body["usage"]["completion_tokens"] == g.generated_tokens
-        a = _anthropic_draft(_message(s))
-        assert a["drafter"] == "dflash" and a["drafted"] > 0
-        assert "REFUSE_UNKNOWN" not in s.output()  # forced: the verdict printed is the forced one
-        assert "ALLOW_FORCED_UNKNOWN" in s.output()
+        assert "REFUSE_MEASURED_BAD" in s.output()
+        assert "ALLOW_FORCED_UNKNOWN" not in s.output()
     finally:
         s.stop()
 
 
 def test_unforced_dflash_server_does_not_draft(demo):
-    """An unknown pairing without --force-draft: no drafting at all (not the
-    bundled head either: the CLI's rule), same text."""
+    """The measured-bad pairing without --force-draft: no drafting at all
+    (not the bundled head either: the CLI's rule), same text."""
     s = ServerProcess("--dflash", DEMO_DFLASH, model=None)
     try:
         s.wait_ready(TIMEOUT_S)
         body = _chat(s)
         d = body["usage"]["draft"]
         assert d["drafter"] is None and not d["drafting"]
-        assert d["verdict"] == "REFUSE_UNKNOWN"
+        assert d["verdict"] == "REFUSE_MEASURED_BAD"
         g = ds4py.generate(demo, CHAT, max_tokens=MAX_TOKENS, temperature=0, draft=False)
         assert body["choices"][0]["message"]["content"] == g.content
     finally:
