@@ -175,6 +175,13 @@ class PrefixCache:
         # the head is one attention layer of the trunk's shape (forward/nextn.c)
         self.head_page_bytes = (2 * (cfg.n_kv_heads * BLOCK * cfg.head_dim * elem + _PAGE_HEADER)
                                 if model.nextn_source is not None else 0)
+        from .gpu_backend import on_gpu
+
+        if on_gpu(model):
+            # a GPU snapshot holds its own copy of its KV pages, charged in its
+            # nbytes (ds4py.gpu_backend.GpuSnapshot), and no nextn head KV: no
+            # shared pages to charge once
+            self.page_bytes = self.head_page_bytes = 0
         self.stats = CacheStats()
         self._budget = 0
         self.budget_bytes = budget_bytes

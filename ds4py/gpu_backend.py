@@ -29,12 +29,17 @@ The plugin
 
 What a GPU session does (GpuSession): eval (last row or every row),
 verify / accept (exact rollback), logits back to the host so sampling,
-logprobs and stop strings are the CPU's Python code. What it does not do
-yet, refused with a ModelError naming it: precision="exact",
-weight types other than Q8_0 / Q4_K / Q5_K / Q6_K, snapshots (so the prefix
-cache and the chat REPL), hidden states and layer taps, the nextn head and
-DFlash (so speculative drafting: ``generate`` turns auto-drafting off and
-says why in ``Generation.draft``; an explicit drafting request raises).
+logprobs and stop strings are the CPU's Python code; snapshot / restore
+(GpuSnapshot: the whole state copied on the device, the CPU session's
+semantics) and so the prefix cache (``generate(..., cache=)``); the
+post-final-norm hidden state (``eval(..., return_hidden=True)``,
+``last_hidden()``). What it does not do yet, refused with a ModelError
+naming it: precision="exact", weight types other than Q8_0 / Q4_K / Q5_K /
+Q6_K / Q4_64A (Q4_64A: dense matrices only, not routed experts),
+layer taps (``hidden_layers``), ``verify(return_hidden=True)``, the
+nextn head and DFlash (so speculative drafting: ``generate``
+turns auto-drafting off and says why in ``Generation.draft``; an explicit
+drafting request raises).
 
 Numerics: the GPU is not bit-identical to the CPU (docs/gpu.md section 7:
 float V accumulation in attention, 1-ulp differences flipping Q8 activation
@@ -56,16 +61,16 @@ import numpy as np
 from .errors import ModelError
 from .model import Model
 
-__all__ = ["BACKENDS", "GpuModel", "GpuSession", "load", "backend_of", "on_gpu",
+__all__ = ["BACKENDS", "GpuModel", "GpuSession", "GpuSnapshot", "load", "backend_of", "on_gpu",
            "plugin_path", "gpu_draft_plan"]
 
 BACKENDS = ("auto", "cpu", "cuda", "metal", "gpu-emul")
 # backend name -> plugin kind (gpu/tools/build_plugin.py KINDS)
 _KIND = {"cuda": "cuda", "gpu-emul": "emul"}
-ABI_VERSION = 1  # gpu/host/plugin.h DS4_GPU_ABI_VERSION this module calls
+ABI_VERSION = 2  # gpu/host/plugin.h DS4_GPU_ABI_VERSION this module calls
 _ERR_CAP = 1024
 # ds4_status codes (csrc/ds4.h) this module tells apart
-_ERR_ARG, _ERR_UNSUPPORTED, _ERR_BAD_MODEL, _ERR_INTERNAL = 2, 4, 5, 26
+_ERR_ARG, _ERR_NOMEM, _ERR_UNSUPPORTED, _ERR_BAD_MODEL, _ERR_INTERNAL = 2, 3, 4, 5, 26
 
 
 def backend_of(model) -> str:
@@ -231,6 +236,17 @@ class GpuModel(Model):
         """Kernel launches of the last eval/verify/step on any of its sessions."""
         return self._stats["launches"]
 
+    @property
+    def snapshot_bytes(self) -> int:
+        """Device bytes held by the live snapshots of this model's sessions
+        (each :attr:`GpuSnapshot.nbytes`; back to 0 when all are freed)."""
+        return int(self._plugin.lib.ds4_gpu_model_snapshot_bytes(self._live_gpu()))
+
+    @property
+    def snapshots(self) -> int:
+        """Live snapshots of this model's sessions."""
+        return int(self._plugin.lib.ds4_gpu_model_snapshots(self._live_gpu()))
+
     @classmethod
     def open(cls, path, backend: str, plug: _Plugin, n_threads, n_ctx) -> GpuModel:
         model = super().load(path, n_threads=n_threads, n_ctx=n_ctx, precision="fast")
@@ -284,18 +300,61 @@ def _unsupported(backend: str, what: str) -> ModelError:
                       f"use backend='cpu'", _ERR_UNSUPPORTED)
 
 
+class GpuSnapshot:
+    """A GPU session's state at one point (:meth:`GpuSession.snapshot`), the
+    CPU's :class:`ds4py.Snapshot` semantics: restore it into any session of
+    the same model (:meth:`GpuSession.restore`), any number of times; what
+    follows is bit-identical to a session that evaluated the same tokens.
+    ``n_past``: its position; ``nbytes``: the device bytes it holds (it
+    copies its KV pages: gpu/host/runner.c says why; the prefix cache
+    charges exactly this). The device memory is freed when it is
+    garbage-collected or closed (:meth:`close`); the plugin keeps the device
+    model alive until then, whatever is closed first."""
+
+    nextn_covered = False  # no nextn head on the GPU: never a drafting snapshot
+
+    def __init__(self, session: GpuSession, ptr):
+        lib, ffi = session._lib, session._ffi
+        self.model = session.model
+        self.backend = session.backend
+        self._ptr = ffi.gc(ptr, lib.ds4_gpu_snapshot_free)
+        self._ffi = ffi
+        self.n_past = int(lib.ds4_gpu_snapshot_n_past(ptr))
+        self.nbytes = int(lib.ds4_gpu_snapshot_device_bytes(ptr))
+        self.has_logits = bool(lib.ds4_gpu_snapshot_has_logits(ptr))
+
+    def close(self) -> None:
+        """Free the snapshot's device memory now. Idempotent."""
+        if self._ptr is not None:
+            ptr, self._ptr = self._ptr, None
+            self._ffi.release(ptr)
+
+    @property
+    def closed(self) -> bool:
+        return self._ptr is None
+
+    def __repr__(self) -> str:
+        state = "closed" if self._ptr is None else f"n_past={self.n_past}"
+        return f"<ds4py.GpuSnapshot {self.backend} {state}>"
+
+
 class GpuSession:
     """One sequence on a GPU backend: :class:`ds4py.Session`'s eval / verify /
-    accept with the same arguments, results and lifetimes (read-only views,
-    valid until the next eval or verify on this session). Snapshots, hidden
-    states, layer taps and nextn priming raise ModelError (module doc).
-    A device failure (not a bad argument) leaves the session unusable."""
+    accept / snapshot / restore with the same arguments, results and
+    lifetimes (read-only views, valid until the next eval, verify or restore
+    on this session), and the post-norm hidden state (eval's
+    ``return_hidden``, :meth:`last_hidden`). Layer taps, verify's
+    ``return_hidden`` and nextn priming raise ModelError (module doc). A
+    device failure (not a bad argument) leaves the session unusable."""
 
     def __init__(self, model: GpuModel):
         gpu = model._live_gpu()
         plug = model._plugin
         self._plug, self._lib, self._ffi = plug, plug.lib, plug.ffi
         self.model = model      # keeps the config, tokenizer and CPU-side model alive
+        # the CPU-side model's pointer: the identity the prefix cache checks
+        # (ds4py.cache PrefixCache.prefill), as on a CPU session
+        self._model_ptr = model._live()
         self.backend = model.backend
         self.vocab_size = model.config.vocab_size
         self.hidden_size = model.config.hidden_size
@@ -310,13 +369,20 @@ class GpuSession:
         # results: rows of the last eval/verify; grown for all_logits evals
         self._rows = np.zeros((plug.verify_max, self.vocab_size), dtype=np.float32)
         self._n_rows = 0
-        self._last_row = -1     # last_logits(): row of position n_past - 1
+        # last_logits(): row of _rows holding position n_past - 1; -1 none,
+        # -2 chosen on the device (step_argmax), -3 on the device after a
+        # restore (copied back on the first last_logits())
+        self._last_row = -1
         self._tok1 = np.zeros(1, dtype=np.int32)
         self._tok1_p = self._ffi.cast("int32_t *", self._ffi.from_buffer(self._tok1))
         self._arg1 = np.zeros(1, dtype=np.int32)   # step_argmax's answer
         self._arg1_p = self._ffi.cast("int32_t *", self._ffi.from_buffer(self._arg1))
         self._rows_p = self._fptr(self._rows)
         self._step_view = self._ro(self._rows[0])
+        # eval(return_hidden=True) rows, grown on demand; last_hidden()'s row
+        self._hid = np.zeros((0, self.hidden_size), dtype=np.float32)
+        self._hid1 = np.zeros(self.hidden_size, dtype=np.float32)
+        self._hid1_p = self._fptr(self._hid1)
 
     # -- helpers ----------------------------------------------------------
     def _fptr(self, arr: np.ndarray):
@@ -352,9 +418,9 @@ class GpuSession:
             raise ModelError("no tokens to evaluate", _ERR_ARG)
         return arr, self._ffi.cast("int32_t *", self._ffi.from_buffer(arr))
 
-    def _no_hidden(self, return_hidden, hidden_layers) -> None:
+    def _no_hidden(self, return_hidden, hidden_layers, where: str = "eval") -> None:
         if return_hidden:
-            raise _unsupported(self.backend, "return_hidden (the post-norm hidden state)")
+            raise _unsupported(self.backend, f"{where}(return_hidden=True)")
         if hidden_layers is not None:
             raise _unsupported(self.backend, "hidden_layers (layer taps)")
 
@@ -362,21 +428,32 @@ class GpuSession:
     def eval(self, tokens, all_logits: bool = False, return_hidden: bool = False,
              hidden_layers=None):
         """As :meth:`ds4py.Session.eval`: float32 ``[vocab]`` logits of the
-        last row, or ``[n, vocab]`` with ``all_logits``."""
+        last row, or ``[n, vocab]`` with ``all_logits``; with
+        ``return_hidden`` also the post-final-norm hidden state of the same
+        rows (``[hidden]`` or ``[n, hidden]``), as ``(logits, hidden)``."""
         ptr = self._live()
-        self._no_hidden(return_hidden, hidden_layers)
+        self._no_hidden(False, hidden_layers)
         arr, tok_p = self._tokens(tokens)
         n = arr.size if all_logits else 1
         if n > self._rows.shape[0]:
             self._rows = np.zeros((n, self.vocab_size), dtype=np.float32)
             self._rows_p = self._fptr(self._rows)
             self._step_view = self._ro(self._rows[0])
-        self._check(self._lib.ds4_gpu_eval(ptr, tok_p, arr.size, 1 if all_logits else 0,
-                                           self._rows_p, self._ffi.NULL, self._err, _ERR_CAP))
+        hid_p = self._ffi.NULL
+        if return_hidden:
+            if n > self._hid.shape[0]:
+                self._hid = np.zeros((n, self.hidden_size), dtype=np.float32)
+            hid_p = self._fptr(self._hid)
+        self._check(self._lib.ds4_gpu_eval_hidden(ptr, tok_p, arr.size, 1 if all_logits else 0,
+                                                  self._rows_p, self._ffi.NULL, hid_p,
+                                                  self._err, _ERR_CAP))
         self._stats["launches"] = int(self._lib.ds4_gpu_launches(ptr))
         self._n_rows, self._last_row = n, n - 1
         rows = self._ro(self._rows[:n])
-        return rows if all_logits else rows[0]
+        if not return_hidden:
+            return rows if all_logits else rows[0]
+        hid = self._ro(self._hid[:n])
+        return (rows, hid) if all_logits else (rows[0], hid[0])
 
     def step(self, token: int) -> np.ndarray:
         """One decode step (ds4py.generate's loop): logits ``[vocab]`` of
@@ -411,7 +488,7 @@ class GpuSession:
         """As :meth:`ds4py.Session.verify`: 1..VERIFY_MAX rows, logits of every
         row, equal to evaluating them one at a time on this backend."""
         ptr = self._live()
-        self._no_hidden(return_hidden, hidden_layers)
+        self._no_hidden(return_hidden, hidden_layers, "verify")
         arr, tok_p = self._tokens(tokens)
         if arr.size > self._plug.verify_max:
             raise ModelError(f"verify takes 1 to {self._plug.verify_max} tokens (got {arr.size})",
@@ -438,10 +515,13 @@ class GpuSession:
         """float32 ``[vocab]`` logits of position ``n_past - 1`` (None before
         any eval); a view, lifetime as eval's. After :meth:`step_argmax` the
         logits were never copied back: ModelError."""
-        self._live()
+        ptr = self._live()
         if self._last_row == -2:
             raise ModelError("the last step chose its token on the device (step_argmax): "
                              "its logits were not copied back", _ERR_ARG)
+        if self._last_row == -3:  # restored: the snapshot's row is on the device
+            self._check(self._lib.ds4_gpu_last_logits(ptr, self._rows_p, self._err, _ERR_CAP))
+            self._last_row = 0
         return None if self._last_row < 0 else self._ro(self._rows[self._last_row])
 
     @property
@@ -453,15 +533,59 @@ class GpuSession:
         """Device memory this session and its model's weights hold."""
         return int(self._lib.ds4_gpu_session_device_bytes(self._live()))
 
-    # -- what a GPU session cannot do yet -----------------------------------
-    def snapshot(self):
-        raise _unsupported(self.backend, "snapshot/restore (and so the prefix cache)")
+    # -- snapshots --------------------------------------------------------
+    def snapshot(self) -> GpuSnapshot:
+        """The session's whole state now, copied on the device (GpuSnapshot):
+        position, the K/V pages of positions [0, n_past), every GDN layer's
+        conv and recurrent state, the logits and hidden rows of position
+        n_past - 1.
+        Taken between a verify and its accept, it holds every verified row,
+        as an eval of them would (verify == serial, bit for bit), and the
+        session can still accept (the CPU's rule)."""
+        ptr = self._live()
+        pp = self._ffi.new("ds4_gpu_snapshot **")
+        status = self._lib.ds4_gpu_session_snapshot(ptr, pp, self._err, _ERR_CAP)
+        if status == _ERR_NOMEM:  # nothing was written: the session is intact
+            raise ModelError(f"{self.backend}: {self._plug.message(self._err)}", int(status))
+        self._check(status)
+        return GpuSnapshot(self, pp[0])
 
-    def restore(self, snap) -> None:
-        raise _unsupported(self.backend, "snapshot/restore (and so the prefix cache)")
+    def restore(self, snap: GpuSnapshot) -> None:
+        """Put this session back at ``snap`` (taken from any session of the
+        same model): what follows is bit-identical to a session that
+        evaluated the same tokens, and ``last_logits()`` / ``last_hidden()``
+        show the snapshot's last row. The snapshot stays valid. A pending verify ends (accept
+        then refuses). Refused, the session unchanged: a snapshot of another
+        model or backend, a closed one, anything else."""
+        from .session import Snapshot
+
+        ptr = self._live()
+        if not isinstance(snap, GpuSnapshot):
+            if isinstance(snap, Snapshot):
+                raise ModelError("restore: a CPU session's Snapshot cannot be restored into a "
+                                 f"{self.backend} session (snapshot of another model)", _ERR_ARG)
+            raise ModelError(f"restore needs a Snapshot, got {type(snap).__name__}", _ERR_ARG)
+        if snap._ptr is None:
+            raise ModelError("snapshot is closed", _ERR_ARG)
+        if snap.model is not self.model:
+            raise ModelError("snapshot was taken from a session of another model; a snapshot "
+                             "restores only into sessions of the model it came from", _ERR_ARG)
+        self._check(self._lib.ds4_gpu_session_restore(ptr, snap._ptr, self._err, _ERR_CAP))
+        self._n_rows = 0
+        self._last_row = -3 if snap.has_logits else -1
 
     def last_hidden(self):
-        raise _unsupported(self.backend, "the hidden state")
+        """float32 ``[hidden]`` post-final-norm hidden state of position
+        ``n_past - 1`` (None before any eval), copied back from the device
+        (also after :meth:`step_argmax` and :meth:`restore`); a view, valid
+        until the next call of this method, eval or close."""
+        ptr = self._live()
+        if self._last_row == -1:
+            return None
+        self._check(self._lib.ds4_gpu_last_hidden(ptr, self._hid1_p, self._err, _ERR_CAP))
+        return self._ro(self._hid1)
+
+    # -- what a GPU session cannot do yet -----------------------------------
 
     def counters(self) -> dict:
         raise _unsupported(self.backend, "counters() (host allocation counts)")
@@ -507,13 +631,12 @@ def gpu_draft_plan(model, kw: dict, cache):
     """ds4py.generate's DraftPlan on a GPU backend: never drafting (the
     drafters need the nextn head or layer taps, which the GPU session does
     not have yet). Auto-drafting is turned off and the reason reported in
-    ``Generation.draft``; an explicit drafting request, like a prefix
-    cache, raises ModelError (asked for, cannot be done: fail closed)."""
+    ``Generation.draft``; an explicit drafting request raises ModelError
+    (asked for, cannot be done: fail closed). A prefix cache (``cache``)
+    runs: the plain loop restores and takes GpuSnapshots."""
     from .spec.plan import DraftPlan
 
     backend = backend_of(model)
-    if cache is not None:
-        raise _unsupported(backend, "the prefix cache (cache=; it needs snapshots)")
     depth = kw.get("draft_depth")
     explicit = (kw.get("draft") is True or kw.get("drafter") is not None
                 or kw.get("draft_policy") is not None or bool(kw.get("force_draft"))

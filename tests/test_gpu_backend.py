@@ -338,10 +338,9 @@ def test_refuses_backends_and_options(cache):
 
 def test_session_refuses_what_it_lacks(dense_gpu):
     with dense_gpu.new_session() as s:
-        with pytest.raises(ds4py.ModelError, match="snapshot"):
-            s.snapshot()
+        # snapshots and eval's hidden state run on the GPU now: tests/test_gpu_snapshot.py
         with pytest.raises(ds4py.ModelError, match="return_hidden"):
-            s.eval([1, 2], return_hidden=True)
+            s.verify([1, 2], return_hidden=True)
         with pytest.raises(ds4py.ModelError, match="hidden_layers"):
             s.eval([1, 2], hidden_layers=[0])
         with pytest.raises(ds4py.ModelError, match="nextn"):
@@ -366,9 +365,8 @@ def test_session_refuses_what_it_lacks(dense_gpu):
         dense_gpu.new_session(nextn_prime=True)
 
 
-def test_generate_refuses_cache_and_explicit_drafting(dense_gpu):
-    with pytest.raises(ds4py.ModelError, match="prefix cache"):
-        ds4py.generate(dense_gpu, [1, 2], max_tokens=1, cache=ds4py.PrefixCache(dense_gpu))
+def test_generate_refuses_explicit_drafting(dense_gpu):
+    # the prefix cache (cache=) runs on the GPU now: tests/test_gpu_snapshot.py
     with pytest.raises(ds4py.ModelError, match="drafting"):
         ds4py.generate(dense_gpu, [1, 2], max_tokens=1, draft_depth=2)
     # draft=False is not a drafting request

@@ -23,7 +23,7 @@ import amalgamate  # noqa: E402
 SUITES = {"tables": 7, "f16": 2, "rmsnorm": 18, "quantize": 5, "matvec": 12, "rope": 4, "attn": 8,
           "kquant": 20, "gdn": 8, "argmax": 4, "glue": 10, "fused": 34,
           "gdnseq": 10, "gemm": 47, "mma": 130,
-          "moe": 66}
+          "moe": 66, "q4_64a": 18}
 
 
 def build(tmp_dir, name, defs=""):
@@ -110,6 +110,10 @@ PLANTED = [
     # against the dense matvecs of the chosen experts
     ("PLANT_MOE_NEXT_EXPERT", "moe",
      r"ne=13 k=3 .* gate_up: h bit-identical to SwiGLU of the dense"),
+    # the Q4_64A matvec reads each byte's two codes swapped (odd codes from
+    # the low nibble): caught by the CPU's dot and the exact value
+    ("PLANT_Q4_64A_NIBBLE_SWAP", "q4_64a",
+     r"n_in=\d+ n_out=(1|5|17): within the bound of the CPU's dot"),
     # moe_route sends equal probabilities to the higher expert id: caught
     # against the exact softmax's top-k
     ("PLANT_MOE_LAST_TIE", "moe",
@@ -154,7 +158,9 @@ def test_amalgamation_expands_every_kernel_from_its_table(tmp_path, target):
                         ("attn_partials", ["status", "p", "q", "kpool", "vpool", "pages", "part"]),
                         ("matvec_kq", ["status", "p", "w", "xq", "y"]),
                         ("gdn_delta", ["status", "p", "cv", "z", "ab", "hp", "s", "o"]),
-                        ("argmax_rows", ["status", "p", "x", "idx"])]:
+                        ("argmax_rows", ["status", "p", "x", "idx"]),
+                        ("matvec_q4_64a1", ["status", "p", "w", "xq", "y"]),
+                        ("matvec_q4_64a", ["status", "p", "w", "xq", "y"])]:
         m = re.search(r"void k_" + name + r"\((.*?)\)\s*\{", out, re.S)
         assert m, name
         params = [re.sub(r"\s*\[\[.*?\]\]", "", a).strip() for a in m.group(1).split(",")]

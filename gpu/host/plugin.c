@@ -40,14 +40,23 @@ struct ds4_gpu_model {
     k_device *dev;
     k_gpu_model *gm;
     int64_t n_vocab;
-    int64_t sessions; /* live sessions: the model is freed after the last */
-    int closed;       /* ds4_gpu_model_close was called */
+    int64_t sessions;  /* live sessions and snapshots (a snapshot's memory is */
+    int64_t snapshots; /* the device's): the model is freed after the last (unheld) */
+    int closed;        /* ds4_gpu_model_close was called */
 };
 
 struct ds4_gpu_session {
     ds4_gpu_model *g;
     k_runner *r;
 };
+
+struct ds4_gpu_snapshot {
+    ds4_gpu_model *g;
+    k_snapshot *sn;
+};
+
+/* Under the lock: the model has no holder left and was closed. */
+static int unheld(const ds4_gpu_model *g) { return g->closed && g->sessions == 0 && g->snapshots == 0; }
 
 static int fail(char *err, size_t cap, int code, const char *fmt, const char *detail) {
     if (err && cap) snprintf(err, cap, fmt, detail);
@@ -129,8 +138,7 @@ DS4_GPU_API void ds4_gpu_model_close(ds4_gpu_model *g) {
     if (!g) return;
     pthread_mutex_lock(&lock);
     g->closed = 1;
-    const int last = g->sessions == 0;
-    if (last) free_model(g);
+    if (unheld(g)) free_model(g);
     pthread_mutex_unlock(&lock);
 }
 
@@ -171,16 +179,22 @@ DS4_GPU_API void ds4_gpu_session_free(ds4_gpu_session *s) {
     k_runner_close(s->r);
     ds4_gpu_model *g = s->g;
     free(s);
-    if (--g->sessions == 0 && g->closed) free_model(g);
+    g->sessions--;
+    if (unheld(g)) free_model(g);
     pthread_mutex_unlock(&lock);
 }
 
 DS4_GPU_API int ds4_gpu_eval(ds4_gpu_session *s, const int32_t *tokens, int64_t n, int all_rows, float *logits,
                              int32_t *argmax, char *err, size_t cap) {
+    return ds4_gpu_eval_hidden(s, tokens, n, all_rows, logits, argmax, NULL, err, cap);
+}
+
+DS4_GPU_API int ds4_gpu_eval_hidden(ds4_gpu_session *s, const int32_t *tokens, int64_t n, int all_rows,
+                                    float *logits, int32_t *argmax, float *hidden, char *err, size_t cap) {
     if (!s) return fail(err, cap, DS4_ERR_ARG, "%s", "ds4_gpu_eval: session is NULL");
     ds4_error e;
     pthread_mutex_lock(&lock);
-    const int rc = k_runner_eval(s->r, tokens, n, all_rows, logits, argmax, &e);
+    const int rc = k_runner_eval_hidden(s->r, tokens, n, all_rows, logits, argmax, hidden, &e);
     pthread_mutex_unlock(&lock);
     return rc ? pass_error(&e, err, cap) : DS4_OK;
 }
@@ -210,4 +224,84 @@ DS4_GPU_API int64_t ds4_gpu_launches(const ds4_gpu_session *s) { return s ? k_ru
 
 DS4_GPU_API uint64_t ds4_gpu_session_device_bytes(const ds4_gpu_session *s) {
     return s ? k_runner_device_bytes(s->r) : 0;
+}
+
+DS4_GPU_API int ds4_gpu_last_logits(ds4_gpu_session *s, float *out, char *err, size_t cap) {
+    if (!s) return fail(err, cap, DS4_ERR_ARG, "%s", "ds4_gpu_last_logits: session is NULL");
+    ds4_error e;
+    pthread_mutex_lock(&lock);
+    const int rc = k_runner_last_logits(s->r, out, &e);
+    pthread_mutex_unlock(&lock);
+    return rc ? pass_error(&e, err, cap) : DS4_OK;
+}
+
+DS4_GPU_API int ds4_gpu_last_hidden(ds4_gpu_session *s, float *out, char *err, size_t cap) {
+    if (!s) return fail(err, cap, DS4_ERR_ARG, "%s", "ds4_gpu_last_hidden: session is NULL");
+    ds4_error e;
+    pthread_mutex_lock(&lock);
+    const int rc = k_runner_last_hidden(s->r, out, &e);
+    pthread_mutex_unlock(&lock);
+    return rc ? pass_error(&e, err, cap) : DS4_OK;
+}
+
+DS4_GPU_API int ds4_gpu_session_snapshot(ds4_gpu_session *s, ds4_gpu_snapshot **out, char *err, size_t cap) {
+    if (!out) return fail(err, cap, DS4_ERR_ARG, "%s", "ds4_gpu_session_snapshot: out is NULL");
+    *out = NULL;
+    if (!s) return fail(err, cap, DS4_ERR_ARG, "%s", "ds4_gpu_session_snapshot: session is NULL");
+    ds4_gpu_snapshot *sn = calloc(1, sizeof *sn);
+    if (!sn) return fail(err, cap, DS4_ERR_NOMEM, "%s", "out of host memory");
+    ds4_error e;
+    pthread_mutex_lock(&lock);
+    const int rc = k_runner_snapshot(s->r, &sn->sn, &e);
+    if (!rc) s->g->snapshots++;
+    pthread_mutex_unlock(&lock);
+    if (rc) {
+        free(sn);
+        return pass_error(&e, err, cap);
+    }
+    sn->g = s->g;
+    *out = sn;
+    return DS4_OK;
+}
+
+DS4_GPU_API int ds4_gpu_session_restore(ds4_gpu_session *s, const ds4_gpu_snapshot *sn, char *err, size_t cap) {
+    if (!s || !sn) return fail(err, cap, DS4_ERR_ARG, "%s", "ds4_gpu_session_restore: session or snapshot is NULL");
+    if (sn->g != s->g)
+        return fail(err, cap, DS4_ERR_ARG, "%s",
+                    "snapshot was taken from a session of another model; a snapshot restores only into "
+                    "sessions of the model it came from");
+    ds4_error e;
+    pthread_mutex_lock(&lock);
+    const int rc = k_runner_restore(s->r, sn->sn, &e);
+    pthread_mutex_unlock(&lock);
+    return rc ? pass_error(&e, err, cap) : DS4_OK;
+}
+
+DS4_GPU_API void ds4_gpu_snapshot_free(ds4_gpu_snapshot *sn) {
+    if (!sn) return;
+    pthread_mutex_lock(&lock);
+    k_snapshot_free(sn->sn);
+    ds4_gpu_model *g = sn->g;
+    free(sn);
+    g->snapshots--;
+    if (unheld(g)) free_model(g);
+    pthread_mutex_unlock(&lock);
+}
+
+DS4_GPU_API int64_t ds4_gpu_snapshot_n_past(const ds4_gpu_snapshot *sn) { return sn ? k_snapshot_n_past(sn->sn) : 0; }
+
+DS4_GPU_API uint64_t ds4_gpu_snapshot_device_bytes(const ds4_gpu_snapshot *sn) {
+    return sn ? k_snapshot_device_bytes(sn->sn) : 0;
+}
+
+DS4_GPU_API int ds4_gpu_snapshot_has_logits(const ds4_gpu_snapshot *sn) {
+    return sn ? k_snapshot_has_logits(sn->sn) : 0;
+}
+
+DS4_GPU_API int64_t ds4_gpu_model_snapshots(const ds4_gpu_model *g) {
+    return g && g->gm ? k_gpu_model_snapshots(g->gm) : 0;
+}
+
+DS4_GPU_API uint64_t ds4_gpu_model_snapshot_bytes(const ds4_gpu_model *g) {
+    return g && g->gm ? k_gpu_model_snapshot_bytes(g->gm) : 0;
 }

@@ -17,9 +17,9 @@
  * its fibers on global state and the CUDA device uses one stream, so two
  * threads never interleave kernels of one step.
  *
- * Lifetimes: a session holds its model (the model is freed when it and its
- * last session are closed); logits / argmax pointers are the caller's
- * memory, written before the call returns.
+ * Lifetimes: a session or a snapshot holds its model (the model is freed
+ * when it and its last session and snapshot are closed); logits / argmax
+ * pointers are the caller's memory, written before the call returns.
  */
 #ifndef DS4_GPU_PLUGIN_H
 #define DS4_GPU_PLUGIN_H
@@ -31,10 +31,11 @@
 
 /* Bumped whenever a signature below changes: Python refuses a plugin of
  * another version (a stale cache entry) instead of calling it wrong. */
-#define DS4_GPU_ABI_VERSION 1
+#define DS4_GPU_ABI_VERSION 2
 
 typedef struct ds4_gpu_model ds4_gpu_model;
 typedef struct ds4_gpu_session ds4_gpu_session;
+typedef struct ds4_gpu_snapshot ds4_gpu_snapshot;
 
 int ds4_gpu_abi_version(void);
 /* The device kind this plugin was built for: "cuda" or "emul". */
@@ -64,6 +65,10 @@ void ds4_gpu_session_free(ds4_gpu_session *s);
  * row's argmax (ties to the lowest id) into argmax unless NULL. */
 int ds4_gpu_eval(ds4_gpu_session *s, const int32_t *tokens, int64_t n, int all_rows,
                  float *logits, int32_t *argmax, char *err, size_t cap);
+/* ds4_gpu_eval, and the post-final-norm hidden state of the same rows
+ * (n_embd floats per row) into hidden unless NULL. */
+int ds4_gpu_eval_hidden(ds4_gpu_session *s, const int32_t *tokens, int64_t n, int all_rows,
+                        float *logits, int32_t *argmax, float *hidden, char *err, size_t cap);
 /* Speculative decoding: verify 1..ds4_gpu_verify_max() rows (logits of
  * every row), then accept(k) keeps the first k exactly as k serial evals
  * would (runner.h). */
@@ -75,5 +80,23 @@ int64_t ds4_gpu_n_past(const ds4_gpu_session *s);
 /* Kernel launches of the last eval/verify/accept (the path report). */
 int64_t ds4_gpu_launches(const ds4_gpu_session *s);
 uint64_t ds4_gpu_session_device_bytes(const ds4_gpu_session *s);
+/* The logits of position n_past - 1 (n_vocab floats) into out, from the
+ * device: after a restore, or a step that copied back only its argmax.
+ * DS4_ERR_ARG when the session holds none. */
+int ds4_gpu_last_logits(ds4_gpu_session *s, float *out, char *err, size_t cap);
+/* The same row's post-final-norm hidden state (n_embd floats). */
+int ds4_gpu_last_hidden(ds4_gpu_session *s, float *out, char *err, size_t cap);
+
+/* Snapshots (runner.h): the whole session state copied on the device;
+ * restore into any session of the same model, any number of times. */
+int ds4_gpu_session_snapshot(ds4_gpu_session *s, ds4_gpu_snapshot **out, char *err, size_t cap);
+int ds4_gpu_session_restore(ds4_gpu_session *s, const ds4_gpu_snapshot *sn, char *err, size_t cap);
+void ds4_gpu_snapshot_free(ds4_gpu_snapshot *sn);
+int64_t ds4_gpu_snapshot_n_past(const ds4_gpu_snapshot *sn);
+uint64_t ds4_gpu_snapshot_device_bytes(const ds4_gpu_snapshot *sn);
+int ds4_gpu_snapshot_has_logits(const ds4_gpu_snapshot *sn);
+/* Live snapshots of the model's sessions and the device bytes they hold. */
+int64_t ds4_gpu_model_snapshots(const ds4_gpu_model *g);
+uint64_t ds4_gpu_model_snapshot_bytes(const ds4_gpu_model *g);
 
 #endif

@@ -139,6 +139,8 @@ struct k_gpu_model {
     dev_layer *L;
     dev_mat head;
     void *output_norm;
+    int64_t n_snaps;     /* live snapshots (k_runner_snapshot): freed before the model */
+    uint64_t snap_bytes; /* device bytes they hold */
 };
 
 struct k_runner {
@@ -161,6 +163,7 @@ struct k_runner {
     uint32_t attn_tg;       /* attn_partials threads: K_ATTN_TG on CUDA, else 256 */
     int capturing;          /* inside a verify: GDN layers keep their rows */
     int64_t ver_n, ver_pos; /* the last verify's rows and first position (0: none) */
+    int64_t last_row;       /* the row of `logits` holding position n_past - 1 (-1: none) */
     void *pages; /* u32 page table: identity (one sequence, no sharing yet) */
     /* scratch, ROWS rows each */
     float *h, *x, *y, *gin, *cv, *o, *qf, *qn, *kraw, *kn, *vv, *arow, *attn, *g, *u, *gu, *logits;
@@ -223,9 +226,11 @@ static void *upload(k_runner *r, const void *src, size_t bytes, ds4_error *err) 
     return mem_upload(r->dev, &r->mem, src, bytes, err);
 }
 
+/* Dense matrix types with a GPU matvec (Q4_64A: quant_q4_64a.h, dense
+ * matrices only: the MoE kernels have no Q4_64A dot, moe_type refuses it). */
 static int mat_type_ok(int type) {
     return type == DS4_TYPE_Q8_0 || type == DS4_TYPE_Q4_K || type == DS4_TYPE_Q5_K ||
-           type == DS4_TYPE_Q6_K;
+           type == DS4_TYPE_Q6_K || type == DS4_TYPE_Q4_64A;
 }
 
 static int upload_mat(k_gpu_model *r, const ds4_tensor *t, dev_mat *out, ds4_error *err) {
@@ -235,7 +240,7 @@ static int upload_mat(k_gpu_model *r, const ds4_tensor *t, dev_mat *out, ds4_err
         const char *tn = ds4_type_get_info(t->type, &ti, &e2) == 0 ? ti.name : "?";
         return ds4_fail(err, DS4_ERR_UNSUPPORTED,
                         "%s: tensor %s has type %s, which has no GPU kernel yet (GPU matrices: "
-                        "Q8_0, Q4_K, Q5_K, Q6_K)",
+                        "Q8_0, Q4_K, Q5_K, Q6_K, Q4_64A)",
                         r->dev->name, t->name, tn);
     }
     out->type = t->type;
@@ -347,7 +352,33 @@ typedef struct {
 
 /* The activation type a matrix's matvec reads (K_NQ_Q8_0 for Q8_0
  * weights, K_NQ_Q8_K for the K-quants: the CPU's fast precision pairs). */
-static unsigned act_flag(const dev_mat *w) { return w->type == DS4_TYPE_Q8_0 ? K_NQ_Q8_0 : K_NQ_Q8_K; }
+static unsigned act_flag(const dev_mat *w) {
+    return w->type == DS4_TYPE_Q8_0 || w->type == DS4_TYPE_Q4_64A ? K_NQ_Q8_0 : K_NQ_Q8_K; /* Q4_64A x Q8_0: traits.c */
+}
+
+/* A Q4_64A job (quant_q4_64a.h): the matvec variant for each block of at
+ * most K_MATVEC_MAX_ROWS rows of r->xq8 (no prefill GEMM for Q4_64A yet,
+ * so a wide chunk takes the matvecs 16 rows at a time: the same bits per
+ * row whatever the width, so chunk boundaries still never show). */
+static int mm_rows_q4_64a(k_runner *r, const mm_job *job, int64_t n_rows, ds4_error *err) {
+    const dev_mat *w = job->w;
+    const int64_t ys = job->y_stride;
+    const size_t xrow = (size_t)(w->n_in / 32) * 34;
+    int rc = 0;
+    for (int64_t r0 = 0; r0 < n_rows && !rc; r0 += K_MATVEC_MAX_ROWS) {
+        const int64_t nr = n_rows - r0 < K_MATVEC_MAX_ROWS ? n_rows - r0 : K_MATVEC_MAX_ROWS;
+        const int id = K_MATVEC_Q4_64A_KERNEL((uint32_t)nr);
+        k_matvec_q4_64a_params p = {K_TAG((k_u32)id), (uint32_t)w->n_in, (uint32_t)w->n_out, (uint32_t)nr,
+                                    (uint32_t)ys};
+        k_binding b[] = {STATUS_BIND(matvec_q4_64a), K_BIND(matvec_q4_64a, p, &p, sizeof p),
+                         K_BIND(matvec_q4_64a, w, w->p, w->bytes),
+                         K_BIND(matvec_q4_64a, xq, r->xq8 + r0 * xrow, (size_t)nr * xrow),
+                         K_BIND(matvec_q4_64a, y, job->y + r0 * ys, F4((nr - 1) * ys + w->n_out))};
+        rc = launch(r, id, K_MATVEC_Q4_64A_GROUPS((uint32_t)nr, (uint32_t)w->n_out, MATVEC_TG / 32), 1, 1,
+                    MATVEC_TG, b, 5, err);
+    }
+    return rc;
+}
 
 /* y rows [0, n_rows) of one job from the quantized rows in r->xq8 /
  * r->xqk: the prefill GEMM (gemm.h) for more than K_MATVEC_MAX_ROWS rows,
@@ -358,6 +389,7 @@ static unsigned act_flag(const dev_mat *w) { return w->type == DS4_TYPE_Q8_0 ? K
  * block boundary falls never shows. */
 static int mm_rows(k_runner *r, const mm_job *job, int64_t n_rows, ds4_error *err) {
     const dev_mat *w = job->w;
+    if (w->type == DS4_TYPE_Q4_64A) return mm_rows_q4_64a(r, job, n_rows, err);
     const int64_t n_in = w->n_in, ys = job->y_stride, q8 = w->type == DS4_TYPE_Q8_0;
     const size_t xrow = q8 ? (size_t)(n_in / 32) * 34 : (size_t)(n_in / 256) * 292;
     uint8_t *const xq = q8 ? r->xq8 : r->xqk;
@@ -428,7 +460,7 @@ static int matmul(k_runner *r, const float *x, int64_t x_stride, int64_t n_rows,
     int have8 = (ready & K_NQ_Q8_0) != 0, havek = (ready & K_NQ_Q8_K) != 0, rc;
     for (int j = 0; j < n_jobs; j++) {
         const dev_mat *w = jobs[j].w;
-        if (w->type == DS4_TYPE_Q8_0) {
+        if (act_flag(w) == K_NQ_Q8_0) { /* Q8_0 and Q4_64A weights */
             if (!have8) {
                 k_quantize_q8_0_params p = {K_TAG_OF(quantize_q8_0), (uint32_t)n_in, (uint32_t)n_rows,
                                             (uint32_t)x_stride};
@@ -840,7 +872,7 @@ static int upload_at(k_gpu_model *g, void *dst, size_t off, const void *src, siz
 }
 
 static int moe_type(const k_gpu_model *g, const ds4_tensor *t, uint32_t *out, ds4_error *err) {
-    if (!mat_type_ok(t->type)) {
+    if (!mat_type_ok(t->type) || t->type == DS4_TYPE_Q4_64A) { /* no Q4_64A expert dot (moe.h) */
         ds4_type_info ti;
         ds4_error e2;
         const char *tn = ds4_type_get_info(t->type, &ti, &e2) == 0 ? ti.name : "?";
@@ -1135,6 +1167,7 @@ int k_runner_open(k_gpu_model *g, int64_t n_ctx, k_runner **out, ds4_error *err)
     r->output_norm = g->output_norm;
     r->n_ctx = n_ctx;
     r->n_pages = (n_ctx + K_ATTN_BLOCK - 1) / K_ATTN_BLOCK;
+    r->last_row = -1;
     {
         const char *f = getenv("K_RUNNER_FUSE");
         r->fuse = !(f && !strcmp(f, "0"));
@@ -1187,7 +1220,7 @@ static int chunk_launches(k_runner *r, int64_t n, int64_t pos0, int64_t row0, in
 
 /* Rows [0, n) of one chunk at positions pos0..; outputs for rows >= out0. */
 static int eval_chunk(k_runner *r, const int32_t *tokens, int64_t n, int64_t pos0, int64_t row0, int64_t out0,
-                      float *logits, int32_t *argmax, ds4_error *err) {
+                      float *logits, int32_t *argmax, float *hidden, ds4_error *err) {
     const ds4_model_config *c = &r->c;
     const ds4_model *m = r->m;
     const int64_t E = c->n_embd, V = c->n_vocab, half = c->n_rot / 2;
@@ -1221,6 +1254,8 @@ static int eval_chunk(k_runner *r, const int32_t *tokens, int64_t n, int64_t pos
     }
     if (logits && r->dev->download(r->dev, logits, r->logits, F4(n_out * V)))
         return ds4_fail(err, DS4_ERR_INTERNAL, "%s download: %s", r->dev->name, r->dev->err);
+    if (hidden && r->dev->download(r->dev, hidden, r->x, F4(n_out * c->n_embd)))
+        return ds4_fail(err, DS4_ERR_INTERNAL, "%s download: %s", r->dev->name, r->dev->err);
     return 0;
 }
 
@@ -1251,8 +1286,12 @@ static int chunk_launches(k_runner *r, int64_t n, int64_t pos0, int64_t row0, in
     mm_job head = {r->head, r->logits, V};
     if (out0 < n && r->fuse && c->n_main > 0) {
         /* only the output rows get the last add: h of rows below out0 is
-         * not read again (the next chunk uploads its own embeddings) */
-        if ((rc = pre_norm(r, 1, out0, n_out, r->output_norm, act_flag(r->head), &ready, err))) return rc;
+         * not read again (the next chunk uploads its own embeddings); the
+         * float rows are stored too (K_NQ_X: the post-norm hidden state the
+         * session hands out and snapshots keep; rows [0, n_out) of x, as
+         * the unfused rmsnorm below writes them, the same bits) */
+        if ((rc = pre_norm(r, 1, out0, n_out, r->output_norm, act_flag(r->head) | K_NQ_X, &ready, err)))
+            return rc;
     } else {
         if (c->n_main > 0 && (rc = add_rows(r, r->y, r->h, n * E, err))) return rc;
         if (out0 >= n) return 0;
@@ -1296,7 +1335,7 @@ static int finish(k_runner *r, ds4_error *err) {
 }
 
 static int run_rows(k_runner *r, const int32_t *tokens, int64_t n, int all_rows, float *logits, int32_t *argmax,
-                    ds4_error *err) {
+                    float *hidden, ds4_error *err) {
     r->launches = 0;
     const int64_t V = r->c.n_vocab;
     int rc = 0;
@@ -1305,7 +1344,8 @@ static int run_rows(k_runner *r, const int32_t *tokens, int64_t n, int all_rows,
         const int last = c0 + cn == n;
         int64_t out0 = all_rows ? 0 : last ? cn - 1 : cn;
         rc = eval_chunk(r, tokens + c0, cn, r->n_past + c0, c0, out0, logits ? logits + (all_rows ? c0 * V : 0) : NULL,
-                        argmax ? argmax + (all_rows ? c0 : 0) : NULL, err);
+                        argmax ? argmax + (all_rows ? c0 : 0) : NULL,
+                        hidden ? hidden + (all_rows ? c0 * r->c.n_embd : 0) : NULL, err);
     }
     if (!rc) rc = finish(r, err);
     /* A failed call leaves device state part-written: the runner is then
@@ -1315,11 +1355,19 @@ static int run_rows(k_runner *r, const int32_t *tokens, int64_t n, int all_rows,
 
 int k_runner_eval(k_runner *r, const int32_t *tokens, int64_t n, int all_rows, float *logits,
                   int32_t *argmax, ds4_error *err) {
+    return k_runner_eval_hidden(r, tokens, n, all_rows, logits, argmax, NULL, err);
+}
+
+int k_runner_eval_hidden(k_runner *r, const int32_t *tokens, int64_t n, int all_rows, float *logits,
+                         int32_t *argmax, float *hidden, ds4_error *err) {
     int rc = check_rows(r, tokens, n, err);
-    if (!rc) rc = run_rows(r, tokens, n, all_rows, logits, argmax, err);
+    if (!rc) rc = run_rows(r, tokens, n, all_rows, logits, argmax, hidden, err);
     if (!rc) {
         r->n_past += n;
         r->ver_n = 0;
+        /* the head wrote the last chunk's output rows from row 0: all of
+         * them (all_rows), else only the last */
+        r->last_row = all_rows ? (n - 1) % ROWS : 0;
     }
     return rc;
 }
@@ -1346,12 +1394,13 @@ int k_runner_verify(k_runner *r, const int32_t *tokens, int64_t n, float *logits
             break;
     if (rc) return rc;
     r->capturing = 1;
-    rc = run_rows(r, tokens, n, 1, logits, argmax, err);
+    rc = run_rows(r, tokens, n, 1, logits, argmax, NULL, err);
     r->capturing = 0;
     if (rc) return rc;
     r->ver_n = n;
     r->ver_pos = r->n_past;
     r->n_past += n;
+    r->last_row = n - 1; /* n <= K_RUNNER_VERIFY_MAX <= ROWS: one chunk */
     return 0;
 }
 
@@ -1386,5 +1435,165 @@ int k_runner_accept(k_runner *r, int64_t k, ds4_error *err) {
     if (rc) return rc;
     r->n_past = r->ver_pos + k;
     r->ver_n = 0;
+    r->last_row = k - 1; /* the replay writes no logits: the verify's row k-1 is still there */
     return 0;
 }
+
+/* ------------------------------------------------------- snapshots -- */
+
+/* A session's state, copied into ONE device allocation (layout: per layer
+ * in order, a GDN layer's conv state then its recurrent state, an
+ * attention layer's K pages then its V pages [0, np); then the logits row
+ * and the post-norm hidden row of position n_past - 1 when there is one).
+ *
+ * Why a device copy and not a host copy or shared pages: restore is then
+ * device-to-device copies only (the very `copy` the verify backup uses: on
+ * CUDA an ordered cudaMemcpyAsync at HBM speed, on Metal a blit), nothing
+ * crosses the bus, and the session's KV pools stay one buffer per layer,
+ * as the kernels address them. Shared copy-on-write pages (what the CPU's
+ * kv.c does, and what the page table was laid out for: docs/gpu.md §1)
+ * would need one device page pool per model with reference counts; until
+ * then a snapshot costs its pages' bytes, and its nbytes says so (the
+ * prefix cache charges exactly that). Whole pages are copied (the rows
+ * past n_past in the last one are never read: attention reads positions
+ * below each row's own, and the next rows are written before they are
+ * read). Every size and offset is a multiple of 4 bytes (Metal's blit
+ * rule on macOS). */
+struct k_snapshot {
+    k_gpu_model *gm;
+    void *buf;
+    uint64_t bytes;
+    int64_t n_past, np;
+    int has_row; /* the logits and hidden rows of position n_past - 1 are kept */
+};
+
+static size_t kv_page_bytes(const ds4_model_config *c) {
+    return (size_t)c->n_head_kv * K_ATTN_BLOCK * (size_t)c->head_dim * 2;
+}
+
+static size_t gdn_conv_bytes(const ds4_model_config *c) { return F4((c->ssm_conv_kernel - 1) * conv_dim(c)); }
+static size_t gdn_ssm_bytes(const ds4_model_config *c) { return F4(c->ssm_n_v * c->ssm_d_state * c->ssm_d_state); }
+
+static uint64_t snap_bytes(const k_gpu_model *g, int64_t np, int has_row) {
+    const ds4_model_config *c = &g->c;
+    uint64_t b = 0;
+    for (int64_t il = 0; il < c->n_main; il++)
+        b += g->L[il].kind == DS4_LAYER_GDN ? gdn_conv_bytes(c) + gdn_ssm_bytes(c)
+                                            : 2 * (uint64_t)np * kv_page_bytes(c);
+    return b + (has_row ? F4(c->n_vocab + c->n_embd) : 0);
+}
+
+/* One copy between the session and the snapshot: save copies the session's
+ * bytes into the snapshot, else back. */
+static int snap_xfer(k_runner *r, int save, void *snap, void *state, size_t bytes, ds4_error *err) {
+    if (!bytes) return 0;
+    return save ? copy_dev(r, snap, state, bytes, err) : copy_dev(r, state, snap, bytes, err);
+}
+
+/* Both directions walk the layout here, so snapshot and restore cannot
+ * disagree on it. The last row (logits, and hidden from x): saved from
+ * `last_row`, restored to row 0. */
+static int snap_walk(k_runner *r, const k_snapshot *sn, int save, ds4_error *err) {
+    const ds4_model_config *c = &r->c;
+    const size_t conv = gdn_conv_bytes(c), ssm = gdn_ssm_bytes(c), kv = (size_t)sn->np * kv_page_bytes(c);
+    char *p = sn->buf;
+    int rc = 0;
+    for (int64_t il = 0; il < c->n_main && !rc; il++) {
+        dev_state *S = &r->S[il];
+        if (r->L[il].kind == DS4_LAYER_GDN) {
+#ifdef PLANT_SNAPSHOT_NO_GDN /* planted fault: restore keeps the session's GDN state (tests/test_gpu_snapshot.py turns red) */
+            if (!save) {
+                p += conv + ssm;
+                continue;
+            }
+#endif
+            if (!(rc = snap_xfer(r, save, p, conv_now(S, c), conv, err)))
+                rc = snap_xfer(r, save, p + conv, S->ssm, ssm, err);
+            p += conv + ssm;
+        } else {
+            if (!(rc = snap_xfer(r, save, p, S->kpool, kv, err))) rc = snap_xfer(r, save, p + kv, S->vpool, kv, err);
+            p += 2 * kv;
+        }
+    }
+    if (!rc && sn->has_row) {
+        const int64_t row = save ? r->last_row : 0;
+        if (!(rc = snap_xfer(r, save, p, r->logits + row * c->n_vocab, F4(c->n_vocab), err)))
+            rc = snap_xfer(r, save, p + F4(c->n_vocab), r->x + row * c->n_embd, F4(c->n_embd), err);
+    }
+    if (!rc && r->dev->sync(r->dev)) rc = ds4_fail(err, DS4_ERR_INTERNAL, "%s: %s", r->dev->name, r->dev->err);
+    return rc;
+}
+
+int k_runner_snapshot(k_runner *r, k_snapshot **out, ds4_error *err) {
+    if (!out) return ds4_fail(err, DS4_ERR_ARG, "k_runner_snapshot: out is NULL");
+    *out = NULL;
+    if (!r) return ds4_fail(err, DS4_ERR_ARG, "k_runner_snapshot: session is NULL");
+    k_snapshot *sn = calloc(1, sizeof *sn);
+    if (!sn) return ds4_fail(err, DS4_ERR_NOMEM, "out of host memory");
+    sn->gm = r->gm;
+    sn->n_past = r->n_past;
+    sn->np = (r->n_past + K_ATTN_BLOCK - 1) / K_ATTN_BLOCK;
+    sn->has_row = r->n_past > 0 && r->last_row >= 0;
+    sn->bytes = snap_bytes(r->gm, sn->np, sn->has_row);
+    sn->buf = r->dev->alloc(r->dev, (size_t)sn->bytes);
+    if (!sn->buf) {
+        const unsigned long long want = (unsigned long long)sn->bytes;
+        free(sn);
+        return ds4_fail(err, DS4_ERR_NOMEM, "%s: cannot allocate a snapshot of %llu bytes: %s", r->dev->name,
+                        want, r->dev->err);
+    }
+    const int rc = snap_walk(r, sn, 1, err);
+    if (rc) {
+        r->dev->release(r->dev, sn->buf);
+        free(sn);
+        return rc;
+    }
+    r->gm->n_snaps++;
+    r->gm->snap_bytes += sn->bytes;
+    *out = sn;
+    return ds4_ok(err);
+}
+
+int k_runner_restore(k_runner *r, const k_snapshot *sn, ds4_error *err) {
+    if (!r || !sn) return ds4_fail(err, DS4_ERR_ARG, "k_runner_restore: session or snapshot is NULL");
+    if (sn->gm != r->gm)
+        return ds4_fail(err, DS4_ERR_ARG,
+                        "snapshot was taken from a session of another model; a snapshot restores only "
+                        "into sessions of the model it came from");
+    if (sn->n_past > r->n_ctx)
+        return ds4_fail(err, DS4_ERR_ARG, "the snapshot holds %lld positions, more than this session's context (%lld)",
+                        (long long)sn->n_past, (long long)r->n_ctx);
+    const int rc = snap_walk(r, sn, 0, err);
+    if (rc) return rc; /* device state part-written: the session is only good for closing */
+    r->n_past = sn->n_past;
+    r->ver_n = 0; /* a pending verify belongs to the old state: accept now refuses */
+    r->last_row = sn->has_row ? 0 : -1;
+    return 0;
+}
+
+void k_snapshot_free(k_snapshot *sn) {
+    if (!sn) return;
+    sn->gm->dev->release(sn->gm->dev, sn->buf);
+    sn->gm->n_snaps--;
+    sn->gm->snap_bytes -= sn->bytes;
+    free(sn);
+}
+
+int64_t k_snapshot_n_past(const k_snapshot *sn) { return sn ? sn->n_past : 0; }
+uint64_t k_snapshot_device_bytes(const k_snapshot *sn) { return sn ? sn->bytes : 0; }
+int k_snapshot_has_logits(const k_snapshot *sn) { return sn ? sn->has_row : 0; }
+uint64_t k_gpu_model_snapshot_bytes(const k_gpu_model *g) { return g ? g->snap_bytes : 0; }
+int64_t k_gpu_model_snapshots(const k_gpu_model *g) { return g ? g->n_snaps : 0; }
+
+/* The last row's logits (hidden = 0) or post-norm hidden state (1). */
+static int last_row_out(k_runner *r, int hidden, float *out, ds4_error *err) {
+    if (!r || !out) return ds4_fail(err, DS4_ERR_ARG, "k_runner_last_logits/hidden: session or out is NULL");
+    if (r->last_row < 0) return ds4_fail(err, DS4_ERR_ARG, "no evaluated row: the session holds no last row");
+    const int64_t w = hidden ? r->c.n_embd : r->c.n_vocab;
+    if (r->dev->download(r->dev, out, (hidden ? r->x : r->logits) + r->last_row * w, F4(w)))
+        return ds4_fail(err, DS4_ERR_INTERNAL, "%s download: %s", r->dev->name, r->dev->err);
+    return 0;
+}
+
+int k_runner_last_logits(k_runner *r, float *out, ds4_error *err) { return last_row_out(r, 0, out, err); }
+int k_runner_last_hidden(k_runner *r, float *out, ds4_error *err) { return last_row_out(r, 1, out, err); }

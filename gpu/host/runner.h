@@ -10,7 +10,8 @@
  * layer's recurrence over a chunk in one gdn_seq launch), logits of the
  * last or every row, on-device argmax, verify/accept with exact rollback;
  * driven by gpu/tests/test_gpu_model.c and, through gpu/host/plugin.c, by
- * ds4py.load(backend=...). Not yet: snapshots, hidden taps, the nextn head.
+ * ds4py.load(backend=...); snapshot/restore (device copies of the whole
+ * state); the post-norm hidden state. Not yet: layer taps, the nextn head.
  */
 #ifndef K_RUNNER_H
 #define K_RUNNER_H
@@ -22,6 +23,7 @@
 
 typedef struct k_gpu_model k_gpu_model;
 typedef struct k_runner k_runner;
+typedef struct k_snapshot k_snapshot;
 
 /* Rows one verify may hold (the matvecs' widest shared weight read). */
 #define K_RUNNER_VERIFY_MAX 16
@@ -44,6 +46,10 @@ void k_runner_close(k_runner *r);
  * CPU) into `argmax` unless NULL. */
 int k_runner_eval(k_runner *r, const int32_t *tokens, int64_t n, int all_rows, float *logits,
                   int32_t *argmax, ds4_error *err);
+/* k_runner_eval, and the post-final-norm hidden state of the same rows
+ * (n_embd floats per row: what the LM head reads) into hidden unless NULL. */
+int k_runner_eval_hidden(k_runner *r, const int32_t *tokens, int64_t n, int all_rows, float *logits,
+                         int32_t *argmax, float *hidden, ds4_error *err);
 /* Speculative decoding: verify evaluates n <= K_RUNNER_VERIFY_MAX rows
  * like an eval with all_rows (n_past advances by n) and remembers what
  * accept needs; accept(k), 1 <= k <= n, keeps the first k rows: n_past
@@ -58,5 +64,38 @@ int64_t k_runner_n_past(const k_runner *r);
 uint64_t k_runner_device_bytes(const k_runner *r);
 /* Kernel launches of the last eval (the path report's count). */
 int64_t k_runner_launches(const k_runner *r);
+/* The logits row of position n_past - 1 (n_vocab floats) into out: it
+ * stays on the device after every eval, verify, accept and restore, even
+ * when the call copied nothing back. DS4_ERR_ARG when there is none (no
+ * row evaluated, or restored from a snapshot at position 0). */
+int k_runner_last_logits(k_runner *r, float *out, ds4_error *err);
+/* The same row's post-final-norm hidden state (n_embd floats). */
+int k_runner_last_hidden(k_runner *r, float *out, ds4_error *err);
+
+/* Snapshots: the session's whole state (n_past; per attention layer the
+ * K/V pages holding positions [0, n_past); per GDN layer the conv and
+ * recurrent state; the logits and post-norm hidden rows of position
+ * n_past - 1) copied into one
+ * device allocation (runner.c says why a device copy). Restore puts any
+ * session of the same k_gpu_model back there, bit for bit: what follows is
+ * what follows in a session that evaluated the same tokens. A snapshot is
+ * never changed by restores (restore it any number of times) and must be
+ * freed before its model is closed. Taken between a verify and its accept
+ * it holds every verified row (as the eval of them: verify == serial) and
+ * the session can still accept; a restore ends the target's pending
+ * verify (accept then refuses). Restore refuses (DS4_ERR_ARG, nothing
+ * changed) another model's snapshot or one longer than the session's
+ * context; a device failure during it leaves the session part-written. */
+int k_runner_snapshot(k_runner *r, k_snapshot **out, ds4_error *err);
+int k_runner_restore(k_runner *r, const k_snapshot *sn, ds4_error *err);
+void k_snapshot_free(k_snapshot *sn);
+int64_t k_snapshot_n_past(const k_snapshot *sn);
+/* Device bytes the snapshot holds. */
+uint64_t k_snapshot_device_bytes(const k_snapshot *sn);
+/* 1 when it keeps a logits and hidden row (n_past > 0). */
+int k_snapshot_has_logits(const k_snapshot *sn);
+/* Live snapshots of g's sessions, and the device bytes they hold. */
+int64_t k_gpu_model_snapshots(const k_gpu_model *g);
+uint64_t k_gpu_model_snapshot_bytes(const k_gpu_model *g);
 
 #endif

@@ -79,7 +79,10 @@ typedef uchar k_u8;
     X(30, gdn_seq)       \
     X(31, gemm_q8_0)     \
     X(32, gemm_kq)       \
-    K_MMA_KERNEL_LIST(X)
+    K_MMA_KERNEL_LIST(X) \
+    X(35, matvec_q4_64a1) \
+    X(36, matvec_q4_64a4) \
+    X(37, matvec_q4_64a)
 
 /* The int8 tensor-core GEMMs (gemm_mma.h) exist on CUDA and under the
  * emulator only: Metal has no int8 simdgroup matrix, so neither its kernel
@@ -753,6 +756,50 @@ typedef struct {
     X(K, 6, w, k_u8, K_IN, K_MOE_MAX2(p.n_expert * p.n_out * K_MOE_ROW_BYTES(p.t_down, p.n_ff), \
                                       p.n_ff_sh ? p.sd_base + p.n_out * K_MOE_ROW_BYTES(p.t_sdown, p.n_ff_sh) : 0u)) \
     X(K, 7, out, float, K_OUT, (p.n_rows - 1) * p.y_stride + p.n_out)
+
+/* ------------------------------------------ matvec_q4_64a (quant_q4_64a.h) -- */
+/* y[r][o] = W_o . xq_r for Q4_64A weights (ds4's affine 4-bit type: 36-byte
+ * blocks of 64 weights, bf16 scale and bias; ids 35..37 after the MMA ids,
+ * so the largest id stays last) and Q8_0 activation rows (quantize_q8_0's
+ * output: the CPU's pairing, two activation blocks per weight block), r <
+ * n_rows (1..16, every weight block read once for all rows). Three
+ * variants like matvec_kq1/kq4/kq, one table: widths 1, 2..4, 5..16
+ * (K_MATVEC_Q4_64A_KERNEL), RPS rows per SIMD-group each; launch
+ * K_MATVEC_Q4_64A_GROUPS(n_rows, n_out, SIMD-groups per threadgroup)
+ * threadgroups of at most K_MATVEC_MAX_TG threads (a grid too small for
+ * n_out raises K_ERR_SHAPE). A row's float order never depends on the
+ * variant, the width or the threadgroup size (quant_q4_64a.h). */
+typedef struct {
+    k_u32 tag;
+    k_u32 n_in;     /* a multiple of 64 */
+    k_u32 n_out;
+    k_u32 n_rows;   /* 1..K_MATVEC_MAX_ROWS (1 / 4 for the narrow variants) */
+    k_u32 y_stride; /* floats between rows of y */
+} k_matvec_q4_64a_params;
+#define K_ARGS_matvec_q4_64a(X, K)                                        \
+    X(K, 0, status, k_u32, K_STATUS, 2)                                   \
+    X(K, 1, p, k_matvec_q4_64a_params, K_PARAMS, 1)                       \
+    X(K, 2, w, k_u8, K_IN, p.n_out * (p.n_in / 64) * 36)                  \
+    X(K, 3, xq, k_u8, K_IN, p.n_rows * (p.n_in / 32) * 34)                \
+    X(K, 4, y, float, K_OUT, (p.n_rows - 1) * p.y_stride + p.n_out)
+typedef k_matvec_q4_64a_params k_matvec_q4_64a1_params;
+typedef k_matvec_q4_64a_params k_matvec_q4_64a4_params;
+#define K_ARGS_matvec_q4_64a1(X, K) K_ARGS_matvec_q4_64a(X, K)
+#define K_ARGS_matvec_q4_64a4(X, K) K_ARGS_matvec_q4_64a(X, K)
+#define K_MATVEC_Q4_64A_KERNEL(n_rows) \
+    ((n_rows) <= 1 ? K_ID_matvec_q4_64a1 : (n_rows) <= 4 ? K_ID_matvec_q4_64a4 : K_ID_matvec_q4_64a)
+#ifndef K_Q4A1_RPS
+#define K_Q4A1_RPS 1 /* width 1: a whole SIMD-group streams one row */
+#endif
+#ifndef K_Q4A4_RPS
+#define K_Q4A4_RPS 1
+#endif
+#ifndef K_Q4A16_RPS
+#define K_Q4A16_RPS 2 /* two rows' octets share each activation read */
+#endif
+#define K_MATVEC_Q4_64A_RPS(n_rows) ((n_rows) <= 1 ? K_Q4A1_RPS : (n_rows) <= 4 ? K_Q4A4_RPS : K_Q4A16_RPS)
+#define K_MATVEC_Q4_64A_GROUPS(n_rows, n_out, nsg) \
+    (((n_out) + K_MATVEC_Q4_64A_RPS(n_rows) * (nsg) - 1) / (K_MATVEC_Q4_64A_RPS(n_rows) * (nsg)))
 
 /* ---------------------------------------------------- derived names -- */
 /* K_ID_<kernel>, K_TAG_OF(kernel), K_ARG_<kernel>_<name> (the slot of an

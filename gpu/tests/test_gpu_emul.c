@@ -5,8 +5,9 @@
  *
  *   test_gpu_emul [suite ...]     suites: tables f16 rmsnorm quantize matvec
  *                                 rope attn kquant gdn argmax glue fused moe
- *                                 gdnseq gemm mma (default: all; moe lives in
- *                                 test_gpu_moe.h, mma in test_gpu_mma.h)
+ *                                 gdnseq gemm mma q4_64a (default: all; moe
+ *                                 lives in test_gpu_moe.h, mma in
+ *                                 test_gpu_mma.h, q4_64a in test_gpu_q4_64a.h)
  *
  * Prints one line per check, "PASS suite: ..." or "FAIL suite: ...", and
  * exits 1 if any check failed. References are the project's own CPU code
@@ -31,7 +32,8 @@
  * routing ties to the higher id), PLANT_GDN_SEQ_STALE_CONV (gdn_seq reads
  * the conv state it is replacing), PLANT_GEMM_OFF_BY_ONE_ROW (the prefill
  * GEMM reads the next weight row), PLANT_MMA_FRAGMENT_SWAP (the tensor-core
- * GEMMs swap two A fragment registers); tests/test_gpu_emul.py holds the list
+ * GEMMs swap two A fragment registers), PLANT_Q4_64A_NIBBLE_SWAP (the Q4_64A
+ * matvec reads each byte's two codes swapped); tests/test_gpu_emul.py holds the list
  * it checks, with the suites each must turn red.
  *
  * Built with -DK_TEST_CUDA (make cuda-test), every launch goes to the GPU
@@ -1772,6 +1774,9 @@ static void suite_gemm(void) {
 /* suite mma: the int8 tensor-core GEMMs (gpu/kernels/gemm_mma.h) */
 #include "test_gpu_mma.h"
 
+/* suite q4_64a: the Q4_64A matvec (gpu/kernels/quant_q4_64a.h) */
+#include "test_gpu_q4_64a.h"
+
 int main(int argc, char **argv) {
     ds4_kernels_init_scalar(&scalar);
     static const struct {
@@ -1781,7 +1786,8 @@ int main(int argc, char **argv) {
                   {"quantize", suite_quantize}, {"matvec", suite_matvec}, {"rope", suite_rope},
                   {"attn", suite_attn}, {"kquant", suite_kquant}, {"gdn", suite_gdn},
                   {"argmax", suite_argmax}, {"glue", suite_glue}, {"fused", suite_fused}, {"moe", suite_moe},
-                  {"gdnseq", suite_gdnseq}, {"gemm", suite_gemm}, {"mma", suite_mma}};
+                  {"gdnseq", suite_gdnseq}, {"gemm", suite_gemm}, {"mma", suite_mma},
+                  {"q4_64a", suite_q4_64a}};
     const int n_suites = (int)(sizeof suites / sizeof suites[0]);
     for (int i = 1; i < argc; i++) {
         int found = 0;

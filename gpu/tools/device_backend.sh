@@ -15,7 +15,8 @@
 #     (mean KL <= 0.01), one eval of all rows == one eval per row bit for bit,
 #     greedy speculative decoding through verify/accept == serial bit for bit
 #     (64 tokens, depths 1..7, wrong drafts), seeded sampling reproducible,
-#     refusals (MoE, a Q5_0 model) with their messages;
+#     snapshot/restore resumed == fresh bit for bit and the prefix cache,
+#     routed MoE vs the CPU, the refusal of a Q5_0 model with its message;
 #  4. EXTRA_MODELS="a.gguf b.gguf" (optional): greedy 64 tokens cuda vs cpu on
 #     each (files with a tokenizer), tok/s.
 # STAGE=build stops after building (the extension and the CUDA plugin, with
@@ -88,7 +89,8 @@ print("TEXT cuda:", repr(runs["cuda"]["text"][:120]))
 PY
 
 step "the emulator checks, on CUDA"
-timeout 400 python3 - <<'PY'
+# a Python error must not pass for a clean run: it prints a FAIL line
+timeout 400 python3 - <<'PY' || echo "CHECK the checks script itself: FAIL rc=$?"
 import os
 import numpy as np
 import ds4py
@@ -152,12 +154,70 @@ for path in (DEMO, f"{GOLD}/dense-q8_0.gguf"):
     gc = ds4py.generate(cpu, ids, draft=False, **kw)
     check(f"{name} seeded sampling reproducible", g1.tokens == g2.tokens,
           f"equal to cpu's: {g1.tokens == gc.tokens}")
-for bad_model, word in (("moe-q8_0", "MoE"), ("dense-q4_k_m", "Q5_0")):
-    try:
-        ds4py.load(f"{GOLD}/{bad_model}.gguf", backend="cuda")
-        check(f"refuses {bad_model}", False, "loaded")
-    except ds4py.ModelError as e:
-        check(f"refuses {bad_model}", word in str(e), str(e)[:200])
+# snapshot / restore: resumed == fresh, bit for bit (tests/test_gpu_snapshot.py on the
+# emulator), across a KV page (256 positions), into another session, twice
+seq = [int(t) for t in np.load("tests/golden/logits/sequences.npz")["s700"]][:266]
+gpu = ds4py.load(f"{GOLD}/dense-q8_0.gguf", backend="cuda", n_ctx=320)
+with gpu.new_session() as s:
+    fresh = np.array(s.eval(seq, all_logits=True))
+snaps, bad = {}, 0
+with gpu.new_session() as s:
+    for p in (0, 7, 254, 258):
+        if p > s.n_past:
+            s.eval(seq[s.n_past:p])
+        snaps[p] = s.snapshot()
+for p, sn in snaps.items():
+    for rep in range(2):
+        with gpu.new_session() as s:
+            s.eval(seq[:3])  # a used session
+            s.restore(sn)
+            got = np.array(s.eval(seq[p:p + 4], all_logits=True))
+            bad += not np.array_equal(got.view(np.uint32), fresh[p:p + 4].view(np.uint32))
+check("snapshot/restore resumed == fresh (dense-q8_0, points 0/7/254/258, twice each)",
+      bad == 0, f"mismatching resumes={bad}")
+from ds4py.cache import PrefixCache
+cache = PrefixCache(gpu)
+ids = seq[:200]
+g0 = ds4py.generate(gpu, ids, max_tokens=16, temperature=0)
+g1 = ds4py.generate(gpu, ids, max_tokens=16, temperature=0, cache=cache)
+g2 = ds4py.generate(gpu, ids + g1.tokens[:4], max_tokens=12, temperature=0, cache=cache)
+g3 = ds4py.generate(gpu, ids + g1.tokens[:4], max_tokens=12, temperature=0)
+check("prefix cache on cuda: equal tokens, second call hits", g1.tokens == g0.tokens
+      and g2.tokens == g3.tokens and cache.stats.hits >= 1, str(cache.stats))
+# routed MoE on the device: logits vs the CPU's (the dense bounds)
+moe_gpu, moe_cpu = ds4py.load(f"{GOLD}/moe-q8_0.gguf", backend="cuda"), ds4py.load(f"{GOLD}/moe-q8_0.gguf")
+ids = seq[:40]
+with moe_gpu.new_session() as s:
+    a = np.array(s.eval(ids, all_logits=True))
+with moe_gpu.new_session() as s:
+    one = np.array([np.array(s.eval([t])) for t in ids])
+with moe_cpu.new_session() as s:
+    b = np.array(s.eval(ids, all_logits=True))
+check("moe-q8_0 on cuda: one eval == one per row (bits), logits vs cpu",
+      np.array_equal(a.view(np.uint32), one.view(np.uint32)) and float(np.abs(a - b).max()) <= 1.0,
+      f"max|d|={float(np.abs(a - b).max()):.4f}")
+# ds4's Q4_64A matrices (gpu/kernels/quant_q4_64a.h; tests/test_gpu_q4_64a.py on the emulator)
+import subprocess, sys
+q4a = "/tmp/dense-q4_64a.gguf"
+subprocess.run([sys.executable, "-m", "gguf_tools", "requantize", "--type", "Q4_64A",
+                f"{GOLD}/dense-bf16.gguf", q4a], check=True, capture_output=True)
+qg, qc = ds4py.load(q4a, backend="cuda"), ds4py.load(q4a)
+with qg.new_session() as s:
+    a = np.array(s.eval(seq[:20], all_logits=True))
+with qg.new_session() as s:
+    one = np.array([np.array(s.eval([t])) for t in seq[:20]])
+with qc.new_session() as s:
+    b = np.array(s.eval(seq[:20], all_logits=True))
+p, q = logsm(b), logsm(a)
+kl = float((np.exp(p) * (p - q)).sum(axis=1).mean())
+check("dense Q4_64A on cuda: prefill == decode (bits), logits vs cpu",
+      np.array_equal(a.view(np.uint32), one.view(np.uint32)) and float(np.abs(a - b).max()) <= 1.0
+      and kl <= 0.01, f"max|d|={float(np.abs(a - b).max()):.4f} mean KL={kl:.5f}")
+try:
+    ds4py.load(f"{GOLD}/dense-q4_k_m.gguf", backend="cuda")
+    check("refuses dense-q4_k_m (Q5_0)", False, "loaded")
+except ds4py.ModelError as e:
+    check("refuses dense-q4_k_m (Q5_0)", "Q5_0" in str(e), str(e)[:200])
 PY
 
 for m in ${EXTRA_MODELS:-}; do
