@@ -327,8 +327,9 @@ def run_model(spec, a, bw, log):
             "decode": {c: _stats(v) for c, v in r["decode"].items()},
             "peak_rss_mb": rss[name],
         }
-    # split-K decode attention runs from 512 positions on: 1k shows the
-    # decode paths without another 8k prefill
+    # split-K decode attention runs once a row sees two 256-blocks
+    # (attention.c: n == 1 && nb > 1): 1k shows the decode paths without
+    # another 8k prefill
     out["paths"] = kernel_paths(path, a, prefills[0], min(ctxs[-1], 1024), log)
     out["bytes_per_token"] = {c: bytes_per_token(path, c) for c in ctxs}
     out["bound_tps"] = {c: bw["read"] * 1e9 / out["bytes_per_token"][c]["total"] for c in ctxs}
