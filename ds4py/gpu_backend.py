@@ -300,7 +300,26 @@ def _unsupported(backend: str, what: str) -> ModelError:
                       f"use backend='cpu'", _ERR_UNSUPPORTED)
 
 
-class GpuSnapshot:
+class _DeviceHandle:
+    """close() / closed for an object whose device memory is freed through
+    its cffi gc pointer ``_ptr`` (``self._ffi.release`` runs the plugin's
+    free at once instead of at garbage collection)."""
+
+    _ptr = None
+    _ffi = None
+
+    def close(self) -> None:
+        """Free the device memory now. Idempotent."""
+        if self._ptr is not None:
+            ptr, self._ptr = self._ptr, None
+            self._ffi.release(ptr)
+
+    @property
+    def closed(self) -> bool:
+        return self._ptr is None
+
+
+class GpuSnapshot(_DeviceHandle):
     """A GPU session's state at one point (:meth:`GpuSession.snapshot`), the
     CPU's :class:`ds4py.Snapshot` semantics: restore it into any session of
     the same model (:meth:`GpuSession.restore`), any number of times; what
@@ -323,22 +342,12 @@ class GpuSnapshot:
         self.nbytes = int(lib.ds4_gpu_snapshot_device_bytes(ptr))
         self.has_logits = bool(lib.ds4_gpu_snapshot_has_logits(ptr))
 
-    def close(self) -> None:
-        """Free the snapshot's device memory now. Idempotent."""
-        if self._ptr is not None:
-            ptr, self._ptr = self._ptr, None
-            self._ffi.release(ptr)
-
-    @property
-    def closed(self) -> bool:
-        return self._ptr is None
-
     def __repr__(self) -> str:
         state = "closed" if self._ptr is None else f"n_past={self.n_past}"
         return f"<ds4py.GpuSnapshot {self.backend} {state}>"
 
 
-class GpuSession:
+class GpuSession(_DeviceHandle):
     """One sequence on a GPU backend: :class:`ds4py.Session`'s eval / verify /
     accept / snapshot / restore with the same arguments, results and
     lifetimes (read-only views, valid until the next eval, verify or restore
@@ -603,17 +612,7 @@ class GpuSession:
     def nextn_covered(self) -> bool:
         return False
 
-    # -- lifetime ---------------------------------------------------------
-    def close(self) -> None:
-        """Free the session's device memory now. Idempotent."""
-        if self._ptr is not None:
-            ptr, self._ptr = self._ptr, None
-            self._ffi.release(ptr)
-
-    @property
-    def closed(self) -> bool:
-        return self._ptr is None
-
+    # -- lifetime (close / closed: _DeviceHandle) -------------------------
     def __enter__(self) -> GpuSession:
         return self
 
