@@ -407,10 +407,14 @@ int ds4_session_nextn_eval_out(ds4_session *s, const int32_t *tokens, const floa
                                const int64_t *positions, int64_t n, int out, ds4_error *err);
 /* Head priming: the one admission decision for drafting with the nextn head
  * (prefill and decode alike). With priming on, every trunk row the session
- * commits reaches the head's KV in the same call, batched and KV-only
- * (DS4_NEXTN_OUT_KV): an eval primes its rows chunk by chunk (row p =
- * token p with the trunk's post-final-norm hidden of p-1; position 0 has
- * no row), a verify's rows reach the head when they are committed -- at
+ * commits reaches the head's KV, batched and KV-only (DS4_NEXTN_OUT_KV):
+ * an eval's rows (row p = token p with the trunk's post-final-norm hidden
+ * of p-1; position 0 has no row) wait until 64 have gathered or something
+ * reads or changes the head (a verify, a nextn call, a snapshot, priming
+ * off), which first catches the head up in one call -- so this is
+ * invisible to callers, and ds4_session_nextn_range/covered report the
+ * head as caught up (session.c "Deferred rows"); a verify's rows reach
+ * the head when they are committed -- at
  * ds4_session_accept(k) (its k rows, one call), or all n at the next eval or
  * snapshot -- and restore brings the snapshot's head KV and last hidden
  * back. The head then always holds positions [1, n_past) (or from 0, if a

@@ -71,6 +71,11 @@ struct ds4_session {
     float *prime_last;        /* n_embd: the trunk's hidden of the last committed position */
     int32_t ver_tok[DS4_VERIFY_MAX]; /* the pending verify's tokens ... */
     int64_t prime_pending;    /* ... and how many of its rows the head still lacks */
+    /* Committed rows waiting for the head ("Deferred rows" below): tokens
+     * of positions [defer_p0, defer_p0 + defer_n), their hidden rows in
+     * prime_h rows 1..defer_n (row 0: the hidden of defer_p0 - 1). */
+    int32_t defer_tok[DS4_CHUNK_ROWS];
+    int64_t defer_p0, defer_n;
     uint64_t own_allocs, own_alloc_bytes; /* the session struct itself */
 };
 
@@ -241,17 +246,59 @@ static void prime_staged(ds4_session *s, int64_t pend) {
     s->prime_pending = 0;
 }
 
-/* After trunk chunk tokens[0..n) at positions pos0..: prime_h row 0 holds
- * the hidden of pos0-1; the chunk's rows are normed into rows 1..n, the
- * head gets rows pos0..pos0+n-1, and row n moves to row 0 for the next. */
-static void prime_chunk(ds4_session *s, const int32_t *tokens, int64_t n, int64_t pos0) {
+/* Deferred rows. An eval's rows do not reach the head at once: their
+ * (token, normed hidden) pairs wait in prime_h / defer_tok and go to the
+ * head in one KV-only call when DS4_CHUNK_ROWS of them have gathered, or
+ * before anything reads or changes the head (a verify, a nextn call, a
+ * snapshot, priming turned off). Decode commits one row per eval, and one
+ * head row per token cost two pool dispatches and a weight read of the
+ * head's eh_proj, attn_k and attn_v per token: ~2% of a plain decode step
+ * on the demo model at 2 threads (0.887 vs 0.905 ms/step, interleaved) --
+ * what a run that admits drafting but never drafts lost to serial. A batch
+ * of 64 rows reads those weights once. The rows are the same (batch
+ * invariance, DESIGN.md invariant 1), so only when the head gets them
+ * differs, and nobody can observe the head in between: the head KV pages
+ * for the waiting rows are reserved when the rows are deferred (so the
+ * catch-up cannot fail), every call that reads or writes the head catches
+ * it up first, and ds4_session_nextn_range/covered report the head as
+ * caught up. */
+
+/* Give the head the waiting rows (reserved when deferred: cannot fail);
+ * prime_h row 0 becomes the hidden of the last of them. */
+static void prime_flush(ds4_session *s) {
+    const int64_t n = s->defer_n;
+    if (!n) return;
+    const int64_t E = s->f.c.n_embd;
+    prime_rows(s, s->defer_tok, s->prime_h, n, s->defer_p0);
+    memmove(s->prime_h, s->prime_h + n * E, (size_t)E * sizeof(float));
+    s->defer_p0 += n;
+    s->defer_n = 0;
+}
+
+/* After trunk chunk tokens[0..n) at positions defer_p0 + defer_n..: the
+ * chunk's rows, normed from the residual stream ds4_fwd_chunk left in f->h,
+ * join the waiting rows (run() made room before the chunk: the head's
+ * own pass reuses the forward scratch f->h lives in); a full buffer goes to
+ * the head. */
+static void defer_chunk(ds4_session *s, const int32_t *tokens, int64_t n) {
     ds4_fwd *f = &s->f;
     const int64_t E = f->c.n_embd;
     const float *on = (const float *)f->m->output_norm.data;
-    for (int64_t t = 0; t < n; t++)
-        ds4_rmsnorm(f->h + t * E, on, s->prime_h + (t + 1) * E, E, f->c.rms_eps);
-    prime_rows(s, tokens, s->prime_h, n, pos0);
-    memmove(s->prime_h, s->prime_h + n * E, (size_t)E * sizeof(float));
+    float *dst = s->prime_h + (s->defer_n + 1) * E;
+    for (int64_t t = 0; t < n; t++) ds4_rmsnorm(f->h + t * E, on, dst + t * E, E, f->c.rms_eps);
+    memcpy(s->defer_tok + s->defer_n, tokens, (size_t)n * sizeof *tokens);
+    s->defer_n += n;
+    if (s->defer_n == DS4_CHUNK_ROWS) prime_flush(s);
+}
+
+/* The head's range [first, next) as it is once the waiting rows are in. */
+static void head_range(const ds4_session *s, int64_t *first, int64_t *next) {
+    *first = s->f.nextn_pos0;
+    *next = s->f.nextn_n_pos;
+    const int64_t p0 = s->defer_p0 < 1 ? 1 : s->defer_p0, end = s->defer_p0 + s->defer_n;
+    if (!s->defer_n || end <= p0) return; /* nothing, or only a row at position 0 */
+    if (*next <= *first || p0 <= *first) *first = p0; /* forward/nextn.c head_base */
+    *next = end;
 }
 
 /* Run checked tokens; verify != 0: one chunk (n <= DS4_VERIFY_MAX) with the
@@ -263,22 +310,29 @@ static int run(ds4_session *s, const int32_t *tokens, int64_t n, int all_rows,
     const int64_t n_out = all_rows ? n : 1;
     const int64_t pend = s->prime ? s->prime_pending : 0;
     /* A verify's rows the head still lacks are committed by this call:
-     * stage their hidden rows now, before grow_outputs may free them. */
+     * stage their hidden rows now, before grow_outputs may free them (a
+     * verify caught the head up, so no deferred rows wait in prime_h). */
     if (pend) stage_verify_rows(s, pend);
     int rc;
     if ((rc = ds4_fwd_reserve(&s->f, s->n_past, s->n_past + n, err)) ||
         (rc = grow_outputs(s, n_out, n_layers, err)) ||
         (verify && (rc = ds4_fwd_verify_reserve(&s->f, n, err))))
         return rc;
-    /* The head rows this call writes: the pending verify's, then (an eval's
-     * own rows; a verify's wait for their accept) this call's. */
-    if (s->prime &&
-        (rc = prime_prepare(s, pend ? s->ver_n_past : s->n_past, s->n_past + (verify ? 0 : n), err)))
-        return rc;
+    /* The head rows this call writes or defers: the waiting ones or the
+     * pending verify's, then (an eval's own rows; a verify's wait for their
+     * accept) this call's. */
+    if (s->prime) {
+        const int64_t a = s->defer_n ? s->defer_p0 : pend ? s->ver_n_past : s->n_past;
+        if ((rc = prime_prepare(s, a, s->n_past + (verify ? 0 : n), err))) return rc;
+    }
 
     /* Nothing below can fail. */
     if (pend) prime_staged(s, pend);
-    if (s->prime) memcpy(s->prime_h, s->prime_last, (size_t)c->n_embd * sizeof(float));
+    if (s->prime && verify) prime_flush(s); /* the accept primes right after them */
+    if (s->prime && !s->defer_n) {
+        memcpy(s->prime_h, s->prime_last, (size_t)c->n_embd * sizeof(float));
+        s->defer_p0 = s->n_past;
+    }
     s->f.cap_layers = layers;
     s->f.n_cap = n_layers;
     s->f.verify = verify;
@@ -295,8 +349,9 @@ static int run(ds4_session *s, const int32_t *tokens, int64_t n, int all_rows,
         } else {
             out_row0 = c0 + cn == n ? cn - 1 : cn; /* only the eval's last row */
         }
+        if (s->prime && !verify && s->defer_n + cn > DS4_CHUNK_ROWS) prime_flush(s);
         ds4_fwd_chunk(&s->f, tokens + c0, cn, s->n_past + c0, out_row0, lg, hd);
-        if (s->prime && !verify) prime_chunk(s, tokens + c0, cn, s->n_past + c0);
+        if (s->prime && !verify) defer_chunk(s, tokens + c0, cn);
     }
     s->f.verify = 0;
     s->f.cap_layers = NULL;
@@ -307,7 +362,8 @@ static int run(ds4_session *s, const int32_t *tokens, int64_t n, int all_rows,
             memcpy(s->ver_tok, tokens, (size_t)n * sizeof *tokens);
             s->prime_pending = n;
         } else {
-            memcpy(s->prime_last, s->prime_h, (size_t)c->n_embd * sizeof(float));
+            memcpy(s->prime_last, s->prime_h + s->defer_n * c->n_embd,
+                   (size_t)c->n_embd * sizeof(float));
         }
     }
     if (verify) {
@@ -423,6 +479,7 @@ int ds4_session_snapshot(ds4_session *s, ds4_snapshot **out, ds4_error *err) {
     if (!s) return ds4_fail(err, DS4_ERR_ARG, "ds4_session_snapshot: session is NULL");
     ds4_fwd *f = &s->f;
     const ds4_model_config *c = &f->c;
+    prime_flush(s); /* the snapshot holds the head's pages */
     if (s->prime && s->prime_pending) {
         /* A snapshot holds every verified row (the trunk's), so the head
          * gets them now, as an eval would give them; an accept that follows
@@ -563,6 +620,7 @@ int ds4_session_restore(ds4_session *s, const ds4_snapshot *sn, ds4_error *err) 
     s->n_lh = 0;
     s->ver_n = 0;
     s->prime_pending = 0;
+    s->defer_n = 0; /* rows of the replaced history */
     /* the snapshot's last hidden row is the trunk's hidden of n_past - 1 */
     if (s->prime && sn->n_rows) memcpy(s->prime_last, s->hidden, (size_t)c->n_embd * sizeof(float));
     return ds4_ok(err);
@@ -625,12 +683,14 @@ void ds4_session_counters(const ds4_session *s, ds4_counters *out) {
 int ds4_session_nextn_eval(ds4_session *s, const int32_t *tokens, const float *hiddens,
                            const int64_t *positions, int64_t n, ds4_error *err) {
     if (!s) return ds4_fail(err, DS4_ERR_ARG, "ds4_session_nextn_eval: session is NULL");
+    prime_flush(s);
     return ds4_nextn_eval(&s->f, tokens, hiddens, positions, n, err);
 }
 
 int ds4_session_nextn_eval_out(ds4_session *s, const int32_t *tokens, const float *hiddens,
                                const int64_t *positions, int64_t n, int out, ds4_error *err) {
     if (!s) return ds4_fail(err, DS4_ERR_ARG, "ds4_session_nextn_eval_out: session is NULL");
+    prime_flush(s);
     return ds4_nextn_eval_out(&s->f, tokens, hiddens, positions, n, out, err);
 }
 
@@ -638,6 +698,7 @@ int ds4_session_set_nextn_prime(ds4_session *s, int on, ds4_error *err) {
     if (!s) return ds4_fail(err, DS4_ERR_ARG, "ds4_session_set_nextn_prime: session is NULL");
     ds4_fwd *f = &s->f;
     if (!on) {
+        prime_flush(s); /* what was committed while priming was on */
         s->prime = 0;
         s->prime_pending = 0;
         return ds4_ok(err);
@@ -678,6 +739,7 @@ int ds4_session_set_nextn_prime(ds4_session *s, int on, ds4_error *err) {
         memcpy(s->prime_last, s->hidden + (s->row0 + s->n_rows - 1) * E, (size_t)E * sizeof(float));
     s->prime = 1;
     s->prime_pending = 0;
+    s->defer_n = 0;
     return ds4_ok(err);
 }
 
@@ -685,12 +747,15 @@ int ds4_session_nextn_prime(const ds4_session *s) { return s ? s->prime : 0; }
 
 int ds4_session_nextn_covered(const ds4_session *s) {
     if (!s || !s->f.nextn_ready) return 0;
-    return head_covers(s->f.nextn_pos0, s->f.nextn_n_pos, s->n_past - s->prime_pending);
+    int64_t first, next;
+    head_range(s, &first, &next);
+    return head_covers(first, next, s->n_past - s->prime_pending);
 }
 
 int ds4_session_nextn_draft(ds4_session *s, int32_t token, const float *hidden,
                             ds4_error *err) {
     if (!s) return ds4_fail(err, DS4_ERR_ARG, "ds4_session_nextn_draft: session is NULL");
+    prime_flush(s);
     /* The next head position; an empty head drafts at the trunk's n_past
      * (row (x_n, h_{n-1}) at position n, spec §7 "Drafting"). */
     const int64_t pos = s->f.nextn_n_pos > s->f.nextn_pos0 ? s->f.nextn_n_pos : s->n_past;
@@ -708,6 +773,6 @@ const float *ds4_session_nextn_hidden(const ds4_session *s, int64_t *n_rows) {
 }
 
 void ds4_session_nextn_range(const ds4_session *s, int64_t *first, int64_t *next) {
-    *first = s ? s->f.nextn_pos0 : 0;
-    *next = s ? s->f.nextn_n_pos : 0;
+    *first = *next = 0;
+    if (s) head_range(s, first, next);
 }

@@ -110,15 +110,93 @@ def test_prefill_priming_equals_one_row_priming(name, precision, data):
         check(probe(m, s, p), want)
 
 
-def test_decode_steps_prime_like_a_prompt():
+@pytest.mark.parametrize("steps", [20, 150])  # 150: waiting rows cross two full batches of 64
+def test_decode_steps_prime_like_a_prompt(steps):
     """One-token evals (the decode path, split-K attention past a page)
-    prime the head as one prompt eval does."""
+    prime the head as one prompt eval does: the rows the core defers
+    (csrc/session.c "Deferred rows") reach it before the draft reads it."""
     m = model("dense-q8_0")
     with m.new_session(nextn_prime=True) as s:
         s.eval(TOKS[:250])
-        for t in TOKS[250:270]:
+        for t in TOKS[250:250 + steps]:
             s.eval([int(t)])
-        check(probe(m, s, 270), reference("dense-q8_0", "fast", 270))
+        check(probe(m, s, 250 + steps), reference("dense-q8_0", "fast", 250 + steps))
+
+
+# ------------------------------------------------------ deferred rows --
+
+
+def head_bytes(m, s, fn) -> int:
+    """Weight bytes the session read while fn() ran."""
+    before = s.counters()["weight_bytes"]
+    fn()
+    return s.counters()["weight_bytes"] - before
+
+
+def test_decode_rows_wait_and_go_to_the_head_in_batches_of_64():
+    """The point of deferring: a plain decode step of a priming session
+    reads exactly the weights of a step without priming (no head weights
+    per token), and the head's weights are read once per 64 waiting rows.
+    The counters are the core's own (every matvec adds its weight bytes),
+    so this fails if a step primes its row at once."""
+    m = model("dense-q8_0")
+    with m.new_session() as plain, m.new_session(nextn_prime=True) as s:
+        plain.eval(TOKS[:100])
+        s.eval(TOKS[:100])  # rows 64..99 wait: 36 of them
+        per_step = head_bytes(m, plain, lambda: plain.eval([int(TOKS[100])]))
+        assert head_bytes(m, s, lambda: s.eval([int(TOKS[100])])) == per_step
+        for t in TOKS[101:127]:  # 63 rows wait
+            assert head_bytes(m, s, lambda t=t: s.eval([int(t)])) == per_step
+        flush = head_bytes(m, s, lambda: s.eval([int(TOKS[127])]))  # the 64th
+        assert flush > per_step
+        # a draft catches up the rows that wait (one more batch call) first
+        s.eval([int(TOKS[128])])
+        assert m.nextn_range(s) == (1, 129)  # reported as caught up meanwhile
+        check(probe(m, s, 129), reference("dense-q8_0", "fast", 129))
+
+
+def test_snapshot_with_waiting_rows_carries_them():
+    """A snapshot taken while rows wait holds the head caught up: restored
+    into a fresh session it drafts what a fresh evaluation drafts."""
+    m = model("dense-q8_0")
+    with m.new_session(nextn_prime=True) as s:
+        s.eval(TOKS[:70])
+        for t in TOKS[70:80]:
+            s.eval([int(t)])
+        snap = s.snapshot()
+    assert snap.nextn_covered
+    with m.new_session(nextn_prime=True) as s2:
+        s2.restore(snap)
+        check(probe(m, s2, 80), reference("dense-q8_0", "fast", 80))
+
+
+def test_restore_drops_the_replaced_histories_waiting_rows():
+    """Rows that wait when a restore replaces the history never reach the
+    head (they would land at positions past the snapshot's and misplace
+    the next draft)."""
+    m = model("dense-q8_0")
+    with m.new_session(nextn_prime=True) as s:
+        s.eval(TOKS[:90])
+        snap = s.snapshot()
+        for t in TOKS[200:210]:  # other tokens, waiting
+            s.eval([int(t)])
+        s.restore(snap)
+        assert m.nextn_range(s) == (1, 90)
+        check(probe(m, s, 90), reference("dense-q8_0", "fast", 90))
+
+
+def test_priming_off_catches_the_head_up_first():
+    """Turning priming off gives the head the rows committed while it was
+    on, so turning it back on later finds the whole history."""
+    m = model("dense-q8_0")
+    with m.new_session(nextn_prime=True) as s:
+        s.eval(TOKS[:30])
+        s.eval([int(TOKS[30])])
+        s.nextn_prime = False
+        assert m.nextn_range(s) == (1, 31)
+        s.nextn_prime = True
+        s.eval(TOKS[31:40])
+        check(probe(m, s, 40), reference("dense-q8_0", "fast", 40))
 
 
 def test_kv_only_rows_equal_full_rows_and_skip_the_lm_head():

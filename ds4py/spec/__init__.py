@@ -21,7 +21,6 @@ steps (``Model.nextn_eval`` / ``nextn_draft``) and the target's hidden rows.
   drafts with (policy, drafter -- the nextn head, or the DFlash drafter of
   a model loaded with ``dflash=`` (ds4py.dflash) --, pairing verdict; one
   shared CostModel per model).
-- :mod:`ds4py.spec.defer`: deferred head priming over long plain stretches.
 - :mod:`ds4py.spec.rejection`: standard speculative (rejection) sampling,
   used by the runner's ``sampling="rejection"`` (``--spec-sampling``).
 - :mod:`ds4py.spec.policy`: ``AdaptivePolicy`` (per-depth acceptance EMA,

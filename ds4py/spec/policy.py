@@ -74,7 +74,7 @@ AdaptivePolicy (ds4-notes §4 "Adaptive depth", a port of ds4's / mlx.fast's
   drafting beats depth 0 at all (hysteresis: without it, every small dip of
   the estimates flipped a session with a ~10% gain back to depth 0).
   ``quiet`` after a depth-0 choice: the rounds until the next probe (the
-  runner defers the head's priming over long stretches, ds4py.spec.defer).
+  runner takes a fast path over them, ds4py.spec.runner "Quiet stretches").
   Cost exploration: one chosen drafting round (depth d) in ``explore`` (16)
   drafts d + 1 while width d + 2 has fewer than 3 measured verifies, so
   the next deeper depth is priced by its own measurement, not by the line's
@@ -168,7 +168,7 @@ class Policy:
     last_was_probe = False   # the last choose() was a probe (stats)
     needs_plain = False      # the last choose() was 0 to measure a plain step: time it
     # after a choose() of 0: how many more rounds will be 0 unless new
-    # evidence arrives (the runner defers head priming over long stretches)
+    # evidence arrives (the runner's fast path over them)
     quiet = 0
 
     def choose(self, cap: int) -> int:

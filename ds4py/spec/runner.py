@@ -80,9 +80,9 @@ nothing else -- and the policy hears of them at once at the end
 each eval makes Python slow), 5% of a one-thread plain step and ~8% of a
 two-thread one, and the short stretches between probes (3, 7, 15 rounds)
 are most of the plain rounds where drafting is near break-even (prose).
-Over a stretch of at least DEFER_MIN (8) rounds the nextn head's rows are
-also deferred and caught up in batches (ds4py.spec.defer) before the next
-drafting round and at ``finish``.
+The nextn head's rows of plain steps cost nothing per step either: the core
+defers them and catches the head up in batches of 64, or before the next
+draft reads it (csrc/session.c "Deferred rows").
 """
 
 from __future__ import annotations
@@ -96,7 +96,6 @@ import numpy as np
 from .._core import ffi, lib, new_error
 from ..errors import ModelError
 from ..session import VERIFY_MAX
-from .defer import DeferredPriming
 from .drafter import Drafter, DraftError, DraftState, NextnDrafter
 from .policy import Policy
 from .rejection import SALT_ACCEPT, SALT_DRAFT, SALT_RESIDUAL, dense, keyed, rejection_step
@@ -104,14 +103,8 @@ from .stepper import Stepper
 
 __all__ = ["SpecRunner", "argmax_pick"]
 
-# defer head priming (ds4py.spec.defer) over plain stretches the policy
-# expects to last at least this many rounds: a shorter one would pay a
-# catch-up call and two priming switches for a few rows
-DEFER_MIN = 8
-# defer the head's priming over quiet stretches (ds4py.spec.defer)
-DEFER_PRIMING = True
 # the fast path takes a promised plain stretch of at least this many rounds
-# (module doc "Quiet stretches"; 8, DEFER_MIN, before 2026-11-29: the A/B knob)
+# (module doc "Quiet stretches"; 8 before 2026-11-29: the A/B knob)
 QUIET_MIN = 1
 # a fast-path stretch ends after this many rounds at most, so the policy
 # re-prices at least this often (plain-cost changes reach it)
@@ -154,8 +147,6 @@ class SpecRunner:
         self._step = getattr(session, "stepper", None) or Stepper(session, model.config.vocab_size)
         # a drafter whose one pass makes at most max_depth drafts (DFlash: B-1)
         self._max_depth = int(getattr(drafter, "max_depth", None) or VERIFY_MAX - 1)
-        self._defer: DeferredPriming | None = None
-        self._defer_on = False               # rows are being deferred now
         self._quiet_left = 0                 # fast-path rounds left in this stretch
         self._quiet_t: list[float] = []      # their step times, for the policy
         # the core's greedy round: drafts and row argmaxes in two calls
@@ -187,11 +178,6 @@ class SpecRunner:
         else:
             refused = self.drafter.attach(self.s)
         self.refused, self.admitted = refused, refused is None
-        # deferred head priming over long plain stretches: the nextn head
-        # primed by the core (not a session that brings its own stepper)
-        if self.admitted and isinstance(self.drafter, NextnDrafter) and self.s.nextn_prime \
-                and getattr(self.s, "stepper", None) is None:
-            self._defer = DeferredPriming(self.s, self.model.config.hidden_size)
         return refused
 
     def prefill(self, ids: list[int], all_logits: bool = False):
@@ -218,8 +204,6 @@ class SpecRunner:
             clock = self.clock
             t0 = clock()
             lg = self._step.step(last)
-            if self._defer_on:
-                self._defer.row(last)
             t = self.pick(lg, self.s.n_past)
             self._quiet_t.append(clock() - t0)
             return [(t, lg)]
@@ -236,29 +220,18 @@ class SpecRunner:
         if k == 0:
             # the serial step, timed when the policy learns (module doc)
             if self.admitted:
-                defer = self._defer
                 if policy.quiet >= QUIET_MIN:
                     # a promised plain stretch: the fast path from the next round on
                     self._quiet_left = min(policy.quiet, QUIET_MAX)
-                    if policy.quiet >= DEFER_MIN and DEFER_PRIMING and defer is not None \
-                            and not defer.active:
-                        # a long one: the head's rows caught up in batches meanwhile
-                        defer.start()
-                        self._defer_on = True
                 clock = self.clock
                 t0 = clock()
                 lg = self._step.step(last)
-                if self._defer_on:
-                    defer.row(last)
                 t = self.pick(lg, s.n_past)
                 policy.record_plain(clock() - t0)
             else:
                 lg = self._step.step(last)
                 t = self.pick(lg, s.n_past)
             return [(t, lg)]
-        if self._defer_on:
-            self._defer.stop()  # the head must hold every row before it drafts
-            self._defer_on = False
         self.probes += bool(policy.last_was_probe)
         P = s.n_past
         t0 = self.clock()
@@ -405,9 +378,6 @@ class SpecRunner:
         if self._quiet_t:
             self._end_quiet()
         if self.admitted:
-            if self._defer_on:
-                self._defer.stop()  # a later call on the session drafts at once
-                self._defer_on = False
             self.drafter.finish(self.s)
 
     # -- statistics ------------------------------------------------------------
@@ -433,8 +403,6 @@ class SpecRunner:
             "verify_ms_per_width": {w: 1000.0 * sum(v) / len(v)
                                     for w, v in sorted(self.verify_s.items())},
             "depth_counts": dict(sorted(self.depth_counts.items())),
-            # head rows caught up in batches over plain stretches (ds4py.spec.defer)
-            "deferred_head_rows": 0 if self._defer is None else self._defer.rows_total,
             "accept_counts": dict(sorted(self.accept_counts.items())),
             "policy": self.policy.summary(),
         }

@@ -1,15 +1,17 @@
-"""Deferred head priming (ds4py/spec/defer.py): over a long run of plain rounds
-the head's rows are caught up in batches instead of one per step.
+"""Quiet stretches (ds4py/spec/runner.py): when the policy promises plain
+rounds, the runner steps without asking it each round, and the core defers
+the head's rows of those steps (csrc/session.c "Deferred rows";
+tests/test_nextn_prime.py checks the rows bit for bit).
 
 The claims checked, on the demo model (trained head: its drafts are often
 accepted, so a head with a wrong history would show in the acceptance) and
 a random golden model:
-- the head's rows after a deferred stretch are bit for bit those that
-  priming writes step by step: the next draft's logits are identical;
-- a run that defers (long depth-0 stretches between probes) produces the
-  serial tokens and drafts exactly what the same run without deferral
+- a run with long depth-0 stretches between probes produces the serial
+  tokens, drafts exactly what the same run through choose() every round
   drafts (same accepted counts per round), and leaves the head holding
-  every position [1, n_past) with priming on.
+  every position [1, n_past) with priming on;
+- the prefix cache keeps the head's history after such a run;
+- a drafting round's choice is charged to that round's overhead.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ import ds4py
 from ds4py.demo_model import demo_model_path
 from ds4py.spec import AdaptivePolicy, speculative_generate
 from ds4py.spec import runner as runner_mod
-from ds4py.spec.defer import DeferredPriming
 from ds4py.spec.stepper import Stepper
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -44,69 +45,25 @@ def golden() -> ds4py.Model:
     return _models["golden"]
 
 
-def plain_steps(m, s, first, n, defer=None):
-    """n greedy plain steps after `first`; with `defer`, each step's row is
-    deferred. Returns the tokens evaluated."""
+def plain_steps(m, s, first, n):
+    """n greedy plain steps after `first`. Returns the tokens evaluated."""
     st = Stepper(s, m.config.vocab_size)
     tok, out = first, []
     for _ in range(n):
         lg = st.step(tok)
-        if defer is not None:
-            defer.row(tok)
         out.append(tok)
         tok = int(lg.argmax())
     return out, tok
 
 
-@pytest.mark.parametrize("rows", [3, 64])   # 3: several catch-up calls and a partial one
-def test_deferred_rows_equal_primed_rows(rows):
-    m = demo()
-    ids = m.tokenizer.encode(CODE)
-    n = 20
-    with m.new_session(nextn_prime=True) as a, m.new_session(nextn_prime=True) as b:
-        first = int(a.eval(ids).argmax())
-        assert int(b.eval(ids).argmax()) == first
-        toks_a, next_a = plain_steps(m, a, first, n)
-        d = DeferredPriming(b, m.config.hidden_size, rows=rows)
-        d.start()
-        assert not b.nextn_prime
-        toks_b, next_b = plain_steps(m, b, first, n, defer=d)
-        d.stop()
-        assert toks_a == toks_b and next_a == next_b
-        assert b.nextn_prime and b.nextn_covered
-        assert d.rows_total == n and d.flushes == -(-n // rows)
-        assert m.nextn_range(a) == m.nextn_range(b)
-        # the next draft from each head: bit-identical logits and hidden
-        la, ha = m.nextn_draft(a, next_a, a.last_hidden())
-        la, ha = np.array(la), np.array(ha)
-        lb, hb = m.nextn_draft(b, next_b, b.last_hidden())
-        np.testing.assert_array_equal(la, np.array(lb))
-        np.testing.assert_array_equal(ha, np.array(hb))
-
-
-def test_start_twice_and_stop_without_start_are_harmless():
-    m = demo()
-    with m.new_session(nextn_prime=True) as s:
-        s.eval(m.tokenizer.encode(CODE))
-        d = DeferredPriming(s, m.config.hidden_size)
-        d.stop()                       # not started: nothing to do
-        assert s.nextn_prime
-        d.start()
-        d.start()
-        d.stop()
-        assert s.nextn_prime and s.nextn_covered and d.flushes == 0
-    with pytest.raises(ValueError):
-        DeferredPriming(s, m.config.hidden_size, rows=0)
-
-
 def never(d: int) -> float:
     """The cost model always answers 0: plain stretches between probes
-    (4, 8, 16, ... rounds), the stretches of 8+ deferred."""
+    (4, 8, 16, ... rounds)."""
     return 1.0 if d == 0 else 1000.0
 
 
 @pytest.mark.parametrize("which", ["demo", "golden"])
-def test_run_with_deferral_is_exact_and_drafts_the_same(which, monkeypatch):
+def test_run_with_quiet_stretches_is_exact_and_drafts_the_same(which, monkeypatch):
     m = demo() if which == "demo" else golden()
     ids = (m.tokenizer.encode(CODE) if which == "demo"
            else [int(t) for t in np.load(os.path.join(HERE, "golden", "logits",
@@ -126,28 +83,26 @@ def test_run_with_deferral_is_exact_and_drafts_the_same(which, monkeypatch):
 
     toks, st = run()
     assert toks == ref
-    assert st["deferred_head_rows"] > 50          # 4+8+16+32+64 rounds: most are deferred
     assert st["draft_rounds"] >= 4                # the probes
-    monkeypatch.setattr(runner_mod, "DEFER_MIN", 10 ** 9)   # never defer
+    monkeypatch.setattr(runner_mod, "QUIET_MIN", 10 ** 9)   # choose() every round
     toks0, st0 = run()
-    assert toks0 == ref and st0["deferred_head_rows"] == 0
+    assert toks0 == ref
     # the probes drafted from the same head rows: the same outcome round by round
     for key in ("draft_rounds", "drafted", "accepted", "accept_counts", "depth_counts"):
         assert st[key] == st0[key], key
 
 
-def test_prefix_cache_after_a_deferred_run_keeps_the_heads_history():
-    """A request whose decode deferred its head rows (long plain stretches)
-    ends with the head caught up: the end-of-generation cache entry carries
-    the head's history, and a continuation that hits it drafts at once with
-    the serial output."""
+def test_prefix_cache_after_a_quiet_run_keeps_the_heads_history():
+    """A request whose decode was mostly plain steps (the core deferring the
+    head's rows) ends with a cache entry that carries the head's history,
+    and a continuation that hits it drafts at once with the serial output."""
     from ds4py.cache import PrefixCache
     m = demo()
     ids = m.tokenizer.encode(CODE * 3)
     cache = PrefixCache(m)
     g1 = ds4py.generate(m, ids, max_tokens=60, temperature=0, cache=cache,
                         draft_policy=AdaptivePolicy(cost=never, burst=0))
-    assert g1.draft["deferred_head_rows"] > 20
+    assert g1.draft["depth_counts"][0] > 40
     for key in cache.keys():
         assert cache.lookup(key)[1].nextn_covered
     ids2 = ids + g1.tokens + m.tokenizer.encode("\n")
@@ -157,10 +112,10 @@ def test_prefix_cache_after_a_deferred_run_keeps_the_heads_history():
     assert g2.tokens == ref.tokens and g2.draft["drafting"] and g2.draft["accepted"] > 0
 
 
-def test_short_quiet_stretches_skip_choose_but_not_priming(monkeypatch):
-    """A promised plain stretch shorter than DEFER_MIN takes the runner's
-    fast path (no choose() per round) while the head keeps priming step by
-    step; the policy still sees every round (pass_quiet): the probe schedule,
+def test_short_quiet_stretches_skip_choose(monkeypatch):
+    """A promised plain stretch, however short, takes the runner's fast
+    path (no choose() per round); the policy still sees every round
+    (pass_quiet): the probe schedule,
     the tokens and the drafting outcome equal those of a run that calls
     choose() every round (QUIET_MIN huge)."""
     m = demo()
@@ -182,7 +137,6 @@ def test_short_quiet_stretches_skip_choose_but_not_priming(monkeypatch):
             return toks, st, len(calls), pol.n_rounds
 
     toks, st, n_calls, n_rounds = run()
-    assert st["deferred_head_rows"] == 0          # 3 < DEFER_MIN: primed step by step
     monkeypatch.setattr(runner_mod, "QUIET_MIN", 10 ** 9)   # choose() every round
     toks0, st0, n_calls0, n_rounds0 = run()
     assert toks == toks0
