@@ -106,7 +106,7 @@ cuda:
 
 # The emulator's harness run on the GPU: the same checks, CUDA launches.
 cuda-test: cuda
-	$(CC) $(GPU_EMUL_CFLAGS) -DK_TEST_CUDA -c gpu/tests/test_gpu_emul.c -o build/cuda/test_gpu_emul.o
+	$(CC) $(GPU_EMUL_CFLAGS) $(GPU_EMUL_DEFS) -DK_TEST_CUDA -c gpu/tests/test_gpu_emul.c -o build/cuda/test_gpu_emul.o
 	$(CC) $(GPU_EMUL_CFLAGS) -c csrc/forward/norm.c -o build/cuda/norm.o
 	$(CC) $(GPU_EMUL_CFLAGS) -c csrc/quants/scalar.c -o build/cuda/scalar.o
 	$(CC) $(GPU_EMUL_CFLAGS) -c csrc/quants/traits.c -o build/cuda/traits.o

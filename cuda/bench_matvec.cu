@@ -5,6 +5,14 @@
 //                                5120x17408, 17408x5120, 5120x6144 (27B-like),
 //                                1024x3584, 3584x1024 (0.8B-like), n_in x n_out
 //   bench_matvec n_in n_out      that shape only
+//   bench_matvec i1 o1 i2 o2 ... those shapes (at most 8)
+//
+// Filters (environment; gpu/tools/device_matvec_sweep.sh uses them):
+//   BENCH_TYPES=Q4_K,Q6_K,Q8_0   only these weight types (default all four)
+//   BENCH_WIDTHS=1,4             only these widths (of 1, 2, 4, 8, 16)
+//   BENCH_MATVEC_ONLY=1          skip the GDN / argmax / PREFILL benchmarks
+// Every timed (type, shape, width) also prints one "SWEEP" line
+// (type, shape, width, us, % of 4300 GB/s) for scripts to pick up.
 //
 // Then PREFILL lines: the GEMM on BENCH_ROWS (64) rows vs the matvecs, and
 // gdn_seq on 1 and BENCH_ROWS tokens (bench_prefill).
@@ -91,6 +99,27 @@ static const char *type_name(int type) {
 #define N_WIDTHS 5
 static const uint32_t widths[N_WIDTHS] = {1, 2, 4, 8, 16};
 
+// Whether `item` is in the comma-separated list in environment variable
+// `var` (an unset or empty variable lets everything through).
+static int env_lists(const char *var, const char *item) {
+    const char *v = getenv(var);
+    if (!v || !*v) return 1;
+    const size_t n = strlen(item);
+    for (const char *q = v; *q;) {
+        const char *e = strchr(q, ',');
+        const size_t len = e ? (size_t)(e - q) : strlen(q);
+        if (len == n && !strncmp(q, item, n)) return 1;
+        if (!e) break;
+        q = e + 1;
+    }
+    return 0;
+}
+static int width_wanted(uint32_t width) {
+    char b[8];
+    snprintf(b, sizeof b, "%u", width);
+    return env_lists("BENCH_WIDTHS", b);
+}
+
 // Times one (type, shape) at every width: microseconds per launch into
 // us[w]; weight + activation bytes read per launch / time as GB/s.
 static void bench_shape(int type, uint32_t n_in, uint32_t n_out, double us_out[N_WIDTHS], double pct_out[N_WIDTHS]) {
@@ -126,6 +155,10 @@ static void bench_shape(int type, uint32_t n_in, uint32_t n_out, double us_out[N
     CK(cudaEventCreate(&t1));
     for (int wi = 0; wi < N_WIDTHS; wi++) {
         const uint32_t width = widths[wi];
+        if (!width_wanted(width)) {
+            us_out[wi] = -1, pct_out[wi] = -1;
+            continue;
+        }
         const size_t xbytes = (size_t)width * nb * xbs;
         const int kid = K_MATVEC_KQ_KERNEL(width); // the variant for this width
         const uint32_t grid[3] = {kq ? K_MATVEC_KQ_GROUPS(width, n_out, nsg) : K_MATVEC_GROUPS(n_out, nsg), 1, 1};
@@ -165,6 +198,7 @@ static void bench_shape(int type, uint32_t n_in, uint32_t n_out, double us_out[N
         printf("BENCH matvec %s tg=%3u n_in=%5u n_out=%5u width=%2u: %8.1f us/launch, weights %6.1f MB x %2d copies, "
                "%7.1f GB/s = %5.1f%% of 4300 GB/s%s\n", type_name(type), tg, n_in, n_out, width, us, wbytes / 1e6, copies,
                gbs, pct_out[wi], st[0] ? " (STATUS RAISED)" : "");
+        printf("SWEEP %s %ux%u w%u %.2f us %.1f%%\n", type_name(type), n_in, n_out, width, us, pct_out[wi]);
         if (st[0]) {
             printf("FAIL matvec %s raised status 0x%x\n", type_name(type), st[0]);
             exit(1);
@@ -393,13 +427,22 @@ static const uint32_t shapes[][2] = {{5120, 17408}, {17408, 5120}, {5120, 6144},
 #define N_SHAPES (sizeof shapes / sizeof shapes[0])
 
 int main(int argc, char **argv) {
-    // no arguments: every shape; "n_in n_out": that shape only
-    const int one = argc > 2;
-    const uint32_t a_in = one ? (uint32_t)atoi(argv[1]) : 0, a_out = one ? (uint32_t)atoi(argv[2]) : 0;
-    if (one && (a_in % 256 || a_in == 0 || a_out == 0)) {
-        printf("FAIL n_in must be a positive multiple of 256, n_out positive\n");
+    // no arguments: every shape; "n_in n_out ...": those shapes
+    uint32_t arg_shapes[8][2];
+    const int n_arg = argc > 2 ? (argc - 1) / 2 : 0;
+    if (n_arg > 8 || (argc > 1 && (argc - 1) % 2)) {
+        printf("FAIL arguments: pairs n_in n_out, at most 8\n");
         return 2;
     }
+    for (int a = 0; a < n_arg; a++) {
+        arg_shapes[a][0] = (uint32_t)atoi(argv[1 + 2 * a]), arg_shapes[a][1] = (uint32_t)atoi(argv[2 + 2 * a]);
+        if (arg_shapes[a][0] % 256 || arg_shapes[a][0] == 0 || arg_shapes[a][1] == 0) {
+            printf("FAIL n_in must be a positive multiple of 256, n_out positive\n");
+            return 2;
+        }
+    }
+    const int one = n_arg > 0;
+    const uint32_t a_in = one ? arg_shapes[0][0] : 0, a_out = one ? arg_shapes[0][1] : 0;
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs, L2 %d MB; matvec rows per SIMD-group %d\n", prop.name, prop.multiProcessorCount,
@@ -407,24 +450,36 @@ int main(int argc, char **argv) {
     // widths 1 (decode), 2..16 (verify; matvec_kq1 / kq4 / kq serve 1 /
     // 2..4 / 5..16); Q4_K / Q6_K: a Q4_K_M file's types
     const int types[] = {K_TYPE_Q4_K, K_TYPE_Q5_K, K_TYPE_Q6_K, 0};
-    const size_t ns = one ? 1 : N_SHAPES;
-    static double us[4][N_SHAPES][N_WIDTHS], pct[4][N_SHAPES][N_WIDTHS];
-    for (int t = 0; t < 4; t++)
-        for (size_t s = 0; s < ns; s++)
-            bench_shape(types[t], one ? a_in : shapes[s][0], one ? a_out : shapes[s][1], us[t][s], pct[t][s]);
+    const size_t ns = one ? (size_t)n_arg : N_SHAPES;
+    static double us[4][N_SHAPES > 8 ? N_SHAPES : 8][N_WIDTHS], pct[4][N_SHAPES > 8 ? N_SHAPES : 8][N_WIDTHS];
+    int type_on[4];
+    for (int t = 0; t < 4; t++) {
+        type_on[t] = env_lists("BENCH_TYPES", type_name(types[t]));
+        for (size_t s = 0; s < ns && type_on[t]; s++)
+            bench_shape(types[t], one ? arg_shapes[s][0] : shapes[s][0], one ? arg_shapes[s][1] : shapes[s][1], us[t][s],
+                        pct[t][s]);
+    }
     // the summary: % of 4300 GB/s per width, and the time of width 16
-    // over width 1 (1.0 = extra rows free)
+    // over width 1 (1.0 = extra rows free); "-" for a width filtered out
     printf("\nSUMMARY matvec, %% of 4300 GB/s (weights + activations read per launch / time):\n");
     printf("%-5s %-12s %6s %6s %6s %6s %6s  %9s %9s\n", "type", "n_in x n_out", "w1", "w2", "w4", "w8", "w16", "us w1",
            "t16/t1");
     for (int t = 0; t < 4; t++)
-        for (size_t s = 0; s < ns; s++) {
+        for (size_t s = 0; s < ns && type_on[t]; s++) {
             char shape[32];
-            snprintf(shape, sizeof shape, "%ux%u", one ? a_in : shapes[s][0], one ? a_out : shapes[s][1]);
+            snprintf(shape, sizeof shape, "%ux%u", one ? arg_shapes[s][0] : shapes[s][0], one ? arg_shapes[s][1] : shapes[s][1]);
             printf("%-5s %-12s", type_name(types[t]), shape);
-            for (int w = 0; w < N_WIDTHS; w++) printf(" %5.1f%%", pct[t][s][w]);
-            printf("  %9.1f %9.2f\n", us[t][s][0], us[t][s][N_WIDTHS - 1] / us[t][s][0]);
+            for (int w = 0; w < N_WIDTHS; w++) {
+                if (pct[t][s][w] < 0) printf(" %6s", "-");
+                else printf(" %5.1f%%", pct[t][s][w]);
+            }
+            if (us[t][s][0] > 0 && us[t][s][N_WIDTHS - 1] > 0)
+                printf("  %9.1f %9.2f\n", us[t][s][0], us[t][s][N_WIDTHS - 1] / us[t][s][0]);
+            else
+                printf("  %9.1f %9s\n", us[t][s][0], "-");
         }
+    const char *mo = getenv("BENCH_MATVEC_ONLY");
+    if (mo && *mo && strcmp(mo, "0")) return 0;
     bench_gdn_argmax();
     bench_prefill(a_in, a_out);
     return 0;

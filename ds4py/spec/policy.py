@@ -270,6 +270,7 @@ class CostModel:
         self._draft: deque[float] = deque(maxlen=recent)
         self._over: deque[float] = deque(maxlen=recent)
         self._est: dict = {}      # cached estimates: "plain", "draft", "over", ("w", w), "line"
+        self._line_pts: dict | None = None  # the width estimates the cached line was fitted on
 
     # -- samples -------------------------------------------------------------
     def record_plain(self, seconds: float) -> None:
@@ -298,7 +299,14 @@ class CostModel:
         if len(xs) > self._recent:
             xs.popleft()
         self._est.pop(("w", w), None)
-        self._est.pop("line", None)
+        # the line is refitted only when a width's estimate moved: a low
+        # quartile of up to 16 samples stays put on most records, and the
+        # policy prices every depth after every drafting round
+        pts = self._line_pts
+        if pts is not None and (len(pts) != len(self._by_width) or any(
+                pts.get(x) != self._width(x) for x in self._by_width)):
+            self._est.pop("line", None)
+            self._line_pts = None
 
     def record_draft(self, steps: int, seconds: float) -> None:
         if steps > 0:
@@ -338,6 +346,7 @@ class CostModel:
     def _fit(self) -> tuple[float, float]:
         u = self.unit()
         pts = [(w, self._width(w)) for w in self._by_width]
+        self._line_pts = dict(pts)
         if not pts:
             return PRIOR_VERIFY_A * u, PRIOR_VERIFY_B * u
         if len(pts) == 1 and pts[0][0] != 1 and self._plain:
@@ -483,6 +492,7 @@ class AdaptivePolicy(Policy):
         self.start = list(acceptance)
         self.weight = [0.0] * max_depth
         self.patience = 1.0      # rounds per discount step (PATIENCE_CAP)
+        self._g1 = (0.0, 1.0)    # (patience, discount ** (1 / patience)): _age(1)'s factor
         self.probe_interval0 = probe_interval
         self.probe_cap = probe_cap
         self.interval = probe_interval
@@ -565,7 +575,12 @@ class AdaptivePolicy(Policy):
         stays where it is."""
         if self.discount is None or rounds <= 0:
             return
-        g = self.discount ** (rounds / self.patience)
+        if rounds == 1:  # every choose(): the factor only changes with the patience
+            if self._g1[0] != self.patience:
+                self._g1 = (self.patience, self.discount ** (1.0 / self.patience))
+            g = self._g1[1]
+        else:
+            g = self.discount ** (rounds / self.patience)
         w0 = self.prior_weight
         moved = 0.0
         for j, wj in enumerate(self.weight):

@@ -114,18 +114,50 @@ typedef struct {
     float d, dmin;
 } k_kq_lane;
 
-/* Q4_K / Q5_K (144 / 176-byte blocks: 9 / 11 chunks of 16 bytes, so every
- * block is 16-aligned): lane t loads the header chunk (d, dmin, scales; the
- * same 16 bytes for the octet: one broadcast), codes qs[16t..16t+15] (byte
- * qs[32c + l], c = t/2, l = 16(t&1)..+15, holds weight 64c + l in its low
- * nibble and 64c + 32 + l in its high one) and, for Q5_K, the qh chunk of
- * the same l (bit 2c / 2c + 1 of qh[l] adds 16). */
-K_FN k_kq_lane k_kq45_load(K_DEV_IN k_u32x4 *w4, k_u32 chunk0, k_u32 type, k_u32 t) {
+/* K_KQ_STREAM 1 (CUDA only; a sweep knob, default 0): the weight fetches
+ * of the width-1 shared-activation design (k_matvec_kq1_shared) load with
+ * ld.global.cs (__ldcs, "streaming: evict first"): every weight byte is
+ * read once per launch, and letting it allocate normally in L1 evicts the
+ * few KB of Q8_K activations that every SIMD-group re-reads. A load's
+ * caching never changes its value. */
+#ifndef K_KQ_STREAM
+#define K_KQ_STREAM 0
+#endif
+#if defined(__CUDACC__) && K_KQ_STREAM
+#define K_LD_W(p, i) __ldcs(&(p)[i])
+#else
+#define K_LD_W(p, i) K_LD(p, i)
+#endif
+
+/* The raw words one lane needs of a super-block, fetched before any is
+ * used (the width-1 shared-activation design below keeps these, 8-12
+ * registers, rather than the decoded lane: decoding after all loads of a
+ * step are issued keeps the loads in flight and the registers few).
+ * Q4_K/Q5_K: a = header chunk, b = code chunk, c = qh chunk (Q5_K).
+ * Q6_K: a = ql words (l0, l0+4 | 32+l0, 32+l0+4), b.x/.y = qh words,
+ * b.z/.w = scale bytes 192+8h..+7, c.x = d. */
+typedef struct {
+    k_u32x4 a, b, c;
+} k_kq_raw;
+
+K_FN k_kq_raw k_kq45_fetch(K_DEV_IN k_u32x4 *w4, k_u32 chunk0, k_u32 type, k_u32 t, const k_u32 stream) {
+    k_kq_raw R;
+    const k_u32 cq = chunk0 + (type == K_TYPE_Q4_K ? 1u : 3u) + t, ch = chunk0 + 1u + (t & 1u);
+    if (stream) { /* a constant after inlining: one of the two branches is left */
+        R.a = K_LD_W(w4, chunk0), R.b = K_LD_W(w4, cq);
+        R.c = R.a;
+        if (type == K_TYPE_Q5_K) R.c = K_LD_W(w4, ch);
+    } else {
+        R.a = K_LD(w4, chunk0), R.b = K_LD(w4, cq);
+        R.c = R.a;
+        if (type == K_TYPE_Q5_K) R.c = K_LD(w4, ch);
+    }
+    return R;
+}
+
+K_FN k_kq_lane k_kq45_decode(const k_kq_raw R, k_u32 type, k_u32 t) {
     k_kq_lane L;
-    const k_u32x4 hd = K_LD(w4, chunk0);
-    const k_u32x4 qs = K_LD(w4, chunk0 + (type == K_TYPE_Q4_K ? 1u : 3u) + t);
-    k_u32x4 qh = hd;
-    if (type == K_TYPE_Q5_K) qh = K_LD(w4, chunk0 + 1u + (t & 1u));
+    const k_u32x4 hd = R.a, qs = R.b, qh = R.c;
     const k_u32 c = t >> 1, q[4] = {qs.x, qs.y, qs.z, qs.w}, h[4] = {qh.x, qh.y, qh.z, qh.w};
     K_UNROLL for (k_u32 i = 0; i < 4u; i++) {
         k_u32 lo = q[i] & 0x0f0f0f0fu, hi = (q[i] >> 4) & 0x0f0f0f0fu;
@@ -153,6 +185,16 @@ K_FN k_kq_lane k_kq45_load(K_DEV_IN k_u32x4 *w4, k_u32 chunk0, k_u32 type, k_u32
     return L;
 }
 
+/* Q4_K / Q5_K (144 / 176-byte blocks: 9 / 11 chunks of 16 bytes, so every
+ * block is 16-aligned): lane t loads the header chunk (d, dmin, scales; the
+ * same 16 bytes for the octet: one broadcast), codes qs[16t..16t+15] (byte
+ * qs[32c + l], c = t/2, l = 16(t&1)..+15, holds weight 64c + l in its low
+ * nibble and 64c + 32 + l in its high one) and, for Q5_K, the qh chunk of
+ * the same l (bit 2c / 2c + 1 of qh[l] adds 16). */
+K_FN k_kq_lane k_kq45_load(K_DEV_IN k_u32x4 *w4, k_u32 chunk0, k_u32 type, k_u32 t) {
+    return k_kq45_decode(k_kq45_fetch(w4, chunk0, type, t, 0u), type, t);
+}
+
 /* Q6_K (210-byte blocks, only 2-aligned: 16-bit loads): weight j = 128h +
  * 32q + l is ql[64h + l] (q 0: low nibble, q 2: high) or ql[64h + 32 + l]
  * (q 1, 3) with bits 2q..2q+1 of qh[32h + l] on top, minus 32, scale
@@ -172,6 +214,63 @@ K_FN k_kq_lane k_kq6_load(K_DEV_IN k_u16 *w16, k_u32 wo, k_u32 t) {
         L.sc[q] = k_i8((k_ld_u16_at(w16, wo + 192u + 8u * h + 2u * q) >> (8u * (l0 >> 4))) & 0xffu);
     L.m_lo = 0, L.m_hi = 0;
     L.d = k_h2f((k_u16)k_ld_u16_at(w16, wo + 208u)), L.dmin = 0.0f;
+    return L;
+}
+
+/* Bits of the 64-bit value hi:lo shifted right by sh (0 or 16), low word:
+ * (hi << 1) << (31 - sh) is hi << 32 = 0 for sh 0 without a 32-bit shift
+ * (undefined in C). A few integer instructions (a PRMT / SHF on CUDA). */
+K_FN k_u32 k_funnel16(k_u32 lo, k_u32 hi, k_u32 sh) { return (lo >> sh) | ((hi << 1) << (31u - sh)); }
+
+/* Bytes off..off+7 (off even) as two little-endian words from 4-byte
+ * loads: 2 loads when off is 4-aligned, 3 when it is not (the third only
+ * then, so a block's last 8 bytes never read past its end). The same
+ * words k_ld_w2 gives from four 16-bit loads. */
+K_FN k_u32x2 k_ld_pair2(K_DEV_IN k_u32 *w32, k_u32 off) {
+    const k_u32 bw = off >> 2, sh = (off & 2u) * 8u;
+    const k_u32 w0 = K_LD_W(w32, bw), w1 = K_LD_W(w32, bw + 1u);
+    k_u32 w2 = 0u;
+    if (sh) w2 = K_LD_W(w32, bw + 2u);
+    k_u32x2 r;
+    r.x = k_funnel16(w0, w1, sh), r.y = k_funnel16(w1, w2, sh);
+    return r;
+}
+
+/* Q6_K, raw (k_kq_raw) for the width-1 shared-activation design: the
+ * same bytes as k_kq6_load, 9..13 word loads and one 16-bit load instead
+ * of 17 16-bit loads (fewer load instructions per byte is what a
+ * bandwidth-bound decode matvec is short of; Q6_K blocks are only
+ * 2-aligned, so 16-byte loads are out). Lane t (h = t/4, l0 = 8(t&3)):
+ * ql[64h + l0..+7], ql[64h + 32 + l0..+7], qh[32h + l0..+7], scales
+ * 8h..8h+7, d. */
+K_FN k_kq_raw k_kq6_fetch(K_DEV_IN k_u32 *w32, K_DEV_IN k_u16 *w16, k_u32 wo, k_u32 t) {
+    k_kq_raw R;
+    const k_u32 h = t >> 2, l0 = 8u * (t & 3u);
+    const k_u32x2 a = k_ld_pair2(w32, wo + 64u * h + l0), b = k_ld_pair2(w32, wo + 64u * h + 32u + l0);
+    const k_u32x2 qh = k_ld_pair2(w32, wo + 128u + 32u * h + l0), sc = k_ld_pair2(w32, wo + 192u + 8u * h);
+    R.a.x = a.x, R.a.y = a.y, R.a.z = b.x, R.a.w = b.y;
+    R.b.x = qh.x, R.b.y = qh.y, R.b.z = sc.x, R.b.w = sc.y;
+    R.c.x = k_ld_u16_at(w16, wo + 208u), R.c.y = 0u, R.c.z = 0u, R.c.w = 0u;
+    return R;
+}
+
+/* k_kq6_load's decode, operation for operation on the same words. */
+K_FN k_kq_lane k_kq6_decode(const k_kq_raw R, k_u32 t) {
+    k_kq_lane L;
+    const k_u32 l0 = 8u * (t & 3u), av[2] = {R.a.x, R.a.y}, bv[2] = {R.a.z, R.a.w}, hv[2] = {R.b.x, R.b.y};
+    K_UNROLL for (k_u32 i = 0; i < 2u; i++) {
+        const k_u32 a = av[i], b = bv[i], qh = hv[i];
+        L.code[i] = k_q6_signed((a & 0x0f0f0f0fu) | ((qh & 0x03030303u) << 4));
+        L.code[2u + i] = k_q6_signed((b & 0x0f0f0f0fu) | (((qh >> 2) & 0x03030303u) << 4));
+        L.code[4u + i] = k_q6_signed(((a >> 4) & 0x0f0f0f0fu) | (((qh >> 4) & 0x03030303u) << 4));
+        L.code[6u + i] = k_q6_signed(((b >> 4) & 0x0f0f0f0fu) | (((qh >> 6) & 0x03030303u) << 4));
+    }
+    /* scales[8h + 2q + (l0 >> 4)]: byte 2q + s of the 8 fetched */
+    const k_u32 s8 = 8u * (l0 >> 4);
+    L.sc[0] = k_i8((R.b.z >> s8) & 0xffu), L.sc[1] = k_i8((R.b.z >> (16u + s8)) & 0xffu);
+    L.sc[2] = k_i8((R.b.w >> s8) & 0xffu), L.sc[3] = k_i8((R.b.w >> (16u + s8)) & 0xffu);
+    L.m_lo = 0, L.m_hi = 0;
+    L.d = k_h2f((k_u16)R.c.x), L.dmin = 0.0f;
     return L;
 }
 
@@ -307,6 +406,119 @@ K_FN void k_matvec_kq_rows(const k_matvec_kq_params p, K_DEV_IN k_u8 *w, K_DEV_I
     }
 }
 
+/* Width 1, second design (knob K_KQ1_RPO > 1; the default stays the
+ * generic body above): a SIMD-group serves M = K_KQ1_RPO weight rows and
+ * each of its 4 octets streams phase j (super-blocks ib = j mod 4) of all
+ * M rows. The same bits as k_matvec_kq_rows: for every weight row, lane t
+ * of the octet serving phase j adds the same two float terms per
+ * super-block, (d_w d_x) share and then -(dmin_w d_x) mins, to its own
+ * accumulator in ascending ib, then the octet butterfly (1, 2, 4) and
+ * xor 8, xor 16 = ((S0 + S1) + (S2 + S3)) as at RPS 1; only which lane
+ * holds which accumulator and when the loads are issued change. Why this
+ * should be faster on a bandwidth-bound GPU (H200 profile, docs/gpu.md §7:
+ * the generic kernel reads Q4_K at ~43% of HBM, 48 registers):
+ *  - the activation words (8 codes + d + 2 bsums words per lane and
+ *    super-block, 4-byte loads scattered over 4 Q8_K blocks: ~10 cache
+ *    lines per warp instruction) are loaded once and serve M weight rows,
+ *    so L1 wavefronts and load instructions per weight byte fall ~M-fold;
+ *  - every weight load of a step (M rows x K_KQ1_STEP super-blocks, two
+ *    16-byte loads each for Q4_K) is issued before any decoding, and the
+ *    raw words (k_kq_raw, 8-12 registers) are kept instead of the decoded
+ *    lane (16), so M x 576 bytes per SIMD-group are in flight with fewer
+ *    registers: the same bytes in flight need M-fold fewer resident warps;
+ *  - the first K_KQ_AHEAD super-blocks are L2-prefetched before the loop
+ *    (rows of 5120 inputs are only 20 super-blocks: without it the first
+ *    two steps wait on HBM unhidden);
+ *  - Q6_K fetches its 2-aligned bytes with 4-byte loads and a funnel
+ *    shift (k_kq6_fetch: 9..13 loads instead of 17 16-bit ones).
+ * The host launches K_MATVEC_KQ_GROUPS(1, ...) with K_KQ1_RPS = M rows per
+ * SIMD-group (table.h; -DK_KQ1_RPS=M together with -DK_KQ1_RPO=M). */
+#ifndef K_KQ1_RPO
+#define K_KQ1_RPO 1
+#endif
+#ifndef K_KQ1_PRO
+#define K_KQ1_PRO 1 /* 1: prefetch the first K_KQ_AHEAD super-blocks before the loop */
+#endif
+K_FN void k_matvec_kq1_shared(const k_matvec_kq_params p, K_DEV_IN k_u8 *w, K_DEV_IN k_u8 *xq, K_DEV float *y,
+                              k_u32 simd, k_u32 lane, const k_u32 M, const k_u32 STEP) {
+    const k_u32 nb = p.n_in / 256u, type = p.wtype, bs = K_KQ_BLOCK_BYTES(type);
+    const k_u32 o0 = simd * M;
+    if (o0 >= p.n_out) return; /* a whole SIMD-group: no shuffle left waiting */
+    const k_u32 j = lane >> 3, t = lane & 7u, q6 = type == K_TYPE_Q6_K;
+    k_u32 wrow[4]; /* M <= 4; rows past n_out compute row n_out - 1 and store nothing */
+    K_UNROLL for (k_u32 m = 0; m < M; m++) {
+        const k_u32 orow = o0 + m < p.n_out ? o0 + m : p.n_out - 1u;
+#ifdef PLANT_KQ_OFF_BY_ONE_ROW
+        wrow[m] = orow + 1u < p.n_out ? orow + 1u : orow; /* planted fault: the next row's weights */
+#else
+        wrow[m] = orow;
+#endif
+    }
+    K_DEV_IN k_u32x4 *w4 = (K_DEV_IN k_u32x4 *)w;
+    K_DEV_IN k_u32 *w32 = (K_DEV_IN k_u32 *)w;
+    K_DEV_IN k_u16 *w16 = (K_DEV_IN k_u16 *)w;
+    K_DEV_IN k_u32 *x32 = (K_DEV_IN k_u32 *)xq;
+    const k_u32 xlo = 1u + (q6 ? 32u * (t >> 2) + 2u * (t & 3u) : 16u * (t >> 1) + 4u * (t & 1u));
+    const k_u32 bsw = 65u + 2u * (t >> 1), bsh = 16u * (t & 1u);
+    const k_u32 psec = 32u * t < bs; /* lane t prefetches sector t of a block */
+    if (K_KQ1_PRO && psec) {
+        for (k_u32 pb = 4u * STEP + j; pb < nb && pb < K_KQ_AHEAD; pb += 4u)
+            K_UNROLL for (k_u32 m = 0; m < M; m++) K_PREFETCH(w, (wrow[m] * nb + pb) * bs + 32u * t);
+    }
+    float acc[4];
+    K_UNROLL for (k_u32 m = 0; m < M; m++) acc[m] = 0.0f;
+    for (k_u32 base = 0; base < nb; base += 4u * STEP) {
+        if (psec)
+            K_UNROLL for (k_u32 u = 0; u < STEP; u++) {
+                const k_u32 pb = base + K_KQ_AHEAD + 4u * u + j;
+                if (pb < nb) K_UNROLL for (k_u32 m = 0; m < M; m++) K_PREFETCH(w, (wrow[m] * nb + pb) * bs + 32u * t);
+            }
+        k_kq_raw Rw[8]; /* STEP * M <= 8 (checked where the variant is made) */
+        K_UNROLL for (k_u32 u = 0; u < STEP; u++) /* every weight load of the step first */
+            K_UNROLL for (k_u32 m = 0; m < M; m++) {
+                const k_u32 ib = base + 4u * u + j, blk = wrow[m] * nb + (ib < nb ? ib : 0u);
+                Rw[u * M + m] = q6 ? k_kq6_fetch(w32, w16, blk * 210u, t) : k_kq45_fetch(w4, blk * (bs / 16u), type, t, K_KQ_STREAM);
+            }
+        K_UNROLL for (k_u32 u = 0; u < STEP; u++) {
+            const k_u32 ib = base + 4u * u + j;
+            if (ib >= nb) continue; /* past the row's end: adds nothing */
+            const k_u32 xb = ib * 73u;
+            k_u32 xw[8];
+            if (q6) {
+                K_UNROLL for (k_u32 q = 0; q < 4u; q++) {
+                    xw[2u * q] = K_LD(x32, xb + xlo + 8u * q);
+                    xw[2u * q + 1u] = K_LD(x32, xb + xlo + 8u * q + 1u);
+                }
+            } else {
+                K_UNROLL for (k_u32 i = 0; i < 4u; i++) {
+                    xw[i] = K_LD(x32, xb + xlo + i);
+                    xw[4u + i] = K_LD(x32, xb + xlo + 8u + i);
+                }
+            }
+            const float dx = k_bits_f32(K_LD(x32, xb));
+            int bs0 = 0, bs1 = 0;
+            if (!q6) {
+                const k_u32 b0 = (K_LD(x32, xb + bsw) >> bsh) & 0xffffu, b1 = (K_LD(x32, xb + bsw + 1u) >> bsh) & 0xffffu;
+                bs0 = (int)b0 - (b0 & 0x8000u ? 65536 : 0), bs1 = (int)b1 - (b1 & 0x8000u ? 65536 : 0);
+            }
+            K_UNROLL for (k_u32 m = 0; m < M; m++) {
+                const k_kq_lane L = q6 ? k_kq6_decode(Rw[u * M + m], t) : k_kq45_decode(Rw[u * M + m], type, t);
+                int part = 0;
+                K_UNROLL for (k_u32 G = 0; G < 4u; G++)
+                    part += L.sc[G] * k_dot4(L.code[2u * G + 1u], xw[2u * G + 1u], k_dot4(L.code[2u * G], xw[2u * G], 0));
+                acc[m] += (L.d * dx) * (float)part;
+                if (!q6) acc[m] -= (L.dmin * dx) * (float)(L.m_lo * bs0 + L.m_hi * bs1);
+            }
+        }
+    }
+    K_UNROLL for (k_u32 m = 0; m < M; m++) {
+        float s = k_octet_sum(acc[m]);
+        s = s + k_shfl_xor(s, 8u);
+        s = s + k_shfl_xor(s, 16u);
+        if (lane == 0u && o0 + m < p.n_out) K_ST(y, o0 + m, s);
+    }
+}
+
 /* The three width classes: one body, the row count, rows per SIMD-group
  * and super-blocks per octet and step constants after inlining, so each
  * variant keeps only its accumulators and loads in registers (one kernel
@@ -341,6 +553,8 @@ K_FN void k_matvec_kq_rows(const k_matvec_kq_params p, K_DEV_IN k_u8 *w, K_DEV_I
 #ifndef K_KQ16_TGS
 #define K_KQ16_TGS 3
 #endif
+/* the shared-activation width-1 design serves K_KQ1_RPS = K_KQ1_RPO rows */
+typedef char k_kq1_rpo_fits[K_KQ1_RPO == 1 || (K_KQ1_RPO == K_KQ1_RPS && K_KQ1_RPO <= 4) ? 1 : -1];
 #define K_KQ_VARIANT(K, R, RPS, STEP, B)                                                   \
     typedef char k_##K##_step_fits[(STEP) * (RPS) <= 8u && ((RPS) == 1 || (RPS) == 2 || (RPS) == 4) ? 1 : -1];                         \
     K_KERNEL_BOUNDED(K, K_MATVEC_MAX_TG, B) {                                              \
@@ -351,7 +565,10 @@ K_FN void k_matvec_kq_rows(const k_matvec_kq_params p, K_DEV_IN k_u8 *w, K_DEV_I
             k_raise(status, K_ERR_SHAPE);                                                  \
             return;                                                                        \
         }                                                                                  \
-        k_matvec_kq_rows(p, w, xq, y, K_GX * K_NSIMD + K_SIMD, K_LANE, (R), (RPS), (STEP)); \
+        if ((R) == 1u && K_KQ1_RPO > 1)                                                    \
+            k_matvec_kq1_shared(p, w, xq, y, K_GX * K_NSIMD + K_SIMD, K_LANE, (RPS), (STEP)); \
+        else                                                                               \
+            k_matvec_kq_rows(p, w, xq, y, K_GX * K_NSIMD + K_SIMD, K_LANE, (R), (RPS), (STEP)); \
     }
 
 K_KQ_VARIANT(matvec_kq1, 1u, K_KQ1_RPS, K_KQ1_STEP, K_KQ1_TGS)

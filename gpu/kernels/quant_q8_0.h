@@ -61,6 +61,19 @@ K_FN k_u32 k_ld_w2(K_DEV_IN k_u16 *b16, k_u32 off) {
 #ifndef K_Q8_0_AHEAD
 #define K_Q8_0_AHEAD 32u /* blocks of L2 prefetch ahead (CUDA) */
 #endif
+/* K_Q8_0_W1 1 (a sweep knob, default 0): width 1 takes its own loop. The
+ * general loop walks all K_MATVEC_MAX_ROWS rows with a branch each, so at
+ * width 1 the compiler emits, per block, the activation loads, the dot
+ * and the octet's 3-shuffle integer sum behind 15 branches and cannot
+ * overlap one block's shuffle chain (~100 cycles of latency) with the
+ * next's. The width-1 loop issues every weight and activation load of the
+ * step first, then the K_Q8_0_STEP independent dot + octet sums, then the
+ * adder lane's float terms in ascending block order: the same integers and
+ * the same float operations in the same order per lane, so the same bits
+ * (width 1 is checked bit for bit against widths 2..16 and the GEMM). */
+#ifndef K_Q8_0_W1
+#define K_Q8_0_W1 0
+#endif
 
 /* The sum over the lanes serving one output row: the octet butterfly (1, 2,
  * 4), then 8 and 16 as K_MATVEC_OCTETS_PER_ROW asks; one fixed order on
@@ -119,6 +132,32 @@ K_KERNEL(matvec_q8_0) {
     K_UNROLL for (k_u32 r = 0; r < K_MATVEC_MAX_ROWS; r++) acc[r] = 0.0f;
     /* the same trip count in all 32 lanes (the octet sums shuffle): a block
      * past the row's end reads block 0 (in bounds) and adds nothing */
+    if (K_Q8_0_W1 && nr == 1u) { /* uniform: every lane of the launch takes it */
+        float acc0 = 0.0f;
+        for (k_u32 base = 0; base < nb; base += OPR * K_Q8_0_STEP) {
+            if (t < 2u) {
+                K_UNROLL for (k_u32 u = 0; u < K_Q8_0_STEP; u++) {
+                    const k_u32 pb = base + K_Q8_0_AHEAD + u * OPR + j;
+                    if (pb < nb) K_PREFETCH(w, (wrow * nb + pb) * 34u + 32u * t);
+                }
+            }
+            k_u32 wq[K_Q8_0_STEP], xw[K_Q8_0_STEP], dwh[K_Q8_0_STEP], dxh[K_Q8_0_STEP];
+            K_UNROLL for (k_u32 u = 0; u < K_Q8_0_STEP; u++) { /* all loads before any use */
+                const k_u32 ib = base + u * OPR + j, ibx = ib < nb ? ib : 0u;
+                const k_u32 wo = (wrow * nb + ibx) * 34u, xo = ibx * 34u;
+                wq[u] = k_ld_w2(w16, wo + 2u + 4u * t), dwh[u] = k_ld_u16_at(w16, wo);
+                xw[u] = k_ld_w2(x16, xo + 2u + 4u * t), dxh[u] = k_ld_u16_at(x16, xo);
+            }
+            int sumi[K_Q8_0_STEP];
+            K_UNROLL for (k_u32 u = 0; u < K_Q8_0_STEP; u++) sumi[u] = k_octet_isum(k_dot4(wq[u], xw[u], 0));
+            K_UNROLL for (k_u32 u = 0; u < K_Q8_0_STEP; u++) {
+                const k_u32 ib = base + u * OPR + j;
+                if (ib < nb && t == ((ib / OPR) & 7u))
+                    acc0 += (float)sumi[u] * (k_h2f((k_u16)dwh[u]) * k_h2f((k_u16)dxh[u]));
+            }
+        }
+        acc[0] = acc0;
+    } else
     for (k_u32 base = 0; base < nb; base += OPR * K_Q8_0_STEP) {
         /* L2 prefetch K_Q8_0_AHEAD blocks ahead: lanes 0..1 of octet j
          * touch the sectors of that block (34 bytes: at most 2 sectors),
