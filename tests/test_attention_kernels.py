@@ -173,7 +173,7 @@ int main(int argc, char **argv) {
                 for (int d = 0; d < dh; d++) {
                     float a = a1[g * dh + d];
                     if (x != 1.0f) a = f16r(a * x);
-                    a1[g * dh + d] = f16r(a + _cvtsh_ss(v[i * dh + d]) * ws);
+                    a1[g * dh + d] = f16r(fmaf(_cvtsh_ss(v[i * dh + d]), ws, a));
                 }
             }
         for (int i = 0; i < G * dh; i++, n_v++) bad_v += !same(a1[i], a2[i]);
@@ -225,8 +225,9 @@ def test_harness_can_fail(harness, tmp_path):
     """The comparison sees small differences: the harness built against a V
     step whose weights are off by one ulp must report mismatches."""
     src = open(os.path.join(ROOT, "csrc/quants/attn_avx512.c")).read()
-    planted = src.replace("_mm512_mul_ps(vv, _mm512_set1_ps(w[g * rs + i]))",
-                          "_mm512_mul_ps(vv, _mm512_set1_ps(w[g * rs + i] * 1.0000001f))", 1)
+    planted = src.replace("_mm512_fmadd_ps(vv, _mm512_set1_ps(w[g * rs + i]), acc[g][c])",
+                          "_mm512_fmadd_ps(vv, _mm512_set1_ps(w[g * rs + i] * 1.0000001f), "
+                          "acc[g][c])", 1)
     assert planted != src, "the planted change no longer applies: update this test"
     kern = tmp_path / "attn_avx512.c"
     kern.write_text(planted)

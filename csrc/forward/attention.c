@@ -41,7 +41,8 @@
  *    scale; an online softmax position by position (new max M: the
  *    accumulator is scaled by expf(M_old - M) and re-rounded to F16; else the
  *    position's weight is expf(s - M)); V accumulated IN F16 (each step
- *    a = f16(a + v*w)); S = S*ms + w in float. Per 256-position block; the
+ *    a = f16(fma(v, w, a)), as ggml_vec_mad_f16's SIMD loop does); S = S*ms
+ *    + w in float. Per 256-position block; the
  *    blocks' widened partials are merged in float in ascending order (the
  *    same formula as llama.cpp's split-KV reduce); out = acc * (1/S).
  *  llama.cpp itself picks by batch shape, so it is not batch invariant:
@@ -68,10 +69,10 @@
  *    dense-q8_0 s700) but diverges from llama.cpp's greedy decoding at a
  *    clear margin (moe-q8_0: steps 9 and 10, our margins 0.07 and 0.26) and
  *    misses the short prompts (dense-q8_0 s16: max |d| 0.39 instead of 2e-6).
- *    Remaining differences from llama.cpp's one-chunk path: for head dims of
- *    64 and more its F16 mad uses an FMA before rounding (we multiply, then
- *    add), its dot sums in another order, and its split-KV chunks are not our
- *    256-position blocks.
+ *    Remaining differences from llama.cpp's one-chunk path: its dot sums in
+ *    another order, and its split-KV chunks are not our 256-position blocks.
+ *    (Its F16 mad is an FMA before rounding; ours has been too since
+ *    2026-11-30, when it was a multiply, then an add.)
  */
 #include "forward.h"
 #include "../paths.h"
@@ -263,8 +264,8 @@ static void block_partial_f32(const kv_view *kv, int64_t kvh, const float *q, in
  * new max M: the accumulator is scaled by expf(M_old - M), else the
  * position's weight is expf(s - M)),
  * and the V accumulator kept in F16: after every scale or add each element
- * is rounded back to F16 (a = f16(a + v*w), the product and sum rounded to
- * float first). S = S*ms + w in float. The block's F16 accumulator is
+ * is rounded back to F16 (a = f16(fma(v, w, a)): one rounding to float, as
+ * llama.cpp's SIMD ggml_vec_mad_f16 does, then to F16). S = S*ms + w in float. The block's F16 accumulator is
  * widened to float for the merge.
  *
  * This is the definition of the recipe, run as written only under
@@ -305,7 +306,7 @@ static void block_partial_f16(const kv_view *kv, int64_t kvh, const float *qw, i
             f->k->f16_acc_row(a, (const uint16_t *)ds4_kv_row(f, kv->vp, kvh, p), vs, dh);
         } else {
             to_f(ds4_kv_row(f, kv->vp, kvh, p), v, dh);
-            for (int64_t d = 0; d < dh; d++) a[d] += v[d] * vs;
+            for (int64_t d = 0; d < dh; d++) a[d] = fmaf(v[d], vs, a[d]);
             from_f(a, sc->a16, dh);
             to_f(sc->a16, a, dh);
         }
@@ -339,7 +340,7 @@ static void f16_acc_portable(const ds4_fwd *f, const attn_scratch *sc, float *a,
                 f->k->f16_acc_row(ag, vi, vs, dh);
             } else {
                 to_f(vi, sc->vtmp, dh);
-                for (int64_t d = 0; d < dh; d++) ag[d] += sc->vtmp[d] * vs;
+                for (int64_t d = 0; d < dh; d++) ag[d] = fmaf(sc->vtmp[d], vs, ag[d]);
                 from_f(ag, sc->a16, dh);
                 to_f(sc->a16, ag, dh);
             }

@@ -116,8 +116,8 @@ void ds4_attn_f16_scores_avx2(const uint16_t *k, int64_t P, const float *q, int6
                 if (c >= NC) break;                                                             \
                 const __m256 vv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vi + c * 8))); \
                 _Pragma("GCC unroll 4") for (int g = 0; g < GT; g++)                            \
-                    acc[g][c] = f16_round(_mm256_add_ps(                                        \
-                        acc[g][c], _mm256_mul_ps(vv, _mm256_broadcast_ss(w + g * rs + i))));    \
+                    acc[g][c] = f16_round(                                                      \
+                        _mm256_fmadd_ps(vv, _mm256_broadcast_ss(w + g * rs + i), acc[g][c]));   \
             }                                                                                   \
         }                                                                                       \
         _Pragma("GCC unroll 12") for (int c = 0; c < NS; c++) {                                 \

@@ -11,12 +11,15 @@
  * (one block) and G query heads g (positions ascending; per position every head):
  *     x = r[g*rs + i];
  *     if (x != 1.0f) a_g[d] = f32(f16(a_g[d] * x))            for all d < dh;
- *     a_g[d] = f32(f16(a_g[d] + f32(v_i[d]) * w[g*rs + i]))   for all d < dh;
+ *     a_g[d] = f32(f16(fmaf(f32(v_i[d]), w[g*rs + i], a_g[d])))   for all d < dh;
  * a_g = a + g*as (dh floats, every value F16-representable), v_i = v + i*dh
- * (F16), f16() rounds to nearest-even. Every step is one IEEE float multiply
- * or add (multiply, then add: no FMA) or an exact conversion, so every
- * implementation gives the same bits as forward/attention.c's portable loop
- * over the kernel set's f16_acc_row / to_float / from_float.
+ * (F16), f16() rounds to nearest-even. Every step is one IEEE float multiply,
+ * one fused multiply-add (one rounding, as llama.cpp's ggml_vec_mad_f16 does
+ * with GGML_F16_VEC_FMA on every x86 SIMD build) or an exact conversion, so
+ * every implementation gives the same bits as forward/attention.c's portable
+ * loop over the kernel set's f16_acc_row / to_float / from_float. (Until
+ * 2026-11-30 the add was a multiply, then an add: one more rounding than
+ * llama.cpp, and one more uop on the V step's critical ports.)
  */
 #ifndef DS4_ATTN_SIMD_H
 #define DS4_ATTN_SIMD_H

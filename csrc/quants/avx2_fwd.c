@@ -251,20 +251,20 @@ int ds4_avx2_expf_matches(void) {
 }
 
 /* ------------------------------------------------ F16 attention step -- */
-/* quants.h f16_acc_row in one pass: vcvtph2ps, multiply, add, vcvtps2ph
+/* quants.h f16_acc_row in one pass: vcvtph2ps, fused multiply-add, vcvtps2ph
  * nearest-even, vcvtph2ps back, the conversions the set's to_float /
  * from_float[F16] make, so the values are the three-pass loop's. */
 void ds4_avx2_f16_acc_row(float *a, const uint16_t *v, float vs, int64_t n) {
     const __m256 s = _mm256_set1_ps(vs);
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        const __m256 t = _mm256_add_ps(_mm256_loadu_ps(a + i),
-                                       _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + i))), s));
+        const __m256 t = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + i))), s,
+                                         _mm256_loadu_ps(a + i));
         _mm256_storeu_ps(a + i, _mm256_cvtph_ps(_mm256_cvtps_ph(t, _MM_FROUND_TO_NEAREST_INT |
                                                                      _MM_FROUND_NO_EXC)));
     }
     for (; i < n; i++) {
-        const float t = a[i] + _cvtsh_ss(v[i]) * vs;
+        const float t = fmaf(_cvtsh_ss(v[i]), vs, a[i]);
         a[i] = _cvtsh_ss(_cvtss_sh(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     }
 }

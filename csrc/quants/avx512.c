@@ -183,7 +183,7 @@ static void dot_bf16_f32(int64_t n, float *s, const void *vx, const void *vy) {
 }
 
 /* ------------------------------------------------ F16 attention step -- */
-/* quants.h f16_acc_row in one pass (vcvtph2ps, multiply, add, vcvtps2ph
+/* quants.h f16_acc_row in one pass (vcvtph2ps, fused multiply-add, vcvtps2ph
  * nearest-even, vcvtph2ps back): the conversions are the F16C ones the
  * AVX2 set's to_float/from_float[F16] use, so the values are those of the
  * three-pass loop it replaces. */
@@ -191,15 +191,14 @@ static void f16_acc_row(float *a, const uint16_t *v, float vs, int64_t n) {
     const __m512 s = _mm512_set1_ps(vs);
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        const __m512 t = _mm512_add_ps(_mm512_loadu_ps(a + i),
-                                       _mm512_mul_ps(_mm512_cvtph_ps(load32(v + i)), s));
+        const __m512 t = _mm512_fmadd_ps(_mm512_cvtph_ps(load32(v + i)), s, _mm512_loadu_ps(a + i));
         _mm512_storeu_ps(a + i, _mm512_cvtph_ps(_mm512_cvtps_ph(t, _MM_FROUND_TO_NEAREST_INT |
                                                                        _MM_FROUND_NO_EXC)));
     }
     if (i < n) {
         const __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
-        const __m512 t = _mm512_add_ps(_mm512_maskz_loadu_ps(m, a + i),
-                                       _mm512_mul_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, v + i)), s));
+        const __m512 t = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, v + i)), s,
+                                         _mm512_maskz_loadu_ps(m, a + i));
         _mm512_mask_storeu_ps(a + i, m, _mm512_cvtph_ps(_mm512_cvtps_ph(t, _MM_FROUND_TO_NEAREST_INT |
                                                                                 _MM_FROUND_NO_EXC)));
     }

@@ -133,10 +133,11 @@ typedef struct {
      * process's libm expf (the set's file says how it makes sure). NULL:
      * the forward's scalar loop. */
     void (*silu_mul)(float *y, const float *x, const float *m, int64_t n);
-    /* Optional: a[d] = f32(f16(a[d] + f32(v[d]) * vs)) for d < n, v F16 (the
-     * F16-accumulated attention step, forward/attention.c block_partial_f16):
-     * multiply, then add, then round to F16 nearest-even and widen back,
-     * exactly what to_float/from_float[F16] of the set and a C loop do. */
+    /* Optional: a[d] = f32(f16(fmaf(f32(v[d]), vs, a[d]))) for d < n, v F16
+     * (the F16-accumulated attention step, forward/attention.c
+     * block_partial_f16): one fused multiply-add, then round to F16
+     * nearest-even and widen back, exactly what to_float/from_float[F16] of
+     * the set and a C loop with fmaf do. */
     void (*f16_acc_row)(float *a, const uint16_t *v, float vs, int64_t n);
     const char *isa_name; /* set by dispatch.c, for DS4PY_PATHS reports */
 } ds4_kernel_set;
