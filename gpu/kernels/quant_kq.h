@@ -121,7 +121,7 @@ typedef struct {
  * few KB of Q8_K activations that every SIMD-group re-reads. A load's
  * caching never changes its value. */
 #ifndef K_KQ_STREAM
-#define K_KQ_STREAM 0
+#define K_KQ_STREAM 1 /* on with K_KQ1_RPO 2: measured on the H200 2026-11-30 (gpu/tools/device_matvec_sweep.sh) */
 #endif
 #if defined(__CUDACC__) && K_KQ_STREAM
 #define K_LD_W(p, i) __ldcs(&(p)[i])
@@ -434,7 +434,10 @@ K_FN void k_matvec_kq_rows(const k_matvec_kq_params p, K_DEV_IN k_u8 *w, K_DEV_I
  * The host launches K_MATVEC_KQ_GROUPS(1, ...) with K_KQ1_RPS = M rows per
  * SIMD-group (table.h; -DK_KQ1_RPS=M together with -DK_KQ1_RPO=M). */
 #ifndef K_KQ1_RPO
-#define K_KQ1_RPO 1
+/* 2 since measured on the H200 2026-11-30 (gpu/tools/device_matvec_sweep.sh): Q4_K width 1 at 47 / 43 / 34% of
+ * 4300 GB/s on 5120x17408 / 17408x5120 / 5120x6144 (1: 43 / 36 / 28%), Q6_K
+ * 46 / 43 / 35% (1: 48 / 44 / 35%); 4 lost on the 17408-input shapes */
+#define K_KQ1_RPO 2
 #endif
 #ifndef K_KQ1_PRO
 #define K_KQ1_PRO 1 /* 1: prefetch the first K_KQ_AHEAD super-blocks before the loop */

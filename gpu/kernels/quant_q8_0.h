@@ -72,7 +72,10 @@ K_FN k_u32 k_ld_w2(K_DEV_IN k_u16 *b16, k_u32 off) {
  * the same float operations in the same order per lane, so the same bits
  * (width 1 is checked bit for bit against widths 2..16 and the GEMM). */
 #ifndef K_Q8_0_W1
-#define K_Q8_0_W1 0
+/* 1 since measured on the H200 2026-11-30 (gpu/tools/device_matvec_sweep.sh): Q8_0 width 1 at 43 / 40 / 32% of
+ * 4300 GB/s on 5120x17408 / 17408x5120 / 5120x6144 (0: 20 / 21 / 15%), width
+ * 4 12.5 / 10.1 / 8.0% (0: 11.4 / 8.2 / 7.4%) */
+#define K_Q8_0_W1 1
 #endif
 
 /* The sum over the lanes serving one output row: the octet butterfly (1, 2,

@@ -290,7 +290,7 @@ typedef k_matvec_kq_params k_matvec_kq4_params;
  * per threadgroup) threadgroups of the kernel K_MATVEC_KQ_KERNEL(n_rows)
  * picks; a grid too small for n_out raises K_ERR_SHAPE. */
 #ifndef K_KQ1_RPS
-#define K_KQ1_RPS 1
+#define K_KQ1_RPS 2 /* = quant_kq.h's K_KQ1_RPO */
 #endif
 #ifndef K_KQ4_RPS
 #define K_KQ4_RPS 1 /* H200 sweep (quant_kq.h): 1 and 2 beat 2 and 4 */
