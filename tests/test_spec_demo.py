@@ -209,20 +209,25 @@ def test_core_propose_refusals():
                 NextnDrafter(m).propose(DraftState(s, s.n_past, 1, None), k)
 
 
-def test_default_policies_share_acceptance_per_model_and_drafter():
-    """A request's adaptive policy starts from the acceptance earlier
-    requests on the same model measured (one list per model and drafter,
-    updated in place), not from the prior; a caller's own drafter gets a
-    fresh list. Output stays the serial output either way."""
+def test_default_policies_share_costs_not_acceptance():
+    """Requests on one model share the measured round costs (one CostModel
+    per model: the model's and the machine's) but each starts its
+    acceptance estimates from the prior: they belong to the text (sharing
+    them made prose after code keep drafting at a loss, ds4py/spec/plan.py).
+    Output stays the serial output."""
     from ds4py.spec.plan import draft_plan
+    from ds4py.spec.policy import P_DECAY, P_INIT
 
-    m = ds4py.load(demo_model_path(), n_threads=2)  # its own statistics, at the prior
+    prior = [P_INIT * P_DECAY ** d for d in range(1, 8)]
+    m = ds4py.load(demo_model_path(), n_threads=2)  # its own statistics
     a, b = draft_plan(m), draft_plan(m)
-    assert a.active and b.active and a.policy.p is b.policy.p
-    own = draft_plan(m, drafter=a.drafter)
-    assert own.policy.p is not a.policy.p
-    before = list(a.policy.p)
+    assert a.active and b.active
+    assert a.policy.costs is b.policy.costs
+    assert a.policy.p is not b.policy.p and a.policy.p == pytest.approx(prior, rel=1e-12)
     g = generate(m, CODE, max_tokens=48, draft_depth=None, **GREEDY)
     assert g.tokens == generate(m, CODE, max_tokens=48, draft=False, **GREEDY).tokens
-    assert g.draft["drafted"] > 0  # some round drafted, so the shared list moved
-    assert draft_plan(m).policy.p != before
+    assert g.draft["drafted"] > 0  # some round drafted: that request's estimates moved
+    assert g.draft["policy"]["p"] != pytest.approx(prior, abs=1e-4)
+    c = draft_plan(m)
+    assert c.policy.costs is a.policy.costs and c.policy.costs.plain_samples > 0
+    assert c.policy.p == pytest.approx(prior, rel=1e-12)  # ... and the next starts afresh

@@ -41,7 +41,6 @@ __all__ = ["DraftPlan", "draft_plan"]
 
 _REPORTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _COSTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_ACCEPTANCE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def model_costs(model) -> CostModel:
@@ -50,19 +49,6 @@ def model_costs(model) -> CostModel:
     if costs is None:
         costs = _COSTS[model] = CostModel()
     return costs
-
-
-def model_acceptance(model) -> list[float]:
-    """The per-depth acceptance estimates the default adaptive policies of
-    ``model`` share for its own drafter (its DFlash drafter when it has one,
-    else its head): one list per drafter, updated in place by each policy;
-    a request starts from it (weighted as AdaptivePolicy's prior_weight
-    observations) and learns its own text in its first rounds."""
-    key = None if getattr(model, "dflash", None) is None else model.dflash.path
-    per_model = _ACCEPTANCE.setdefault(model, {})
-    if key not in per_model:
-        per_model[key] = AdaptivePolicy().p
-    return per_model[key]
 
 
 @dataclass
@@ -120,11 +106,17 @@ def _draft_plan(model, draft, draft_depth, force_draft, policy, drafter,
     if draft is False or draft_depth == 0:
         return DraftPlan(None, None, None, "drafting off")
     if policy is None:
-        # a caller's own drafter gets its own acceptance statistics
+        # Requests of a model share the measured costs (the model's and the
+        # machine's) but not the acceptance estimates (the text's): each
+        # starts from the prior. Sharing them (until 2026-11-30) made a
+        # request relax toward the previous request's acceptance -- prose
+        # after code kept drafting depth 3 at 0.88x serial (make bench-spec:
+        # 0.90x) -- and replaying the demo traces in bench order through one
+        # shared list averaged 1.068x (worst 0.987) against 1.129x (worst
+        # 1.030) with fresh estimates (/tmp/s9/replay_seq.py, the
+        # tests/test_policy.py cost table).
         policy = (FixedPolicy(draft_depth) if draft_depth is not None
-                  else AdaptivePolicy(costs=model_costs(model),
-                                      acceptance=None if drafter is not None
-                                      else model_acceptance(model)))
+                  else AdaptivePolicy(costs=model_costs(model)))
     if drafter is not None:  # a caller's own drafter: nothing to classify
         return DraftPlan(policy, drafter, None, None)
     report = pairing_report(model, force_draft, pairs_file)
