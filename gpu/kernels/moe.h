@@ -122,6 +122,14 @@ K_FN float k_moe_dot(K_DEV_IN k_u8 *w, k_u32 wo, k_u32 row, k_u32 type, k_u32 n_
  * order, then k_simd_sum (a fixed order: a row's value never depends on
  * n_rows or the threadgroup size). Rows go in blocks of K_MATVEC_MAX_ROWS
  * sharing each weight load. */
+#ifndef K_MOE_LOGITS_AHEAD
+/* A lane's weight loads in flight per trip. 16 measured worse on the H200
+ * (2026-11-30, the 35B-A3B-like MoE: 17.8 us a decode launch against 15.5 at
+ * 4, and prefill 935 -> 751 tok/s: with 16 activation rows a SIMD-group
+ * holds 16 x 16 x values). The router needs more SIMD-groups per row (a
+ * split of n_in, with its own fixed order), not more loads per lane. */
+#define K_MOE_LOGITS_AHEAD 4u
+#endif
 K_KERNEL(moe_logits) {
     K_CHECK_TAG(moe_logits);
     if (p.n_in == 0u || p.n_rows == 0u || K_NGX * K_NSIMD < p.n_out) {
@@ -133,25 +141,26 @@ K_KERNEL(moe_logits) {
     for (k_u32 r0 = 0; r0 < p.n_rows; r0 += K_MATVEC_MAX_ROWS) {
         float acc[K_MATVEC_MAX_ROWS];
         K_UNROLL for (k_u32 r = 0; r < K_MATVEC_MAX_ROWS; r++) acc[r] = 0.0f;
-        /* Four of the lane's inputs per trip, their loads issued before the
-         * sums: a loop of one load-then-add per trip waits a memory latency
-         * each time (48 us for the 35B-A3B-like router's 64 trips on the
-         * H200, a quarter of the MoE decode step). Each acc[r] still adds
-         * i, i + 32, i + 64, ... in ascending order: the same bits. */
+        /* K_MOE_LOGITS_AHEAD of the lane's inputs per trip, their loads
+         * issued before the sums: a loop of one load-then-add per trip waits
+         * a memory latency each time (48 us for the 35B-A3B-like router's 64
+         * trips on the H200, a quarter of the MoE decode step); four per trip
+         * took it to 15.5 us, still ~135 GB/s for its 2 MB (one SIMD-group per
+         * output row, ~130 KB in flight on the whole GPU where HBM wants MBs;
+         * K_MOE_LOGITS_AHEAD says why more per lane did not help).
+         * Each acc[r] still adds i, i + 32, i + 64, ... in ascending order:
+         * the same bits for any K_MOE_LOGITS_AHEAD. */
         k_u32 i = K_LANE;
-        for (; i + 96u < p.n_in; i += 128u) {
+        for (; i + 32u * (K_MOE_LOGITS_AHEAD - 1u) < p.n_in; i += 32u * K_MOE_LOGITS_AHEAD) {
             const k_u32 wi = o * p.n_in + i;
-            const float w0 = K_LD(w, wi), w1 = K_LD(w, wi + 32u), w2 = K_LD(w, wi + 64u),
-                        w3 = K_LD(w, wi + 96u);
+            float wv[K_MOE_LOGITS_AHEAD];
+            K_UNROLL for (k_u32 u = 0; u < K_MOE_LOGITS_AHEAD; u++) wv[u] = K_LD(w, wi + 32u * u);
             K_UNROLL for (k_u32 r = 0; r < K_MATVEC_MAX_ROWS; r++) {
                 if (r0 + r >= p.n_rows) continue;
                 const k_u32 xi = (r0 + r) * p.x_stride + i;
-                const float x0 = K_LD(x, xi), x1 = K_LD(x, xi + 32u), x2 = K_LD(x, xi + 64u),
-                            x3 = K_LD(x, xi + 96u);
-                acc[r] += w0 * x0;
-                acc[r] += w1 * x1;
-                acc[r] += w2 * x2;
-                acc[r] += w3 * x3;
+                float xv[K_MOE_LOGITS_AHEAD];
+                K_UNROLL for (k_u32 u = 0; u < K_MOE_LOGITS_AHEAD; u++) xv[u] = K_LD(x, xi + 32u * u);
+                K_UNROLL for (k_u32 u = 0; u < K_MOE_LOGITS_AHEAD; u++) acc[r] += wv[u] * xv[u];
             }
         }
         for (; i < p.n_in; i += 32u) {

@@ -392,8 +392,10 @@ static void moe_check_case(const moe_layer_t *L, const moe_out *o, uint32_t n, c
 }
 
 static void moe_logits_checks(void) {
-    const uint32_t n_ins[] = {33, 128, 257}, n_outs[] = {1, 9};
-    for (size_t ii = 0; ii < 3; ii++)
+    /* 777 and 2048 (the 35B-A3B router's width): past the 16 loads a lane
+     * issues ahead per trip (K_MOE_LOGITS_AHEAD), with a tail and without */
+    const uint32_t n_ins[] = {33, 128, 257, 777, 2048}, n_outs[] = {1, 9};
+    for (size_t ii = 0; ii < sizeof n_ins / sizeof n_ins[0]; ii++)
         for (size_t io = 0; io < 2; io++) {
             const uint32_t n_in = n_ins[ii], n_out = n_outs[io], R = 19, xs = n_in + 3, ys = n_out + 2;
             float *w = malloc(sizeof(float) * n_out * n_in), *x = malloc(sizeof(float) * R * xs);
