@@ -17,7 +17,7 @@ AdaptivePolicy (ds4-notes §4 "Adaptive depth", a port of ds4's / mlx.fast's
 
 * Acceptance: a per-position estimate ``p[d]`` (d = 1..max_depth: the
   chance that draft d is accepted given drafts 1..d-1 were), initialised to
-  ``0.85 * 0.98**d`` (or a list shared by earlier requests). After a round
+  ``0.85 * 0.98**d`` (or a caller's list). After a round
   of depth k with m drafts accepted -- every drafting round: chosen, probe
   or burst --, positions 1..m observe success, position m+1 (when m < k)
   observes failure, deeper positions observe nothing. The estimate is a
@@ -469,17 +469,18 @@ class AdaptivePolicy(Policy):
         self.alpha = alpha
         self.steady_alpha = steady_alpha
         # acceptance per depth: a caller may pass a list that outlives this
-        # policy (draft_plan shares one per model and drafter, so a request
-        # starts from what earlier requests measured instead of the prior);
-        # it is updated in place
+        # policy (it is updated in place); draft_plan no longer does: a
+        # request relaxes toward where it started, and starting from the
+        # previous request's text made prose after code draft at a loss
+        # (ds4py/spec/plan.py)
         if acceptance is None:
             acceptance = [P_INIT * P_DECAY ** d for d in range(1, max_depth + 1)]
         elif len(acceptance) != max_depth:
             raise ValueError(f"acceptance must have {max_depth} entries, got {len(acceptance)}")
         self.p = acceptance
         # observations per position in this policy's life: the starting
-        # estimate (the prior, or what earlier requests left in a shared
-        # list) weighs `prior_weight` observations, so each request learns
+        # estimate (the prior, or a caller's list) weighs `prior_weight`
+        # observations, so each request learns
         # its own text's acceptance in its first rounds (requests differ: on
         # the bench, math after prose started from prose's 0.6 and, with the
         # shared estimate weighted as measured evidence, never drafted where
