@@ -79,21 +79,8 @@ K_FN float k_moe_dot_kq(K_DEV_IN k_u8 *w, k_u32 wo, k_u32 row, k_u32 type, k_u32
         const k_u32 blk = row * nb + ib;
         const k_kq_lane L = q6 ? k_kq6_load(w16, wo + blk * 210u, t) : k_kq45_load(w4, wo / 16u + blk * (bs / 16u), type, t);
         const k_u32 xb = xo / 4u + ib * 73u;
-        k_u32 xw[8];
-        if (q6) {
-            K_UNROLL for (k_u32 q = 0; q < 4u; q++) {
-                xw[2u * q] = K_LD(x32, xb + xlo + 8u * q);
-                xw[2u * q + 1u] = K_LD(x32, xb + xlo + 8u * q + 1u);
-            }
-        } else {
-            K_UNROLL for (k_u32 i = 0; i < 4u; i++) {
-                xw[i] = K_LD(x32, xb + xlo + i);
-                xw[4u + i] = K_LD(x32, xb + xlo + 8u + i);
-            }
-        }
-        int part = 0;
-        K_UNROLL for (k_u32 G = 0; G < 4u; G++)
-            part += L.sc[G] * k_dot4(L.code[2u * G + 1u], xw[2u * G + 1u], k_dot4(L.code[2u * G], xw[2u * G], 0));
+        const k_kq_xw X = k_kq_xwords(x32, xb, xlo, q6);
+        const int part = k_kq_part(L, X);
         const float dx = k_bits_f32(K_LD(x32, xb));
         acc += (L.d * dx) * (float)part;
         if (!q6) {

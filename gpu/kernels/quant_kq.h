@@ -114,7 +114,41 @@ typedef struct {
     float d, dmin;
 } k_kq_lane;
 
-/* K_KQ_STREAM 1 (CUDA only; a sweep knob, default 0): the weight fetches
+/* The 8 Q8_K activation words lane t's codes of one super-block meet (x32:
+ * the activation rows as words; xb: the block's first word; xlo: the lane's
+ * offset): Q6_K's groups lie 8 words apart, the other K-quants' in two runs
+ * of 4. One load each, in this order in every kernel that reads them. */
+typedef struct {
+    k_u32 w[8];
+} k_kq_xw;
+
+K_FN k_kq_xw k_kq_xwords(K_DEV_IN k_u32 *x32, k_u32 xb, k_u32 xlo, k_u32 q6) {
+    k_kq_xw X;
+    if (q6) {
+        K_UNROLL for (k_u32 q = 0; q < 4u; q++) {
+            X.w[2u * q] = K_LD(x32, xb + xlo + 8u * q);
+            X.w[2u * q + 1u] = K_LD(x32, xb + xlo + 8u * q + 1u);
+        }
+    } else {
+        K_UNROLL for (k_u32 i = 0; i < 4u; i++) {
+            X.w[i] = K_LD(x32, xb + xlo + i);
+            X.w[4u + i] = K_LD(x32, xb + xlo + 8u + i);
+        }
+    }
+    return X;
+}
+
+/* The lane's exact integer share of a super-block (|part| <= 32 * 127 *
+ * 128 * 32 < 2^24 for every type: exact as float): per group G its two
+ * code words against their activation words, times the group's scale. */
+K_FN int k_kq_part(const k_kq_lane L, const k_kq_xw X) {
+    int part = 0;
+    K_UNROLL for (k_u32 G = 0; G < 4u; G++)
+        part += L.sc[G] * k_dot4(L.code[2u * G + 1u], X.w[2u * G + 1u], k_dot4(L.code[2u * G], X.w[2u * G], 0));
+    return part;
+}
+
+/* K_KQ_STREAM 1 (CUDA only; a sweep knob): the weight fetches
  * of the width-1 shared-activation design (k_matvec_kq1_shared) load with
  * ld.global.cs (__ldcs, "streaming: evict first"): every weight byte is
  * read once per launch, and letting it allocate normally in L1 evicts the
@@ -359,24 +393,10 @@ K_FN void k_matvec_kq_rows(const k_matvec_kq_params p, K_DEV_IN k_u8 *w, K_DEV_I
                 K_UNROLL for (k_u32 r = 0; r < R; r++) {
                     if (r >= nr) continue;
                     const k_u32 xb = (r * nb + ib) * 73u;
-                    k_u32 xw[8];
-                    if (q6) {
-                        K_UNROLL for (k_u32 q = 0; q < 4u; q++) {
-                            xw[2u * q] = K_LD(x32, xb + xlo + 8u * q);
-                            xw[2u * q + 1u] = K_LD(x32, xb + xlo + 8u * q + 1u);
-                        }
-                    } else {
-                        K_UNROLL for (k_u32 i = 0; i < 4u; i++) {
-                            xw[i] = K_LD(x32, xb + xlo + i);
-                            xw[4u + i] = K_LD(x32, xb + xlo + 8u + i);
-                        }
-                    }
+                    const k_kq_xw X = k_kq_xwords(x32, xb, xlo, q6);
                     /* the lane's exact integer share of the super-block
-                     * (|part| <= 32 * 127 * 128 * 32 < 2^24 for every type:
-                     * exact as float) becomes its own float term */
-                    int part = 0;
-                    K_UNROLL for (k_u32 G = 0; G < 4u; G++)
-                        part += L[u * PH + h].sc[G] * k_dot4(L[u * PH + h].code[2u * G + 1u], xw[2u * G + 1u], k_dot4(L[u * PH + h].code[2u * G], xw[2u * G], 0));
+                     * becomes its own float term */
+                    const int part = k_kq_part(L[u * PH + h], X);
                     const float dx = k_bits_f32(K_LD(x32, xb));
                     acc[h][r] += (L[u * PH + h].d * dx) * (float)part;
                     if (!q6) {
@@ -486,18 +506,7 @@ K_FN void k_matvec_kq1_shared(const k_matvec_kq_params p, K_DEV_IN k_u8 *w, K_DE
             const k_u32 ib = base + 4u * u + j;
             if (ib >= nb) continue; /* past the row's end: adds nothing */
             const k_u32 xb = ib * 73u;
-            k_u32 xw[8];
-            if (q6) {
-                K_UNROLL for (k_u32 q = 0; q < 4u; q++) {
-                    xw[2u * q] = K_LD(x32, xb + xlo + 8u * q);
-                    xw[2u * q + 1u] = K_LD(x32, xb + xlo + 8u * q + 1u);
-                }
-            } else {
-                K_UNROLL for (k_u32 i = 0; i < 4u; i++) {
-                    xw[i] = K_LD(x32, xb + xlo + i);
-                    xw[4u + i] = K_LD(x32, xb + xlo + 8u + i);
-                }
-            }
+            const k_kq_xw X = k_kq_xwords(x32, xb, xlo, q6);
             const float dx = k_bits_f32(K_LD(x32, xb));
             int bs0 = 0, bs1 = 0;
             if (!q6) {
@@ -506,9 +515,7 @@ K_FN void k_matvec_kq1_shared(const k_matvec_kq_params p, K_DEV_IN k_u8 *w, K_DE
             }
             K_UNROLL for (k_u32 m = 0; m < M; m++) {
                 const k_kq_lane L = q6 ? k_kq6_decode(Rw[u * M + m], t) : k_kq45_decode(Rw[u * M + m], type, t);
-                int part = 0;
-                K_UNROLL for (k_u32 G = 0; G < 4u; G++)
-                    part += L.sc[G] * k_dot4(L.code[2u * G + 1u], xw[2u * G + 1u], k_dot4(L.code[2u * G], xw[2u * G], 0));
+                const int part = k_kq_part(L, X);
                 acc[m] += (L.d * dx) * (float)part;
                 if (!q6) acc[m] -= (L.dmin * dx) * (float)(L.m_lo * bs0 + L.m_hi * bs1);
             }

@@ -106,6 +106,17 @@ K_FN float k_matvec_row_sum(float v) {
  * a row's result never depends on n_rows or the threadgroup size (batch
  * invariance), and differs from the CPU's serial block sum only in the
  * order of the same terms (tolerance: docs/gpu.md). */
+/* L2 prefetch K_Q8_0_AHEAD blocks ahead of the step at `base`: lanes 0..1
+ * of octet j touch the sectors of that block of row wrow (34 bytes: at most
+ * 2 sectors), never past the row's last byte. A hint: no value depends on it. */
+K_FN void k_q8_0_prefetch(K_DEV_IN k_u8 *w, k_u32 wrow, k_u32 nb, k_u32 base, k_u32 j, k_u32 t, k_u32 OPR) {
+    if (t >= 2u) return;
+    K_UNROLL for (k_u32 u = 0; u < K_Q8_0_STEP; u++) {
+        const k_u32 pb = base + K_Q8_0_AHEAD + u * OPR + j;
+        if (pb < nb) K_PREFETCH(w, (wrow * nb + pb) * 34u + 32u * t);
+    }
+}
+
 K_KERNEL(matvec_q8_0) {
     K_CHECK_TAG(matvec_q8_0);
     if (p.n_in % 32u || p.n_rows == 0u || p.n_rows > K_MATVEC_MAX_ROWS ||
@@ -138,12 +149,7 @@ K_KERNEL(matvec_q8_0) {
     if (K_Q8_0_W1 && nr == 1u) { /* uniform: every lane of the launch takes it */
         float acc0 = 0.0f;
         for (k_u32 base = 0; base < nb; base += OPR * K_Q8_0_STEP) {
-            if (t < 2u) {
-                K_UNROLL for (k_u32 u = 0; u < K_Q8_0_STEP; u++) {
-                    const k_u32 pb = base + K_Q8_0_AHEAD + u * OPR + j;
-                    if (pb < nb) K_PREFETCH(w, (wrow * nb + pb) * 34u + 32u * t);
-                }
-            }
+            k_q8_0_prefetch(w, wrow, nb, base, j, t, OPR);
             k_u32 wq[K_Q8_0_STEP], xw[K_Q8_0_STEP], dwh[K_Q8_0_STEP], dxh[K_Q8_0_STEP];
             K_UNROLL for (k_u32 u = 0; u < K_Q8_0_STEP; u++) { /* all loads before any use */
                 const k_u32 ib = base + u * OPR + j, ibx = ib < nb ? ib : 0u;
@@ -162,15 +168,7 @@ K_KERNEL(matvec_q8_0) {
         acc[0] = acc0;
     } else
     for (k_u32 base = 0; base < nb; base += OPR * K_Q8_0_STEP) {
-        /* L2 prefetch K_Q8_0_AHEAD blocks ahead: lanes 0..1 of octet j
-         * touch the sectors of that block (34 bytes: at most 2 sectors),
-         * never past the row's last byte */
-        if (t < 2u) {
-            K_UNROLL for (k_u32 u = 0; u < K_Q8_0_STEP; u++) {
-                const k_u32 pb = base + K_Q8_0_AHEAD + u * OPR + j;
-                if (pb < nb) K_PREFETCH(w, (wrow * nb + pb) * 34u + 32u * t);
-            }
-        }
+        k_q8_0_prefetch(w, wrow, nb, base, j, t, OPR);
         k_u32 wq[K_Q8_0_STEP];
         float dw[K_Q8_0_STEP];
         K_UNROLL for (k_u32 u = 0; u < K_Q8_0_STEP; u++) { /* all loads before any use */
