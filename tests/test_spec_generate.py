@@ -212,6 +212,16 @@ def test_json_draft_stats_keys():
         assert k in d, k
     assert d["drafter"] == "nextn" and set(d["verify_ms_per_width"]) <= {2, 3}
     assert d["drafted"] == sum(k * n for k, n in d["depth_counts"].items())
+    assert d["serial_tps"] is None  # a fixed depth never times a plain step
+    # the adaptive policy times plain rounds (calibration at least): the
+    # serial baseline is their rate (0.2-5x the run's decode rate: drafting moves it by
+    # tens of %, a unit slip would by 1000x)
+    g = generate(m, PROMPT, max_tokens=20, **GREEDY)
+    d = g.to_dict()["draft"]
+    assert d["drafting"] and d["serial_tps"] is not None
+    plain_s = d["policy"]["costs"]["plain_s"]
+    assert d["serial_tps"] == pytest.approx(1.0 / plain_s, rel=1e-9)
+    assert 0.2 * g.generation_tps < d["serial_tps"] < 5.0 * g.generation_tps
 
 
 def test_bad_draft_arguments():

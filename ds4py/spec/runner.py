@@ -404,5 +404,17 @@ class SpecRunner:
                                     for w, v in sorted(self.verify_s.items())},
             "depth_counts": dict(sorted(self.depth_counts.items())),
             "accept_counts": dict(sorted(self.accept_counts.items())),
+            # the serial baseline, when one was measured: a plain decode step's
+            # rate as the policy's cost model timed it (lower quartile of the
+            # recent plain rounds of this model's requests); None for a fixed
+            # depth, which never runs a plain round
+            "serial_tps": self._serial_tps(),
             "policy": self.policy.summary(),
         }
+
+    def _serial_tps(self) -> float | None:
+        costs = getattr(self.policy, "costs", None)
+        if costs is None or not getattr(costs, "plain_samples", 0):
+            return None
+        plain = costs.plain()
+        return 1.0 / plain if plain > 0 else None
