@@ -138,6 +138,26 @@ K_FN k_kq_xw k_kq_xwords(K_DEV_IN k_u32 *x32, k_u32 xb, k_u32 xlo, k_u32 q6) {
     return X;
 }
 
+/* A row's value from its lanes' accumulators of the four super-block
+ * phases, PH of them per lane (1: every phase in its own octet, 2, or 4: all
+ * in one lane): ((S0 + S1) + (S2 + S3)) whatever the spread (a + b == b +
+ * a), so the bits do not depend on PH. Shared by the K-quant and Q4_64A
+ * matvecs (acc[h] unused past PH). */
+K_FN float k_kq_phase_sum(float a0, float a1, float a2, float a3, k_u32 PH) {
+    float s;
+    if (PH == 1u) {
+        s = k_octet_sum(a0);
+        s = s + k_shfl_xor(s, 8u);
+        s = s + k_shfl_xor(s, 16u);
+    } else if (PH == 2u) {
+        s = k_octet_sum(a0) + k_octet_sum(a1);
+        s = s + k_shfl_xor(s, 8u);
+    } else {
+        s = (k_octet_sum(a0) + k_octet_sum(a1)) + (k_octet_sum(a2) + k_octet_sum(a3));
+    }
+    return s;
+}
+
 /* The lane's exact integer share of a super-block (|part| <= 32 * 127 *
  * 128 * 32 < 2^24 for every type: exact as float): per group G its two
  * code words against their activation words, times the group's scale. */
@@ -368,8 +388,8 @@ K_FN void k_matvec_kq_rows(const k_matvec_kq_params p, K_DEV_IN k_u8 *w, K_DEV_I
     /* bsums of this lane's two 16-value runs (Q4_K/Q5_K): int16 4c + (t&1)
      * and 4c + 2 + (t&1): half t&1 of bsums words 65 + 2c, + 1 */
     const k_u32 bsw = 65u + 2u * (t >> 1), bsh = 16u * (t & 1u);
-    float acc[4][K_MATVEC_MAX_ROWS];
-    K_UNROLL for (k_u32 h = 0; h < PH; h++)
+    float acc[4][K_MATVEC_MAX_ROWS]; /* all 4 phases set: k_kq_phase_sum reads them */
+    K_UNROLL for (k_u32 h = 0; h < 4u; h++)
         K_UNROLL for (k_u32 r = 0; r < R; r++) acc[h][r] = 0.0f;
     for (k_u32 base = 0; base < nb; base += 4u * STEP) {
         /* L2 prefetch K_KQ_AHEAD super-blocks ahead: lane t touches the
@@ -410,24 +430,13 @@ K_FN void k_matvec_kq_rows(const k_matvec_kq_params p, K_DEV_IN k_u8 *w, K_DEV_I
     }
     K_UNROLL for (k_u32 r = 0; r < R; r++) {
         if (r >= nr) continue;
-        /* ((S0 + S1) + (S2 + S3)) whatever the spread (a + b == b + a) */
-        float s;
-        if (PH == 1u) {
-            s = k_octet_sum(acc[0][r]);
-            s = s + k_shfl_xor(s, 8u);
-            s = s + k_shfl_xor(s, 16u);
-        } else if (PH == 2u) {
-            s = k_octet_sum(acc[0][r]) + k_octet_sum(acc[1][r]);
-            s = s + k_shfl_xor(s, 8u);
-        } else {
-            s = (k_octet_sum(acc[0][r]) + k_octet_sum(acc[1][r])) + (k_octet_sum(acc[2][r]) + k_octet_sum(acc[3][r]));
-        }
+        const float s = k_kq_phase_sum(acc[0][r], acc[1][r], acc[2][r], acc[3][r], PH);
         if ((lane & (8u * OPR - 1u)) == 0u && o < p.n_out) K_ST(y, r * p.y_stride + o, s);
     }
 }
 
-/* Width 1, second design (knob K_KQ1_RPO > 1; the default stays the
- * generic body above): a SIMD-group serves M = K_KQ1_RPO weight rows and
+/* Width 1, second design (knob K_KQ1_RPO > 1; the default since the
+ * H200 sweep of 2026-11-30, K_KQ1_RPO 2): a SIMD-group serves M = K_KQ1_RPO weight rows and
  * each of its 4 octets streams phase j (super-blocks ib = j mod 4) of all
  * M rows. The same bits as k_matvec_kq_rows: for every weight row, lane t
  * of the octet serving phase j adds the same two float terms per

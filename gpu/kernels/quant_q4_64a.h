@@ -103,8 +103,8 @@ K_FN void k_matvec_q4_64a_rows(const k_matvec_q4_64a_params p, K_DEV_IN k_u8 *w,
     /* lane t's 8 codes meet bytes 8(t & 3) .. + 7 of the codes of Q8_0
      * block 2 ib + t/4 (34-byte blocks: 2-aligned, so k_ld_w2) */
     const k_u32 xh = t >> 2, xc = 2u + 8u * (t & 3u);
-    float acc[4][K_MATVEC_MAX_ROWS];
-    K_UNROLL for (k_u32 h = 0; h < PH; h++)
+    float acc[4][K_MATVEC_MAX_ROWS]; /* all 4 phases set: k_kq_phase_sum reads them */
+    K_UNROLL for (k_u32 h = 0; h < 4u; h++)
         K_UNROLL for (k_u32 r = 0; r < R; r++) acc[h][r] = 0.0f;
     for (k_u32 base = 0; base < nb; base += 4u * STEP) {
         /* L2 prefetch K_Q4A_AHEAD blocks ahead: lanes 0..1 of the octet
@@ -145,18 +145,7 @@ K_FN void k_matvec_q4_64a_rows(const k_matvec_q4_64a_params p, K_DEV_IN k_u8 *w,
     }
     K_UNROLL for (k_u32 r = 0; r < R; r++) {
         if (r >= nr) continue;
-        /* ((S0 + S1) + (S2 + S3)) whatever the spread (a + b == b + a) */
-        float s;
-        if (PH == 1u) {
-            s = k_octet_sum(acc[0][r]);
-            s = s + k_shfl_xor(s, 8u);
-            s = s + k_shfl_xor(s, 16u);
-        } else if (PH == 2u) {
-            s = k_octet_sum(acc[0][r]) + k_octet_sum(acc[1][r]);
-            s = s + k_shfl_xor(s, 8u);
-        } else {
-            s = (k_octet_sum(acc[0][r]) + k_octet_sum(acc[1][r])) + (k_octet_sum(acc[2][r]) + k_octet_sum(acc[3][r]));
-        }
+        const float s = k_kq_phase_sum(acc[0][r], acc[1][r], acc[2][r], acc[3][r], PH);
         if ((lane & (8u * OPR - 1u)) == 0u && o < p.n_out) K_ST(y, r * p.y_stride + o, s);
     }
 }
