@@ -29,6 +29,8 @@ from ds4py.spec.stepper import Stepper
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CODE = "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, x):\n"
+PROSE = ('def parse(text):\n    """Parse the text of a configuration file. The file is read '
+         'line by line, and')
 _models: dict = {}
 
 
@@ -192,3 +194,68 @@ def test_a_drafting_rounds_choice_is_charged_to_its_overhead():
     # own stamps: the exact count depends on the round's path, not below 51
     assert all(x >= 51 for x in over), over
     assert all(x < 50 for x in plain), plain
+
+
+@pytest.mark.parametrize("mode", ["greedy", "sampled", "stream", "stop", "logprobs"])
+def test_generate_runs_quiet_stretches_in_its_own_loop(mode, monkeypatch):
+    """ds4py.generate runs a promised plain stretch itself, one serial step
+    per token (runner.take_quiet): the output equals serial decoding's
+    (tokens, text, streamed pieces, a stop string or the budget inside a
+    stretch, seeded samples, logprobs), the policy sees every round (the
+    same probe schedule and drafting outcome as a run that asks choose()
+    every round), and most tokens indeed skip runner.round."""
+    m = demo()
+    kw = dict(max_tokens=90, temperature=0)
+    prompt = CODE
+    if mode == "sampled":
+        kw.update(temperature=0.8, seed=11)
+    if mode == "stop":   # (the code prompt's text repeats itself: no late first occurrence)
+        prompt = PROSE
+    if mode == "logprobs":
+        kw.update(logprobs=2)
+    ref = ds4py.generate(m, prompt, draft=False, **kw)
+    if mode == "stop":
+        # a stop string first seen well inside the run (after the third
+        # probe), in a quiet stretch
+        text = ref.text
+        kw["stop"] = next(text[i:i + n] for n in (4, 6, 8, 12, 16)
+                          for i in range(len(text) * 2 // 3, len(text) - n)
+                          if text.find(text[i:i + n]) == i)
+        ref = ds4py.generate(m, prompt, draft=False, **kw)
+        assert ref.finish_reason == "stop"
+    rounds = []
+    orig = runner_mod.SpecRunner.round
+
+    def counting(self, last, room):
+        rounds.append(room)
+        return orig(self, last, room)
+
+    monkeypatch.setattr(runner_mod.SpecRunner, "round", counting)
+
+    def run():
+        rounds.clear()
+        pol = AdaptivePolicy(cost=never, burst=0)
+        if mode == "stream":
+            chunks = list(ds4py.stream_generate(m, prompt, draft_policy=pol, **kw))
+            g = chunks[-1].generation
+            assert "".join(c.text for c in chunks) == g.text
+        else:
+            g = ds4py.generate(m, prompt, draft_policy=pol, **kw)
+        assert g.tokens == ref.tokens and g.text == ref.text
+        assert g.finish_reason == ref.finish_reason
+        if mode == "logprobs":
+            assert [lp.logprob for lp in g.logprobs] == [lp.logprob for lp in ref.logprobs]
+        return g.draft, pol.n_rounds, len(rounds)
+
+    st, n_pol, n_round_calls = run()
+    assert st["draft_rounds"] >= 3                       # the probes
+    assert n_round_calls < st["rounds"] // 2               # the stretches ran inline
+    monkeypatch.setattr(runner_mod, "QUIET_MIN", 10 ** 9)   # choose() every round
+    st0, n_pol0, n_round_calls0 = run()
+    assert n_round_calls0 == st0["rounds"]
+    # (a last round with no room to draft is not counted by choose(), and is
+    # by pass_quiet when a stretch covers it)
+    assert n_pol0 <= n_pol <= n_pol0 + 1
+    for key in ("rounds", "draft_rounds", "probes", "drafted", "accepted", "accept_counts",
+                "depth_counts"):
+        assert st[key] == st0[key], key

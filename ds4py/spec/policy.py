@@ -88,6 +88,26 @@ AdaptivePolicy (ds4-notes §4 "Adaptive depth", a port of ds4's / mlx.fast's
   reset only when the cost model itself chooses a depth > 0 (ds4 measured
   -26% when an *accepted* probe reset it: accepted is not profitable).
   ``probe_interval=0`` disables probes (ds4's old, latching behaviour).
+  Follow-ups: a probe (or follow-up) whose drafts were all accepted is
+  followed at once by a probe of depth ``follow_depth`` (2), at most
+  ``follow_max`` (4) in a row; a rejected draft ends the chain, and so does
+  the cost model choosing to draft. Follow-ups leave the interval alone (it
+  doubles once per scheduled probe), and there are none where drafting could
+  not pay even if every draft were accepted (no evidence could change the
+  choice there: ds4's "accepted is not profitable"). Why: the discount forgets a probe's
+  evidence within ~10 rounds, so probes 8, 16, 32.. rounds apart can never
+  move the estimate above where the request started. On the demo model that
+  start (0.85 * 0.98**d) sits at the break-even of every depth, and code and
+  math prompts whose opening failed the cold-start burst stayed at depth 0
+  for good while fixed depth 2 measured 1.2x serial: their probes were
+  accepted one by one, each forgotten before the next. A chain of accepted
+  probes is evidence that adds up (and each accepted probe is a profitable
+  round); on text where drafting never pays the chain ends at the first
+  rejection. On the demo model's 21 acceptance traces under its measured
+  costs (tests/test_policy.py test_trace_replay), with drafting priced 6%
+  dearer than it is (the plain step's quartile runs below the loop's real
+  per-token time), the policy without follow-ups averaged 1.03x serial and
+  with them 1.08x.
 
 The cost model may be replaced, for deterministic tests and what-if runs, by
 ``cost=lambda d: seconds`` (the cost of a round of depth d); the measured
@@ -123,6 +143,11 @@ MAX_DEPTH = 7
 # "never below 0.95x serial"; a choice at break-even risks that for nothing.
 MARGIN = 0.05
 PROBE_INTERVAL, PROBE_CAP = 4, 256
+# A probe whose drafts were all accepted is followed at once by another
+# probe, of depth FOLLOW_DEPTH, up to FOLLOW_MAX in a row (module doc
+# "Probes"): isolated probes 8-64 rounds apart cannot lift the estimate
+# above the starting one, since the discount forgets each before the next.
+FOLLOW_DEPTH, FOLLOW_MAX = 2, 4
 # Learning a session's acceptance fast: the starting estimate weighs
 # PRIOR_WEIGHT observations (a running mean until it is as slow as the EMA);
 # the first BURST rounds draft at least BURST_DEPTH (cold start); depth 0 is
@@ -452,7 +477,8 @@ class AdaptivePolicy(Policy):
                  prior_weight: float | None = PRIOR_WEIGHT, burst: int = BURST,
                  burst_depth: int = BURST_DEPTH, calibrate: int = CALIBRATE,
                  steady_alpha: float = STEADY_ALPHA, explore: int = EXPLORE,
-                 discount: float | None = DISCOUNT):
+                 discount: float | None = DISCOUNT, follow_depth: int = FOLLOW_DEPTH,
+                 follow_max: int = FOLLOW_MAX):
         if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 1:
             raise ValueError(f"max_depth must be an int >= 1, got {max_depth!r}")
         if probe_interval < 0 or (probe_interval and probe_cap < probe_interval):
@@ -465,6 +491,8 @@ class AdaptivePolicy(Policy):
             raise ValueError(f"discount must be in (0, 1) (or None: the EMA), got {discount!r}")
         if discount is not None and prior_weight == 0:
             raise ValueError("the discounted estimator needs prior_weight > 0")
+        if follow_depth < 1 or follow_max < 0:
+            raise ValueError("need follow_depth >= 1 and follow_max >= 0")
         self.max_depth = max_depth
         self.alpha = alpha
         self.steady_alpha = steady_alpha
@@ -497,6 +525,12 @@ class AdaptivePolicy(Policy):
         self.probe_interval0 = probe_interval
         self.probe_cap = probe_cap
         self.interval = probe_interval
+        self.follow_depth = follow_depth
+        self.follow_max = follow_max
+        self.follow_left = 0     # follow-up probes left in this chain
+        self._in_chain = False   # the probes since the last scheduled one were all accepted
+        self._probing = False    # the last choose() was a probe or a follow-up
+        self.n_follow = 0
         self.idle = 0            # consecutive evidence-free rounds
         self.burst_left = burst
         self.burst_depth = burst_depth
@@ -569,6 +603,19 @@ class AdaptivePolicy(Policy):
                 best, best_rate = d, rate
         return best
 
+    def _could_pay(self, cap: int) -> bool:
+        """Whether some depth would beat plain decoding (by the margin) if
+        every draft were accepted: else no evidence about acceptance could
+        change the choice, and a follow-up probe would only lose time (an
+        accepted probe is not a profitable one, ds4-notes §4)."""
+        cap = min(cap, self.max_depth)
+        if self._cost is not None:
+            cost = [self._cost(d) for d in range(cap + 1)]
+        else:
+            cost = self.costs.round_costs(cap)
+        bar = (1.0 + self.margin) / cost[0]
+        return any((d + 1) / cost[d] > bar for d in range(1, cap + 1))
+
     def _age(self, rounds: int) -> None:
         """``rounds`` rounds passed: every position's evidence loses weight
         by discount**rounds and its estimate relaxes toward where this request
@@ -602,7 +649,7 @@ class AdaptivePolicy(Policy):
             return 0
         self._age(1)
         self.n_rounds += 1
-        self.last_was_probe = False
+        self.last_was_probe = self._probing = False
         self.quiet = 0
         if self._cost is None and (self.costs.plain_samples < self.calibrate or
                                    self.since_plain >= self.recalibrate):
@@ -639,6 +686,7 @@ class AdaptivePolicy(Policy):
             self.n_chosen += 1
             self.idle = 0
             self.interval = self.probe_interval0
+            self.follow_left, self._in_chain = 0, False
             self.since_plain += 1
             if (self.explore and self._cost is None and d < min(cap, self.max_depth)
                     and self.n_chosen % self.explore == 0
@@ -650,11 +698,22 @@ class AdaptivePolicy(Policy):
                 self.n_explore += 1
                 return d + 1
             return d
+        if self.follow_left and self._could_pay(cap):
+            # the last probe's drafts were all accepted: probe again at once
+            # (module doc "Probes"; the interval is left alone)
+            self.follow_left -= 1
+            self.n_probes += 1
+            self.n_follow += 1
+            self.idle = 0
+            self.last_was_probe = self._probing = True
+            self.since_plain += 1
+            return min(self.follow_depth, cap)
         if self.probe_interval0 and self.idle >= self.interval:
             self.n_probes += 1
             self.idle = 0
             self.interval = min(self.interval * 2, self.probe_cap)
-            self.last_was_probe = True
+            self.last_was_probe = self._probing = True
+            self._in_chain = False   # a new chain starts if this one is accepted
             self.since_plain += 1
             return 1
         self.idle += 1
@@ -708,6 +767,14 @@ class AdaptivePolicy(Policy):
                 self.patience = 1.0
             elif not stopped:
                 self.patience = min(2.0 * self.patience, PATIENCE_CAP)
+        if self._probing:
+            # a probe chain goes on while every draft is accepted (module doc)
+            self._probing = False
+            if accepted == depth > 0 and not stopped:
+                if not self._in_chain:
+                    self._in_chain, self.follow_left = True, self.follow_max
+            else:
+                self._in_chain, self.follow_left = False, 0
 
     def record_plain(self, seconds: float) -> None:
         self.costs.record_plain(seconds)
@@ -743,7 +810,7 @@ class AdaptivePolicy(Policy):
                "observations": list(self.n),
                "rounds": self.n_rounds, "probes": self.n_probes, "burst_rounds": self.n_burst,
                "chosen_drafting_rounds": self.n_chosen, "probe_interval": self.interval,
-               "explore_rounds": self.n_explore,
+               "explore_rounds": self.n_explore, "follow_up_probes": self.n_follow,
                "calibration_rounds": self.n_calibration}
         if self._cost is None:
             out["costs"] = self.costs.summary()

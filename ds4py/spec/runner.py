@@ -80,6 +80,10 @@ nothing else -- and the policy hears of them at once at the end
 each eval makes Python slow), 5% of a one-thread plain step and ~8% of a
 two-thread one, and the short stretches between probes (3, 7, 15 rounds)
 are most of the plain rounds where drafting is near break-even (prose).
+ds4py.generate's decode loop goes one step further: it takes the stretch
+over (:meth:`SpecRunner.take_quiet`) and runs those steps in its own loop,
+exactly as its serial loop does, since a trip through ``round``/``settle``
+and a fresh one-token block per token still cost ~2.5% of a demo-model step.
 The nextn head's rows of plain steps cost nothing per step either: the core
 defers them and catches the head up in batches of 64, or before the next
 draft reads it (csrc/session.c "Deferred rows").
@@ -364,6 +368,28 @@ class SpecRunner:
         policy.record_verify(k + 1, t2 - t1)
         policy.record_overhead(t_choose + (t_out - t2) + (t4 - t3))
 
+    # -- a caller's own fast path (ds4py.generate's decode loop) ------------
+    @property
+    def stepper(self) -> Stepper:
+        """The serial one-token step the plain rounds use."""
+        return self._step
+
+    @property
+    def quiet_times(self) -> list[float]:
+        """Where a caller running a quiet stretch itself (:meth:`take_quiet`)
+        appends each step's seconds (step + pick), as the fast path does."""
+        return self._quiet_t
+
+    def take_quiet(self) -> int:
+        """After a round: hand the rest of a promised plain stretch to the
+        caller, who then runs up to that many serial steps itself -- per step:
+        ``generated.append(last)``, the stepper's step, the pick, the seconds
+        appended to :attr:`quiet_times` -- before the next :meth:`round`,
+        which tells the policy about them (module doc "Quiet stretches").
+        Stopping early is fine. Returns the number of rounds handed over."""
+        n, self._quiet_left = self._quiet_left, 0
+        return n
+
     def _end_quiet(self) -> None:
         """Tell the policy about the fast path's rounds."""
         n = len(self._quiet_t)
@@ -371,7 +397,7 @@ class SpecRunner:
         self.depth_counts[0] += n
         self.policy.pass_quiet(n)
         self.policy.record_plain_many(self._quiet_t)
-        self._quiet_t = []
+        self._quiet_t.clear()   # in place: quiet_times is held by callers
         self._quiet_left = 0
 
     def finish(self) -> None:
