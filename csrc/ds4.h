@@ -430,6 +430,14 @@ int ds4_session_nextn_prime(const ds4_session *s);
 /* 1 when the head holds every position a draft at n_past needs: [1, n_past)
  * (n_past <= 1: nothing needed). */
 int ds4_session_nextn_covered(const ds4_session *s);
+/* Give the head the committed rows waiting for it (session.c "Deferred
+ * rows") now, in one batched call, instead of inside the next nextn call or
+ * verify: a caller that times its speculative rounds (ds4py.spec.runner)
+ * keeps the priming of a plain stretch out of the first round after it.
+ * Returns how many rows the head got (0: none were waiting, priming off, or
+ * s is NULL). Cannot fail: the rows' head pages were reserved when they
+ * were deferred. */
+int64_t ds4_session_nextn_catch_up(ds4_session *s);
 
 /* One row (token, hidden) at the head's next position (or, when the head
  * is empty, at the trunk's n_past): one draft step. */

@@ -752,6 +752,13 @@ int ds4_session_nextn_covered(const ds4_session *s) {
     return head_covers(first, next, s->n_past - s->prime_pending);
 }
 
+int64_t ds4_session_nextn_catch_up(ds4_session *s) {
+    if (!s) return 0;
+    const int64_t n = s->defer_n;
+    prime_flush(s);
+    return n;
+}
+
 int ds4_session_nextn_draft(ds4_session *s, int32_t token, const float *hidden,
                             ds4_error *err) {
     if (!s) return ds4_fail(err, DS4_ERR_ARG, "ds4_session_nextn_draft: session is NULL");

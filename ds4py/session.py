@@ -226,6 +226,14 @@ class Session:
         (positions ``[1, n_past)``); False for a model without a head."""
         return bool(lib.ds4_session_nextn_covered(self._live()))
 
+    def nextn_catch_up(self) -> int:
+        """Give the head the committed rows still waiting for it (module doc,
+        Head priming) now, in one batched call; returns how many. Nothing
+        observable changes (the head reads as caught up either way): it
+        moves that work out of the next draft or verify, which a caller
+        timing its rounds (ds4py.spec.runner) wants."""
+        return int(lib.ds4_session_nextn_catch_up(self._live()))
+
     # -- evaluation -------------------------------------------------------
     def eval(self, tokens, all_logits: bool = False, return_hidden: bool = False,
              hidden_layers=None):

@@ -155,6 +155,33 @@ def test_decode_rows_wait_and_go_to_the_head_in_batches_of_64():
         check(probe(m, s, 129), reference("dense-q8_0", "fast", 129))
 
 
+def test_catch_up_gives_the_waiting_rows_now():
+    """nextn_catch_up hands the waiting rows to the head in one batch call
+    (reading the head's weights once), returns how many there were, and
+    changes nothing a draft sees: the next draft and the target equal
+    those of a session that caught up inside the draft. With nothing
+    waiting it returns 0 and reads nothing."""
+    m = model("dense-q8_0")
+    with m.new_session(nextn_prime=True) as s:
+        s.eval(TOKS[:70])                       # rows 64..69 wait
+        for t in TOKS[70:75]:
+            s.eval([int(t)])                    # and 5 more
+        read = head_bytes(m, s, lambda: s.nextn_catch_up())
+        assert read > 0
+        assert s.nextn_catch_up() == 0
+        assert head_bytes(m, s, lambda: s.nextn_catch_up()) == 0
+        assert m.nextn_range(s) == (1, 75)
+        check(probe(m, s, 75), reference("dense-q8_0", "fast", 75))
+    with m.new_session(nextn_prime=True) as s:
+        s.eval(TOKS[:70])
+        for t in TOKS[70:75]:
+            s.eval([int(t)])
+        assert s.nextn_catch_up() == 11
+    with m.new_session() as s:                  # priming off: nothing ever waits
+        s.eval(TOKS[:10])
+        assert s.nextn_catch_up() == 0
+
+
 def test_snapshot_with_waiting_rows_carries_them():
     """A snapshot taken while rows wait holds the head caught up: restored
     into a fresh session it drafts what a fresh evaluation drafts."""

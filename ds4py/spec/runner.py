@@ -155,6 +155,8 @@ class SpecRunner:
         self._quiet_t: list[float] = []      # their step times, for the policy
         # the core's greedy round: drafts and row argmaxes in two calls
         self._core = (self.greedy and isinstance(drafter, NextnDrafter) and drafter._in_core)
+        # a drafter reading the nextn head of this session (its rows are deferred)
+        self._head = isinstance(drafter, NextnDrafter) and hasattr(session, "nextn_catch_up")
         self._buf = ffi.new(f"int32_t[{VERIFY_MAX}]")
         self._arg = ffi.new(f"int32_t[{VERIFY_MAX}]")
         self._err = new_error()
@@ -238,11 +240,18 @@ class SpecRunner:
             return [(t, lg)]
         self.probes += bool(policy.last_was_probe)
         P = s.n_past
-        t0 = self.clock()
         # the choice is part of what a drafting round costs: a quiet plain
         # round never makes one (module doc "Quiet stretches"), so leaving it
         # out priced drafting ~40 us (~5% of a plain step) too cheap
-        t_choose = t0 - t_choose
+        t_choose = self.clock() - t_choose
+        if self._head:
+            # the head's rows of the plain steps before this round: priming
+            # (paid whatever the depth), not this round's cost -- inside the
+            # draft it added up to ~0.5 ms to the first draft after a plain
+            # stretch, and a policy probing between stretches priced a draft
+            # step ~30% too high
+            lib.ds4_session_nextn_catch_up(s._live())
+        t0 = self.clock()
         if self.rejection:
             out, m, drafts, t1, t2 = self._rejection_round(last, k, P)
         elif self._core:
