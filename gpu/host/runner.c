@@ -35,6 +35,13 @@
 #include "../../csrc/model.h"
 #include "../kernels/attn_plan.h"
 
+#ifndef K_MOE_LOGITS_SPLIT
+/* SIMD-groups per router row (moe_logits), the default of r->moe_split.
+ * The H200 sweep of 2026-11-30 (the 35B-A3B-like MoE, docs/gpu.md) chose
+ * it; 1 is the unsplit order. */
+#define K_MOE_LOGITS_SPLIT 16u
+#endif
+
 /* Rows per eval chunk (prefill): the GEMM (gemm.h) serves chunks wider
  * than the matvecs' K_MATVEC_MAX_ROWS with every value's bits unchanged;
  * -D override (one build each) for the H200 sweep. Scratch scales with it;
@@ -160,6 +167,7 @@ struct k_runner {
     int64_t n_ctx, n_pages, n_past, launches;
     int fuse;               /* fused glue kernels (fused.h); K_RUNNER_FUSE=0: the unfused sequence */
     int gemm;               /* prefill GEMM for chunks > 16 rows: 2 gemm_mma.h, 1 gemm.h, 0 (K_RUNNER_GEMM=0) matvecs */
+    uint32_t moe_split;     /* SIMD-groups per router row (moe_logits); K_RUNNER_MOE_SPLIT overrides */
     uint32_t attn_tg;       /* attn_partials threads: K_ATTN_TG on CUDA, else 256 */
     int capturing;          /* inside a verify: GDN layers keep their rows */
     int64_t ver_n, ver_pos; /* the last verify's rows and first position (0: none) */
@@ -811,9 +819,10 @@ static int moe_layer(k_runner *r, dev_layer *L, int64_t n, unsigned ready, ds4_e
         k_binding b[] = {STATUS_BIND(moe_logits), K_BIND(moe_logits, p, &p, sizeof p),
                          K_BIND(moe_logits, w, M->router, F4(nl * E)), K_BIND(moe_logits, x, r->x, F4(n * E)),
                          K_BIND(moe_logits, y, r->moe_logits, F4(n * ls))};
-        /* 2 SIMD-groups a threadgroup, one router row each (no effect on the
-         * bits): 129 threadgroups for 256 experts, about one per H200 SM */
-        if ((rc = launch(r, K_ID_moe_logits, (uint32_t)((nl + 1) / 2), 1, 1, 64, b, 5, err))) return rc;
+        /* one threadgroup per router row, K_MOE_LOGITS_SPLIT SIMD-groups
+         * splitting it (gpu/kernels/moe.h): the same split for every width,
+         * so a row's logits never depend on how many token rows share it */
+        if ((rc = launch(r, K_ID_moe_logits, (uint32_t)nl, 1, 1, 32u * r->moe_split, b, 5, err))) return rc;
     }
     {
         k_moe_route_params p = {K_TAG_OF(moe_route), (uint32_t)ne, (uint32_t)k, (uint32_t)n, (uint32_t)ls,
@@ -1184,6 +1193,11 @@ int k_runner_open(k_gpu_model *g, int64_t n_ctx, k_runner **out, ds4_error *err)
 #endif
         r->gemm = g && !strcmp(g, "0") ? 0 : mma ? 2 : 1;
         r->attn_tg = !strcmp(r->dev->name, "cuda") ? K_ATTN_TG : 256;
+        /* K_RUNNER_MOE_SPLIT (1..32): the router's split, for sweeps on the
+         * device; each value is its own fixed summation order (moe.h) */
+        const char *ms = getenv("K_RUNNER_MOE_SPLIT");
+        const long msv = ms ? strtol(ms, NULL, 10) : 0;
+        r->moe_split = msv >= 1 && msv <= 32 ? (uint32_t)msv : K_MOE_LOGITS_SPLIT;
     }
     r->S = calloc((size_t)g->c.n_main, sizeof *r->S);
     int rc = r->S ? 0 : ds4_fail(err, DS4_ERR_NOMEM, "out of host memory");

@@ -3,7 +3,8 @@
  * qwen35-spec.md §5) on the device, in four kernels:
  *
  *   moe_logits   the F32 router (and the shared expert's F32 gate as one
- *                more row): a float matvec, one SIMD-group per output row
+ *                more row): a float matvec, one threadgroup per output row,
+ *                its SIMD-groups splitting the row (a fixed order per split)
  *   moe_route    per token row: softmax over all experts, top-k (ties to
  *                the lower expert id), renormalisation with the
  *                6.103515625e-5 clamp, sigmoid of the shared gate
@@ -104,41 +105,51 @@ K_FN float k_moe_dot(K_DEV_IN k_u8 *w, k_u32 wo, k_u32 row, k_u32 type, k_u32 n_
     return k_moe_dot_kq(w, wo, row, type, n_in, xq, xo, lane);
 }
 
-/* y[r][o] = W_o . x_r in float, W F32 rows of n_in, one SIMD-group per
- * output row: lane l adds w[i] * x[i] for i = l, l + 32, ... in ascending
- * order, then k_simd_sum (a fixed order: a row's value never depends on
- * n_rows or the threadgroup size). Rows go in blocks of K_MATVEC_MAX_ROWS
- * sharing each weight load. */
+/* y[r][o] = W_o . x_r in float, W F32 rows of n_in, one threadgroup per
+ * output row, its S = K_NSIMD SIMD-groups splitting n_in: SIMD-group s
+ * takes the chunk [s c, (s + 1) c), c = 32 ceil(n_in / (32 S)); lane l adds
+ * w[i] * x[i] for i = s c + l, s c + l + 32, ... in ascending order, then
+ * k_simd_sum; the S partials are added in ascending s. A fixed order for a
+ * given S (the host launches one S for every width: a row's value never
+ * depends on n_rows). Token rows go in blocks of K_MATVEC_MAX_ROWS sharing
+ * each weight load.
+ *
+ * Why the split: with one SIMD-group per router row, the 35B-A3B-like
+ * router (2048 x 257 floats, 2 MB) ran as 257 SIMD-groups with ~130 KB in
+ * flight on the whole H200, at ~135 GB/s: 15.5 us, 10.8% of the MoE decode
+ * step (docs/gpu.md). S SIMD-groups per row put S times more loads in
+ * flight. S = 1 is the old order. */
 #ifndef K_MOE_LOGITS_AHEAD
 /* A lane's weight loads in flight per trip. 16 measured worse on the H200
  * (2026-11-30, the 35B-A3B-like MoE: 17.8 us a decode launch against 15.5 at
  * 4, and prefill 935 -> 751 tok/s: with 16 activation rows a SIMD-group
- * holds 16 x 16 x values). The router needs more SIMD-groups per row (a
- * split of n_in, with its own fixed order), not more loads per lane. */
+ * holds 16 x 16 x values). */
 #define K_MOE_LOGITS_AHEAD 4u
 #endif
+/* the most SIMD-groups a router row may be split over (the partials' array) */
+#define K_MOE_LOGITS_MAX_SPLIT 32u
 K_KERNEL(moe_logits) {
     K_CHECK_TAG(moe_logits);
-    if (p.n_in == 0u || p.n_rows == 0u || K_NGX * K_NSIMD < p.n_out) {
+    K_TG_ARRAY(float, part, K_MOE_LOGITS_MAX_SPLIT * K_MATVEC_MAX_ROWS);
+    if (p.n_in == 0u || p.n_rows == 0u || K_NGX < p.n_out || K_NSIMD > K_MOE_LOGITS_MAX_SPLIT) {
         k_raise(status, K_ERR_SHAPE);
         return;
     }
-    const k_u32 o = K_GX * K_NSIMD + K_SIMD;
-    if (o >= p.n_out) return; /* a whole SIMD-group; no barriers here */
+    const k_u32 o = K_GX, S = K_NSIMD, sg = K_SIMD;
+    if (o >= p.n_out) return; /* a whole threadgroup: no barrier is left waiting */
+    const k_u32 c = 32u * ((p.n_in + 32u * S - 1u) / (32u * S));
+    const k_u32 i0 = sg * c, i1 = i0 + c < p.n_in ? i0 + c : p.n_in;
     for (k_u32 r0 = 0; r0 < p.n_rows; r0 += K_MATVEC_MAX_ROWS) {
         float acc[K_MATVEC_MAX_ROWS];
         K_UNROLL for (k_u32 r = 0; r < K_MATVEC_MAX_ROWS; r++) acc[r] = 0.0f;
         /* K_MOE_LOGITS_AHEAD of the lane's inputs per trip, their loads
          * issued before the sums: a loop of one load-then-add per trip waits
          * a memory latency each time (48 us for the 35B-A3B-like router's 64
-         * trips on the H200, a quarter of the MoE decode step); four per trip
-         * took it to 15.5 us, still ~135 GB/s for its 2 MB (one SIMD-group per
-         * output row, ~130 KB in flight on the whole GPU where HBM wants MBs;
-         * K_MOE_LOGITS_AHEAD says why more per lane did not help).
-         * Each acc[r] still adds i, i + 32, i + 64, ... in ascending order:
-         * the same bits for any K_MOE_LOGITS_AHEAD. */
-        k_u32 i = K_LANE;
-        for (; i + 32u * (K_MOE_LOGITS_AHEAD - 1u) < p.n_in; i += 32u * K_MOE_LOGITS_AHEAD) {
+         * trips on the H200, a quarter of the MoE decode step). Each acc[r]
+         * still adds i, i + 32, i + 64, ... in ascending order: the same
+         * bits for any K_MOE_LOGITS_AHEAD. */
+        k_u32 i = i0 + K_LANE;
+        for (; i + 32u * (K_MOE_LOGITS_AHEAD - 1u) < i1; i += 32u * K_MOE_LOGITS_AHEAD) {
             const k_u32 wi = o * p.n_in + i;
             float wv[K_MOE_LOGITS_AHEAD];
             K_UNROLL for (k_u32 u = 0; u < K_MOE_LOGITS_AHEAD; u++) wv[u] = K_LD(w, wi + 32u * u);
@@ -150,16 +161,23 @@ K_KERNEL(moe_logits) {
                 K_UNROLL for (k_u32 u = 0; u < K_MOE_LOGITS_AHEAD; u++) acc[r] += wv[u] * xv[u];
             }
         }
-        for (; i < p.n_in; i += 32u) {
+        for (; i < i1; i += 32u) {
             const float wv = K_LD(w, o * p.n_in + i);
             K_UNROLL for (k_u32 r = 0; r < K_MATVEC_MAX_ROWS; r++)
                 if (r0 + r < p.n_rows) acc[r] += wv * K_LD(x, (r0 + r) * p.x_stride + i);
         }
         K_UNROLL for (k_u32 r = 0; r < K_MATVEC_MAX_ROWS; r++) {
-            if (r0 + r >= p.n_rows) continue; /* uniform over the SIMD-group */
-            const float s = k_simd_sum(acc[r]);
-            if (K_LANE == 0u) K_ST(y, (r0 + r) * p.y_stride + o, s);
+            if (r0 + r >= p.n_rows) continue; /* uniform over the threadgroup */
+            const float sr = k_simd_sum(acc[r]);
+            if (K_LANE == 0u) K_ST(part, sg * K_MATVEC_MAX_ROWS + r, sr);
         }
+        K_BARRIER();
+        if (K_TID < K_MATVEC_MAX_ROWS && r0 + K_TID < p.n_rows) {
+            float y0 = 0.0f;
+            for (k_u32 g = 0; g < S; g++) y0 += K_LD(part, g * K_MATVEC_MAX_ROWS + K_TID);
+            K_ST(y, (r0 + K_TID) * p.y_stride + o, y0);
+        }
+        K_BARRIER(); /* part is rewritten by the next block of rows */
     }
 }
 

@@ -392,61 +392,73 @@ static void moe_check_case(const moe_layer_t *L, const moe_out *o, uint32_t n, c
 }
 
 static void moe_logits_checks(void) {
-    /* 777 and 2048 (the 35B-A3B router's width): past the 16 loads a lane
-     * issues ahead per trip (K_MOE_LOGITS_AHEAD), with a tail and without */
-    const uint32_t n_ins[] = {33, 128, 257, 777, 2048}, n_outs[] = {1, 9};
+    /* 777 and 2048 (the 35B-A3B router's width): past the loads a lane
+     * issues ahead per trip (K_MOE_LOGITS_AHEAD), with a tail and without.
+     * Split S = 1, 2, 3, 8 and 32 SIMD-groups per router row (one threadgroup
+     * each): every width bit-identical to width 1 at the same split (the
+     * host launches one split for all widths), within the float bound of the
+     * exact dot at every split; S = 32 leaves SIMD-groups with no inputs at
+     * the small widths. */
+    const uint32_t n_ins[] = {33, 128, 257, 777, 2048}, n_outs[] = {1, 9}, splits[] = {1, 2, 3, 8, 32};
     for (size_t ii = 0; ii < sizeof n_ins / sizeof n_ins[0]; ii++)
-        for (size_t io = 0; io < 2; io++) {
-            const uint32_t n_in = n_ins[ii], n_out = n_outs[io], R = 19, xs = n_in + 3, ys = n_out + 2;
-            float *w = malloc(sizeof(float) * n_out * n_in), *x = malloc(sizeof(float) * R * xs);
-            float *y1 = malloc(sizeof(float) * R * ys), *yw = malloc(sizeof(float) * R * ys);
-            for (uint32_t i = 0; i < n_out * n_in; i++) w[i] = frand(-1, 1);
-            for (uint32_t i = 0; i < R * xs; i++) x[i] = frand(-3, 3);
-            int ok = 1, inv = 1;
-            double worst = 0;
-            for (uint32_t width = 1; width <= R && ok; width++) {
-                if (ii + io > 0 && width != 1 && width != 5 && width != 16 && width != R) continue;
-                const uint32_t reps = width == 1 ? R : 1;
-                for (uint32_t rep = 0; rep < reps; rep++) {
-                    float *y = width == 1 ? y1 + rep * ys : yw;
-                    fill_nan(y, width == 1 ? ys : R * ys);
-                    k_moe_logits_params p = {K_TAG_OF(moe_logits), n_in, n_out, width, xs, ys};
-                    k_binding b[] = {K_BIND(moe_logits, status, status, 8), K_BIND(moe_logits, p, &p, sizeof p),
-                                     K_BIND(moe_logits, w, w, sizeof(float) * n_out * n_in),
-                                     K_BIND(moe_logits, x, x + (width == 1 ? rep * xs : 0), sizeof(float) * width * xs),
-                                     K_BIND(moe_logits, y, y, sizeof(float) * width * ys)};
-                    const uint32_t nsg = 1 + (width + rep) % 3;
-                    if (launch(K_ID_moe_logits, (n_out + nsg - 1) / nsg, 1, 1, 32 * nsg, b, 5, (int)(width & 1),
-                               "moe_logits")) {
-                        ok = 0;
-                        break;
+        for (size_t io = 0; io < 2; io++)
+            for (size_t is = 0; is < sizeof splits / sizeof splits[0]; is++) {
+                const uint32_t n_in = n_ins[ii], n_out = n_outs[io], R = 19, xs = n_in + 3, ys = n_out + 2;
+                const uint32_t S = splits[is];
+                float *w = malloc(sizeof(float) * n_out * n_in), *x = malloc(sizeof(float) * R * xs);
+                float *y1 = malloc(sizeof(float) * R * ys), *yw = malloc(sizeof(float) * R * ys);
+                for (uint32_t i = 0; i < n_out * n_in; i++) w[i] = frand(-1, 1);
+                for (uint32_t i = 0; i < R * xs; i++) x[i] = frand(-3, 3);
+                int ok = 1, inv = 1;
+                double worst = 0;
+                for (uint32_t width = 1; width <= R && ok; width++) {
+                    if ((ii + io > 0 || S != 2) && width != 1 && width != 5 && width != 16 && width != R) continue;
+                    const uint32_t reps = width == 1 ? R : 1;
+                    for (uint32_t rep = 0; rep < reps; rep++) {
+                        float *y = width == 1 ? y1 + rep * ys : yw;
+                        fill_nan(y, width == 1 ? ys : R * ys);
+                        k_moe_logits_params p = {K_TAG_OF(moe_logits), n_in, n_out, width, xs, ys};
+                        k_binding b[] = {K_BIND(moe_logits, status, status, 8), K_BIND(moe_logits, p, &p, sizeof p),
+                                         K_BIND(moe_logits, w, w, sizeof(float) * n_out * n_in),
+                                         K_BIND(moe_logits, x, x + (width == 1 ? rep * xs : 0),
+                                                sizeof(float) * width * xs),
+                                         K_BIND(moe_logits, y, y, sizeof(float) * width * ys)};
+                        /* extra threadgroups past n_out return at once */
+                        if (launch(K_ID_moe_logits, n_out + (width & 1), 1, 1, 32 * S, b, 5, (int)(width & 1),
+                                   "moe_logits")) {
+                            ok = 0;
+                            break;
+                        }
+                    }
+                    if (!ok) break;
+                    if (width == 1) {
+                        /* per lane ceil(n_in/32) products added serially, then
+                         * 5 butterfly levels and S - 1 partial sums, each
+                         * product rounded once: within (ceil(n_in/32) + 6 + S)
+                         * u sum|w x| of the exact dot */
+                        for (uint32_t r = 0; r < R; r++)
+                            for (uint32_t o = 0; o < n_out; o++) {
+                                double ex = 0, at = 0;
+                                for (uint32_t i = 0; i < n_in; i++) {
+                                    ex += (double)w[o * n_in + i] * x[r * xs + i];
+                                    at += fabs((double)w[o * n_in + i] * x[r * xs + i]);
+                                }
+                                const double e =
+                                    fabs(y1[r * ys + o] - ex) / (((n_in + 31) / 32 + 6 + S) * U * at + 1e-30);
+                                if (!(e <= 1.0)) ok = 0;
+                                if (e > worst) worst = e;
+                            }
+                    } else {
+                        for (uint32_t r = 0; r < width; r++)
+                            if (memcmp(yw + r * ys, y1 + r * ys, sizeof(float) * n_out)) inv = 0;
                     }
                 }
-                if (!ok) break;
-                if (width == 1) {
-                    /* per lane ceil(n_in/32) products added serially, then
-                     * 5 butterfly levels, each product rounded once: within
-                     * (ceil(n_in/32) + 6) u sum|w x| of the exact dot */
-                    for (uint32_t r = 0; r < R; r++)
-                        for (uint32_t o = 0; o < n_out; o++) {
-                            double ex = 0, at = 0;
-                            for (uint32_t i = 0; i < n_in; i++) {
-                                ex += (double)w[o * n_in + i] * x[r * xs + i];
-                                at += fabs((double)w[o * n_in + i] * x[r * xs + i]);
-                            }
-                            const double e = fabs(y1[r * ys + o] - ex) / (((n_in + 31) / 32 + 6) * U * at + 1e-30);
-                            if (!(e <= 1.0)) ok = 0;
-                            if (e > worst) worst = e;
-                        }
-                } else {
-                    for (uint32_t r = 0; r < width; r++)
-                        if (memcmp(yw + r * ys, y1 + r * ys, sizeof(float) * n_out)) inv = 0;
-                }
+                check(ok && inv,
+                      "moe_logits n_in=%u n_out=%u split %u: within the float reordering bound of the exact dot "
+                      "(worst %.2f of it); widths up to 19 bit-identical to width 1 per row",
+                      n_in, n_out, S, worst);
+                free(w), free(x), free(y1), free(yw);
             }
-            check(ok && inv, "moe_logits n_in=%u n_out=%u: within the float reordering bound of the exact dot (worst "
-                  "%.2f of it); widths up to 19 bit-identical to width 1 per row", n_in, n_out, worst);
-            free(w), free(x), free(y1), free(yw);
-        }
 }
 
 static void moe_refusals(void) {
