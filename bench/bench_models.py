@@ -224,11 +224,13 @@ def ensure(name: str, quant: str, log=print) -> str:
     return path
 
 
-def write_model(s: Shape, quant: str, path: str) -> None:
+def write_model(s: Shape, quant: str, path: str, seed: int | None = None) -> None:
     """Write shape s as a random-weight GGUF of mix `quant` to path
-    (atomically: GGUFWriter moves the finished file into place)."""
+    (atomically: GGUFWriter moves the finished file into place). The
+    weights come from `seed`, by default one derived from the path."""
     types = plan_types(s, quant)
-    seed = int.from_bytes(hashlib.sha256(path.encode()).digest()[:8], "little")
+    if seed is None:
+        seed = int.from_bytes(hashlib.sha256(path.encode()).digest()[:8], "little")
     rng = np.random.default_rng(seed)
     with GGUFWriter(path) as w:
         for k, v in metadata(s, quant).items():

@@ -64,6 +64,13 @@ WIDE = BM.Shape("qwen35", 4, 256, 8, 1, 72, 2, 4, 64, n_ff=512, n_vocab=1024, n_
 # Q4_K_M on a shape whose rows are whole 256-blocks: Q4_K and Q6_K GEMMs.
 KQ = BM.Shape("qwen35", 4, 256, 8, 2, 32, 2, 4, 128, n_ff=512, n_vocab=1024, n_rot=16)
 
+# Fixed weights (the default seed comes from the path, a fresh temporary
+# directory each session, which made a check of exact bits a lottery). Seed 6
+# of the head-36 shape is one whose V-step scalar tail rounds differently
+# when it multiplies and then adds instead of one fma: the AVX2 tail did
+# that until 2026-11-30, and 10 of 40 seeds showed it (staged != reference)
+SEEDS = {"tail": 6, "odd": 1, "wide": 2, "kq": 3}
+
 # Prefill 300 rows in one eval (rows path; rows past 256 see two blocks), 40
 # decode steps (split-K), then 200 more rows: the logits of every row, and
 # rows 250.. token by token must be the same (batch invariance).
@@ -118,7 +125,7 @@ def models(tmp_path_factory):
     for name, shape, quant in (("tail", TAIL, "Q8_0"), ("odd", ODD, "Q8_0"),
                                ("wide", WIDE, "Q8_0"), ("kq", KQ, "Q4_K_M")):
         out[name] = str(d / f"{name}-{quant.lower()}.gguf")
-        BM.write_model(shape, quant, out[name])
+        BM.write_model(shape, quant, out[name], seed=SEEDS[name])
     return out
 
 

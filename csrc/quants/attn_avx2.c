@@ -22,6 +22,8 @@
  * the positions are taken in order; values are independent of each other,
  * so how (head, lane) pairs are grouped into passes changes nothing.
  */
+#include <math.h>
+
 #include "attn_simd.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -139,7 +141,12 @@ static void acc_tail(float *ag, const uint16_t *v, int64_t P, const float *w, co
         for (int64_t d = d0; d < dh; d++) {
             float t = ag[d];
             if (x != 1.0f) t = f16_round1(t * x);
-            ag[d] = f16_round1(t + _cvtsh_ss(v[i * dh + d]) * ws);
+            /* one rounding, as the 8-lane passes' _mm256_fmadd_ps and the
+             * contract (attn_simd.h: fmaf). A multiply then an add here gave
+             * the position-by-position recipe's bits except where the two
+             * roundings differ: test_avx2_paths.py's head-36 model failed
+             * for about one random model in seven */
+            ag[d] = f16_round1(fmaf(_cvtsh_ss(v[i * dh + d]), ws, t));
         }
     }
 }
