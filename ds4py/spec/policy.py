@@ -89,12 +89,13 @@ AdaptivePolicy (ds4-notes §4 "Adaptive depth", a port of ds4's / mlx.fast's
   -26% when an *accepted* probe reset it: accepted is not profitable).
   ``probe_interval=0`` disables probes (ds4's old, latching behaviour).
   Follow-ups: a probe (or follow-up) whose drafts were all accepted is
-  followed at once by a probe of depth ``follow_depth`` (2), at most
-  ``follow_max`` (4) in a row; a rejected draft ends the chain, and so does
-  the cost model choosing to draft. Follow-ups leave the interval alone (it
-  doubles once per scheduled probe), and there are none where drafting could
-  not pay even if every draft were accepted (no evidence could change the
-  choice there: ds4's "accepted is not profitable"). Why: the discount forgets a probe's
+  followed at once by another probe, at most ``follow_max`` (4) in a row,
+  the i-th of depth min(i, ``follow_depth``) (so 1, 2, 2, 2); a rejected
+  draft ends the chain, and so does the cost model choosing to draft.
+  Follow-ups leave the interval alone (it doubles once per scheduled probe),
+  and there are none where drafting could not pay even if every draft were
+  accepted (no evidence could change the choice there: ds4's "accepted is
+  not profitable"). Why: the discount forgets a probe's
   evidence within ~10 rounds, so probes 8, 16, 32.. rounds apart can never
   move the estimate above where the request started. On the demo model that
   start (0.85 * 0.98**d) sits at the break-even of every depth, and code and
@@ -105,9 +106,17 @@ AdaptivePolicy (ds4-notes §4 "Adaptive depth", a port of ds4's / mlx.fast's
   round); on text where drafting never pays the chain ends at the first
   rejection. On the demo model's 21 acceptance traces under its measured
   costs (tests/test_policy.py test_trace_replay), with drafting priced 6%
-  dearer than it is (the plain step's quartile runs below the loop's real
-  per-token time), the policy without follow-ups averaged 1.03x serial and
-  with them 1.08x.
+  dearer (about as the live cost model priced it in this session's traces:
+  its plain step, a lower quartile, sat ~5% below the serial loop's
+  per-token time), the policy without follow-ups averaged 1.00x serial and
+  with them 1.07x (the best fixed depth 1.06x). The first follow-up is of
+  depth 1 because most chains on text where drafting is break-even end
+  there: in two 10-repetition A/Bs on the demo model (prose / math / chat /
+  code prompts) chains starting at depth 2 measured 0.92-0.94 / 1.13-1.14 /
+  0.98-0.99 / 0.99-1.03x serial, chains starting at 1 0.95 / 1.12-1.15 /
+  0.98-1.00 / 1.07-1.10x. (Three bench runs after the change measured math
+  1.09-1.14x where four before it measured 1.15-1.20x; the A/Bs, interleaved
+  in one process, are the fairer comparison.)
 
 The cost model may be replaced, for deterministic tests and what-if runs, by
 ``cost=lambda d: seconds`` (the cost of a round of depth d); the measured
@@ -144,9 +153,10 @@ MAX_DEPTH = 7
 MARGIN = 0.05
 PROBE_INTERVAL, PROBE_CAP = 4, 256
 # A probe whose drafts were all accepted is followed at once by another
-# probe, of depth FOLLOW_DEPTH, up to FOLLOW_MAX in a row (module doc
-# "Probes"): isolated probes 8-64 rounds apart cannot lift the estimate
-# above the starting one, since the discount forgets each before the next.
+# probe, up to FOLLOW_MAX in a row, the i-th of depth min(i, FOLLOW_DEPTH)
+# (module doc "Probes"): isolated probes 8-64 rounds apart cannot lift the
+# estimate above the starting one, since the discount forgets each before
+# the next.
 FOLLOW_DEPTH, FOLLOW_MAX = 2, 4
 # Learning a session's acceptance fast: the starting estimate weighs
 # PRIOR_WEIGHT observations (a running mean until it is as slow as the EMA);
@@ -528,6 +538,7 @@ class AdaptivePolicy(Policy):
         self.follow_depth = follow_depth
         self.follow_max = follow_max
         self.follow_left = 0     # follow-up probes left in this chain
+        self.chain_n = 0         # follow-ups made in this chain
         self._in_chain = False   # the probes since the last scheduled one were all accepted
         self._probing = False    # the last choose() was a probe or a follow-up
         self.n_follow = 0
@@ -702,12 +713,13 @@ class AdaptivePolicy(Policy):
             # the last probe's drafts were all accepted: probe again at once
             # (module doc "Probes"; the interval is left alone)
             self.follow_left -= 1
+            self.chain_n += 1
             self.n_probes += 1
             self.n_follow += 1
             self.idle = 0
             self.last_was_probe = self._probing = True
             self.since_plain += 1
-            return min(self.follow_depth, cap)
+            return min(self.chain_n, self.follow_depth, cap)
         if self.probe_interval0 and self.idle >= self.interval:
             self.n_probes += 1
             self.idle = 0
@@ -772,7 +784,7 @@ class AdaptivePolicy(Policy):
             self._probing = False
             if accepted == depth > 0 and not stopped:
                 if not self._in_chain:
-                    self._in_chain, self.follow_left = True, self.follow_max
+                    self._in_chain, self.follow_left, self.chain_n = True, self.follow_max, 0
             else:
                 self._in_chain, self.follow_left = False, 0
 
