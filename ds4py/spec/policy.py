@@ -49,7 +49,8 @@ AdaptivePolicy (ds4-notes §4 "Adaptive depth", a port of ds4's / mlx.fast's
 * Cold start: the first ``burst`` (3) rounds draft at least ``burst_depth``
   (2) whatever the cost model says: the measurements a choice needs
   (acceptance of positions 1-2, verify widths) arrive in the first rounds.
-  At most 3 rounds of a loss where drafting never pays.
+  At most 3 rounds of a loss where drafting never pays, fewer under
+  the exploration budget (below).
 * Cost, in seconds measured in this session (:class:`CostModel`):
   ``cost(0)`` = a plain one-token decode, ``cost(d)`` = verify(d+1) +
   d x draft_step + round overhead (the head's catch-up), each the lower
@@ -117,6 +118,24 @@ AdaptivePolicy (ds4-notes §4 "Adaptive depth", a port of ds4's / mlx.fast's
   0.98-1.00 / 1.07-1.10x. (Three bench runs after the change measured math
   1.09-1.14x where four before it measured 1.15-1.20x; the A/Bs, interleaved
   in one process, are the fairer comparison.)
+
+* Exploration budget: the rounds the policy forces for evidence -- the
+  cold-start burst (where it drafts deeper than the cost model would),
+  scheduled probes and follow-ups -- are priced after the fact: cost(d) /
+  cost(0) minus the tokens the round committed, in plain steps (negative
+  when it gained). Once their sum exceeds ``explore_allow`` (1) plus
+  ``explore_share`` (2%) of the request's rounds, the optional ones wait:
+  the burst ends and a probe chain gets no follow-up. Scheduled probes are
+  never held back (the issue's rule against the latch) but their losses
+  count. Why: on text where drafting never pays, the forced rounds were
+  most of what the policy lost -- on an AVX2-only machine (verify(2) 1.63
+  plain steps, overhead 0.22) the 3-round burst at depth 2 and a chain of 4
+  follow-ups cost ~4% of a 128-token prose run (live A/B, 20 interleaved
+  repetitions: prose 0.93-0.94x serial without the budget, 0.95-0.98x
+  with it); on the demo model's traces under the AVX-512 machine's costs
+  the budget also raises the mean (1.123 -> 1.130x), because a failed
+  opening no longer spends the whole burst (tests/test_policy.py).
+  ``explore_allow=None``: no budget.
 
 The cost model may be replaced, for deterministic tests and what-if runs, by
 ``cost=lambda d: seconds`` (the cost of a round of depth d); the measured
@@ -189,6 +208,12 @@ DISCOUNT = 0.85
 # with the patience 1.4-2.1%, tests/test_policy.py)
 PATIENCE_CAP = 16
 BURST, BURST_DEPTH = 3, 2
+# The exploration budget (module doc "Exploration budget"): the rounds the
+# policy forces for evidence (cold-start burst, probes, follow-ups) may lose
+# at most EXPLORE_ALLOW plain steps plus EXPLORE_SHARE of the request's rounds,
+# priced by the cost model with their realized acceptance; past it the
+# optional ones (burst, follow-ups) wait.
+EXPLORE_ALLOW, EXPLORE_SHARE = 1.0, 0.02
 CALIBRATE = 3
 # one chosen drafting round in EXPLORE drafts one deeper when that width's
 # verify cost is not measured yet (AdaptivePolicy.choose)
@@ -488,7 +513,8 @@ class AdaptivePolicy(Policy):
                  burst_depth: int = BURST_DEPTH, calibrate: int = CALIBRATE,
                  steady_alpha: float = STEADY_ALPHA, explore: int = EXPLORE,
                  discount: float | None = DISCOUNT, follow_depth: int = FOLLOW_DEPTH,
-                 follow_max: int = FOLLOW_MAX):
+                 follow_max: int = FOLLOW_MAX, explore_allow: float | None = EXPLORE_ALLOW,
+                 explore_share: float = EXPLORE_SHARE):
         if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 1:
             raise ValueError(f"max_depth must be an int >= 1, got {max_depth!r}")
         if probe_interval < 0 or (probe_interval and probe_cap < probe_interval):
@@ -503,6 +529,8 @@ class AdaptivePolicy(Policy):
             raise ValueError("the discounted estimator needs prior_weight > 0")
         if follow_depth < 1 or follow_max < 0:
             raise ValueError("need follow_depth >= 1 and follow_max >= 0")
+        if explore_allow is not None and (explore_allow < 0 or explore_share < 0):
+            raise ValueError("need explore_allow >= 0 (or None: no budget) and explore_share >= 0")
         self.max_depth = max_depth
         self.alpha = alpha
         self.steady_alpha = steady_alpha
@@ -542,6 +570,13 @@ class AdaptivePolicy(Policy):
         self._in_chain = False   # the probes since the last scheduled one were all accepted
         self._probing = False    # the last choose() was a probe or a follow-up
         self.n_follow = 0
+        # the exploration budget: plain steps lost so far by forced rounds
+        # (negative: they gained), and whether the last choose() forced one
+        self.explore_allow = explore_allow
+        self.explore_share = explore_share
+        self.explore_loss = 0.0
+        self._forced = False
+        self.n_held = 0          # burst rounds and follow-ups the budget held back
         self.idle = 0            # consecutive evidence-free rounds
         self.burst_left = burst
         self.burst_depth = burst_depth
@@ -655,12 +690,28 @@ class AdaptivePolicy(Policy):
         if moved > 1e-4:   # re-price (the memo keeps a depth-0 stretch O(1) per round)
             self._memo = None
 
+    def _explore_ok(self) -> bool:
+        """Whether the forced rounds so far left room for another optional
+        one (module doc "Exploration budget")."""
+        return (self.explore_allow is None or self.explore_loss
+                <= self.explore_allow + self.explore_share * self.n_rounds)
+
+    def _round_loss(self, depth: int, tokens: int) -> float:
+        """Plain steps a round of ``depth`` that committed ``tokens`` cost
+        beyond plain decoding of those tokens (negative: it gained)."""
+        if self._cost is not None:
+            c0, cd = self._cost(0), self._cost(depth)
+        else:
+            cs = self.costs.round_costs(depth)
+            c0, cd = cs[0], cs[depth]
+        return cd / c0 - tokens if c0 > 0 else 0.0
+
     def choose(self, cap: int) -> int:
         if cap <= 0:
             return 0
         self._age(1)
         self.n_rounds += 1
-        self.last_was_probe = self._probing = False
+        self.last_was_probe = self._probing = self._forced = False
         self.quiet = 0
         if self._cost is None and (self.costs.plain_samples < self.calibrate or
                                    self.since_plain >= self.recalibrate):
@@ -681,12 +732,17 @@ class AdaptivePolicy(Policy):
             if self._cost is None:  # an injected cost may change behind our back
                 self._memo = (key, d)
         self._drafting = d > 0
+        if self.burst_left and d < self.burst_depth and not self._explore_ok():
+            # the exploration budget is spent: the burst ends here
+            self.burst_left = 0
+            self.n_held += 1
         if self.burst_left:
             # cold start: the first rounds draft at least burst_depth, so the
             # acceptance of this text is measured in its first few rounds
             # (depth-1 probes after 4, 8, 16.. idle rounds took ~30 rounds to
             # move the estimate off its prior). Evidence, not a probe of the
             # latch: the interval is left alone.
+            self._forced = d < self.burst_depth
             self.burst_left -= 1
             self.n_burst += 1
             self.since_plain += 1
@@ -709,9 +765,14 @@ class AdaptivePolicy(Policy):
                 self.n_explore += 1
                 return d + 1
             return d
+        if self.follow_left and not self._explore_ok():
+            # the exploration budget is spent: the chain ends here
+            self.follow_left, self._in_chain = 0, False
+            self.n_held += 1
         if self.follow_left and self._could_pay(cap):
             # the last probe's drafts were all accepted: probe again at once
             # (module doc "Probes"; the interval is left alone)
+            self._forced = True
             self.follow_left -= 1
             self.chain_n += 1
             self.n_probes += 1
@@ -721,6 +782,9 @@ class AdaptivePolicy(Policy):
             self.since_plain += 1
             return min(self.chain_n, self.follow_depth, cap)
         if self.probe_interval0 and self.idle >= self.interval:
+            # the issue's probe rule: never held back by the budget, but its
+            # loss counts against it
+            self._forced = True
             self.n_probes += 1
             self.idle = 0
             self.interval = min(self.interval * 2, self.probe_cap)
@@ -768,6 +832,9 @@ class AdaptivePolicy(Policy):
         success, position m+1 (when m < k) failure, deeper ones nothing; a
         round that ended the generation observes no failure."""
         self._memo = None
+        if self._forced:
+            self._forced = False
+            self.explore_loss += self._round_loss(depth, min(accepted, depth) + 1)
         depth = min(depth, self.max_depth)
         accepted = min(accepted, depth)
         for j in range(accepted):
@@ -823,6 +890,7 @@ class AdaptivePolicy(Policy):
                "rounds": self.n_rounds, "probes": self.n_probes, "burst_rounds": self.n_burst,
                "chosen_drafting_rounds": self.n_chosen, "probe_interval": self.interval,
                "explore_rounds": self.n_explore, "follow_up_probes": self.n_follow,
+               "exploration_loss": round(self.explore_loss, 3), "held_by_budget": self.n_held,
                "calibration_rounds": self.n_calibration}
         if self._cost is None:
             out["costs"] = self.costs.summary()
