@@ -800,6 +800,8 @@ def test_explores_the_next_width_until_it_is_measured():
         if k:
             pol.record_verify(k + 1, verify(k + 1))
             pol.record_draft(k, 1e-4 * k)
+        else:   # a recalibration round: the runner records its plain step
+            pol.record_plain(1e-3)
     assert ks[:15] == [1] * 15 and ks[15] == 2   # the 16th chosen round explores
     # width 3 measured (the line now runs through widths 2 and 3): depth 2
     # from then on, but for the exploration of width 4 (one chosen round in

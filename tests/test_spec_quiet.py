@@ -11,7 +11,8 @@ a random golden model:
   drafts (same accepted counts per round), and leaves the head holding
   every position [1, n_past) with priming on;
 - the prefix cache keeps the head's history after such a run;
-- a drafting round's choice is charged to that round's overhead.
+- a drafting round's choice is charged to that round's overhead;
+- the plain step right after a drafting round is not a cost sample.
 """
 
 from __future__ import annotations
@@ -194,6 +195,56 @@ def test_a_drafting_rounds_choice_is_charged_to_its_overhead():
     # own stamps: the exact count depends on the round's path, not below 51
     assert all(x >= 51 for x in over), over
     assert all(x < 50 for x in plain), plain
+
+
+def test_a_plain_step_after_a_drafting_round_is_not_a_cost_sample():
+    """Cold steps (ds4py.spec.runner): the plain step right after a drafting
+    round runs slow (its caches hold the verify's data), so the runner does
+    not give its time to the policy; every other plain round's time is
+    recorded. A scripted policy drafts depth 1 at fixed rounds, plain
+    rounds between (no quiet stretches: each plain round goes through
+    round()); and an adaptive policy's recalibration waits for a recorded
+    step."""
+    from ds4py.spec.policy import Policy
+
+    m = demo()
+    ids = m.tokenizer.encode(CODE)
+    script = [0, 0, 1, 0, 0, 0, 1, 1, 0, 0, 1, 0] + [0] * 40
+    rounds: list[int] = []
+    recorded: list[int] = []     # the round index each recorded sample belongs to
+
+    class Scripted(Policy):
+        enabled = True
+
+        def choose(self, cap):
+            k = min(script[len(rounds)], cap)
+            rounds.append(k)
+            return k
+
+        def record_plain(self, seconds):
+            recorded.append(len(rounds) - 1)
+
+    with m.new_session() as s:
+        toks, st = speculative_generate(m, ids, 30, policy=Scripted(), session=s)
+    assert st["draft_rounds"] == 4
+    plain = [i for i, k in enumerate(rounds) if k == 0]
+    cold = [i for i in plain if i and rounds[i - 1] > 0]
+    assert cold == [3, 8, 11]
+    # the run's last round has room for no draft, so it asks no choice (its
+    # sample carries the previous round's index)
+    assert recorded[:-1] == [i for i in plain if i not in cold]
+    assert recorded[-1] == len(rounds) - 1
+
+    # the adaptive policy: a recalibration round whose step was not recorded
+    # is repeated until one is
+    pol = AdaptivePolicy(cost=None, burst=0, recalibrate=2)
+    for _ in range(3):
+        pol.record_plain(1e-3)
+    pol.since_plain = 2
+    assert pol.choose(3) == 0 and pol.needs_plain
+    assert pol.choose(3) == 0 and pol.needs_plain       # nothing recorded: again
+    pol.record_plain(1e-3)
+    assert pol.since_plain == 0
 
 
 @pytest.mark.parametrize("mode", ["greedy", "sampled", "stream", "stop", "logprobs"])

@@ -718,8 +718,10 @@ class AdaptivePolicy(Policy):
             # Calibration: the price of depth 0 is a measured plain step, never
             # an inference from verify times (which would carry ds4's GPU
             # ratios onto this machine). Costs nothing against plain decoding.
+            # It ends when a plain step is recorded (record_plain resets
+            # since_plain): the runner drops a step that follows a drafting
+            # round, which runs ~4% slow (ds4py.spec.runner "Cold steps").
             self.n_calibration += 1
-            self.since_plain = 0
             self.needs_plain = True
             return 0
         self.needs_plain = False
@@ -857,6 +859,7 @@ class AdaptivePolicy(Policy):
 
     def record_plain(self, seconds: float) -> None:
         self.costs.record_plain(seconds)
+        self.since_plain = 0
         # the runner times every plain step: re-price only when the price of
         # depth 0 moved by more than 1% (the rest of the choice is unchanged)
         if self._memo is not None and abs(self.costs.plain() - self._memo_plain) \
@@ -867,6 +870,7 @@ class AdaptivePolicy(Policy):
         """Several plain-step times at once (the runner's fast path)."""
         for t in samples:
             self.costs.record_plain(t)
+            self.since_plain = 0
         # the same 1% rule as record_plain: short stretches end often
         if self._memo is not None and abs(self.costs.plain() - self._memo_plain) \
                 > 0.01 * self._memo_plain:

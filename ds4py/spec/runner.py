@@ -71,6 +71,15 @@ samples are scheduler stalls, and the cost model's low quantile needs a
 steady supply of clean ones (the policy re-prices only when the plain cost
 moves). Statistics accumulate in ``stats()``.
 
+Cold steps: the first plain step after a drafting round runs ~4% slower
+than one after a plain step (the demo model on a 2-thread AVX2 VM, 300
+pairs: lower quartiles 2067 vs 1980 us -- the verify and the rollback left
+other data in the caches). Recorded, such steps made the plain cost look
+dearer, so drafting cheaper, the more the policy drafted (its plain samples
+then come mostly from such steps: recalibration follows 32 drafting rounds).
+The runner times them but does not record them; the policy's calibration
+goes on until a step is recorded (the next one).
+
 Quiet stretches: when the policy answers 0 and promises ``quiet`` >= 1
 more depth-0 rounds (the rounds until its next probe), the next min(quiet,
 QUIET_MAX) rounds take a fast path -- the serial step, its time kept,
@@ -153,6 +162,7 @@ class SpecRunner:
         self._max_depth = int(getattr(drafter, "max_depth", None) or VERIFY_MAX - 1)
         self._quiet_left = 0                 # fast-path rounds left in this stretch
         self._quiet_t: list[float] = []      # their step times, for the policy
+        self._cold = False                   # the last round drafted (module doc "Cold steps")
         # the core's greedy round: drafts and row argmaxes in two calls
         self._core = (self.greedy and isinstance(drafter, NextnDrafter) and drafter._in_core)
         # a drafter reading the nextn head of this session (its rows are deferred)
@@ -233,7 +243,10 @@ class SpecRunner:
                 t0 = clock()
                 lg = self._step.step(last)
                 t = self.pick(lg, s.n_past)
-                policy.record_plain(clock() - t0)
+                if self._cold:
+                    self._cold = False
+                else:
+                    policy.record_plain(clock() - t0)
             else:
                 lg = self._step.step(last)
                 t = self.pick(lg, s.n_past)
@@ -355,6 +368,7 @@ class SpecRunner:
         k, m, drafts, t0, t1, t2, t_out, t_choose = self._pending
         self._pending = None
         policy = self.policy
+        self._cold = True
         t3 = self.clock()
         self.s.accept(j + 1)  # keeps last and the committed tokens before the final one
         # stop tokens don't update the statistics: a round that ended the
