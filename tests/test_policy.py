@@ -33,6 +33,18 @@ def ds4_cost(d: int) -> float:
     return 1.0 if d == 0 else A_REL + B_REL * (d + 1) + H_REL * d
 
 
+def drive(pol, n: int, outcome=lambda k: k) -> list[int]:
+    """n rounds of choose(7); a drafting round of depth k accepts
+    outcome(k) drafts. Returns the depths."""
+    ks = []
+    for _ in range(n):
+        k = pol.choose(7)
+        ks.append(k)
+        if k:
+            pol.observe(k, outcome(k))
+    return ks
+
+
 def never(d: int) -> float:
     """Drafting is never worth it (the cost model always answers 0)."""
     return 1.0 if d == 0 else 1000.0
@@ -224,12 +236,7 @@ def test_accepted_probes_chain_until_a_rejection():
     # drafting priced 30% dearer: a whole chain of accepted follow-ups (1, 2,
     # 2, 2) does not make the cost model draft, and the chain stops at 4
     pol2 = AdaptivePolicy(cost=lambda d: 1.0 if d == 0 else 1.3 * demo_cost(d), burst=0)
-    ks = []
-    for _ in range(16):
-        k = pol2.choose(7)
-        ks.append(k)
-        if k:
-            pol2.observe(k, k)
+    ks = drive(pol2, 16)
     assert ks == [0, 0, 0, 0, 1, 1, 2, 2, 2] + [0] * 7 and pol2.n_follow == 4
 
 
@@ -245,13 +252,7 @@ def test_exploration_budget():
 
     def run(n, outcome, **kw):
         pol = AdaptivePolicy(cost=dear, **kw)
-        ks = []
-        for _ in range(n):
-            k = pol.choose(7)
-            ks.append(k)
-            if k:
-                pol.observe(k, outcome(k))
-        return ks, pol
+        return drive(pol, n, outcome), pol
 
     # every draft rejected: one burst round (depth 2) loses 1.06 * 2.43 - 1
     # = 1.58 plain steps > 1 + 0.02 * 2, so the burst ends after it; the
@@ -268,13 +269,7 @@ def test_exploration_budget():
     def accepted_probe(**kw):
         pol = AdaptivePolicy(cost=dear, burst=0, **kw)
         pol.explore_loss = 5.0          # as if earlier forced rounds had lost 5 steps
-        ks = []
-        for _ in range(7):
-            k = pol.choose(7)
-            ks.append(k)
-            if k:
-                pol.observe(k, k)
-        return ks, pol
+        return drive(pol, 7), pol
     held, polh = accepted_probe()
     assert held == [0, 0, 0, 0, 1, 0, 0] and polh.n_held == 1 and polh.n_follow == 0
     chained, _ = accepted_probe(explore_allow=None)
