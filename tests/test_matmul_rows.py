@@ -35,7 +35,7 @@ WEIGHT_TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q4_K", "Q5_K"
                 "IQ4_XS", "F16", "BF16", "F32"]
 # Where a multi-row kernel must exist (guards against a wrong gate silently
 # dropping it: the forward would still be right, only slower).
-EXPECTED_ROWS = {"avx512": {"Q8_0", "Q4_K", "Q6_K"}}
+EXPECTED_ROWS = {"avx512": {"Q8_0", "Q4_K", "Q6_K"}, "avx2": {"Q8_0", "Q4_K", "Q6_K"}}
 WIDTHS = range(1, 17)
 
 
