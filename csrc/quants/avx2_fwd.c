@@ -49,9 +49,10 @@ static float dot_f32(const float *x, const float *y, int64_t n) {
 /* ----------------------------------------------------- GDN state rows -- */
 /* Per row m, forward/gdn.c delta_row's operations with this set's float dot:
  * Sm *= decay; u = dot(Sm, k); d = (v[m] - u)*beta; Sm += k*d (multiply,
- * then add); out[m] = dot(Sm, q). For d_k = 128 two passes over the row
- * (decay + dot with k; update + dot with q; the row stays in L1) instead of
- * the loop's four and its calls through the kernel table.
+ * then add); out[m] = dot(Sm, q). For d_k = 128 and 64 two passes over the
+ * row (decay + dot with k; decay again + update + dot with q; the row stays
+ * in L1) instead of the loop's four and its calls through the kernel table,
+ * and one store of the row instead of two.
  *
  * Tiny decays, as quants/avx512.c (which has the full argument): a decay
  * below 2^-64 makes S*decay subnormal, and an Intel core takes a microcode
@@ -74,16 +75,49 @@ static inline __m256 mul_via_double(__m256 x, __m256d d) {
     return _mm256_set_m128(hi, lo);
 }
 
-/* dot_f32 for n = 128 with Sm in memory: vector c into accumulator c % 4. */
-static inline float dot128(const float *x, const float *y) {
-    __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    _Pragma("GCC unroll 16") for (int c = 0; c < 16; c++)
-        a[c & 3] = _mm256_fmadd_ps(_mm256_loadu_ps(x + 8 * c), _mm256_loadu_ps(y + 8 * c), a[c & 3]);
-    return hsum_ps(_mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3])));
+/* Two rows of the float path (no tiny decay) at once: each row's operations
+ * are the one-row loop's below, in its order, but the two rows' chains of
+ * FMAs and their hsums interleave. One row's passes are dependent chains
+ * (the dot with k, its hsum, d, then the update), so one row at a time left
+ * the core waiting on latency (d_k 128: ~95 cycles a row). */
+static inline __attribute__((always_inline)) void gdn_float_rows2(
+    float *S0, const float *k, const float *q, __m256 dc, const float *v, float beta,
+    float *out, const int nc) {
+    float *S1 = S0 + 8 * nc;
+    __m256 a0[4], a1[4];
+    _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) a0[j] = a1[j] = _mm256_setzero_ps();
+    _Pragma("GCC unroll 16") for (int c = 0; c < nc; c++) {
+        const __m256 kc = _mm256_loadu_ps(k + 8 * c);
+        a0[c & 3] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_loadu_ps(S0 + 8 * c), dc), kc, a0[c & 3]);
+        a1[c & 3] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_loadu_ps(S1 + 8 * c), dc), kc, a1[c & 3]);
+    }
+    const float u0 = hsum_ps(_mm256_add_ps(_mm256_add_ps(a0[0], a0[1]), _mm256_add_ps(a0[2], a0[3])));
+    const float u1 = hsum_ps(_mm256_add_ps(_mm256_add_ps(a1[0], a1[1]), _mm256_add_ps(a1[2], a1[3])));
+    const __m256 dm0 = _mm256_set1_ps((v[0] - u0) * beta), dm1 = _mm256_set1_ps((v[1] - u1) * beta);
+    _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) a0[j] = a1[j] = _mm256_setzero_ps();
+    _Pragma("GCC unroll 16") for (int c = 0; c < nc; c++) {
+        const __m256 kc = _mm256_loadu_ps(k + 8 * c), qc = _mm256_loadu_ps(q + 8 * c);
+        const __m256 x0 = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(S0 + 8 * c), dc),
+                                        _mm256_mul_ps(kc, dm0));
+        const __m256 x1 = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(S1 + 8 * c), dc),
+                                        _mm256_mul_ps(kc, dm1));
+        _mm256_storeu_ps(S0 + 8 * c, x0);
+        _mm256_storeu_ps(S1 + 8 * c, x1);
+        a0[c & 3] = _mm256_fmadd_ps(x0, qc, a0[c & 3]);
+        a1[c & 3] = _mm256_fmadd_ps(x1, qc, a1[c & 3]);
+    }
+    if (out) {
+        out[0] = hsum_ps(_mm256_add_ps(_mm256_add_ps(a0[0], a0[1]), _mm256_add_ps(a0[2], a0[3])));
+        out[1] = hsum_ps(_mm256_add_ps(_mm256_add_ps(a1[0], a1[1]), _mm256_add_ps(a1[2], a1[3])));
+    }
 }
 
-static void gdn_rows_128(float *S, int64_t nr, const float *k, const float *q, float decay,
-                         const float *v, float beta, float *out) {
+/* d_k = 8 * nc, a multiple of 32 (so dot_f32 has no 8-value steps or tail
+ * and accumulates vector c into accumulator c % 4, as here). */
+static inline __attribute__((always_inline)) void gdn_rows_x32(
+    float *S, int64_t nr, const float *k, const float *q, float decay, const float *v,
+    float beta, float *out, const int nc) {
+    const int64_t dk = 8 * (int64_t)nc;
     const __m256 dc = _mm256_set1_ps(decay);
     /* 0 is no subnormal hazard (S*0 is a zero): the float path */
     const int tiny = decay < GDN_TINY_DECAY && decay != 0.0f;
@@ -92,24 +126,31 @@ static void gdn_rows_128(float *S, int64_t nr, const float *k, const float *q, f
     float ksum = 0.0f; /* >= sum |k_i| up to float rounding (the 1.01 covers it) */
     if (tiny) {
         __m256 a = _mm256_setzero_ps();
-        for (int c = 0; c < 16; c++) a = _mm256_add_ps(a, abs_ps(_mm256_loadu_ps(k + 8 * c)));
+        for (int c = 0; c < nc; c++) a = _mm256_add_ps(a, abs_ps(_mm256_loadu_ps(k + 8 * c)));
         ksum = hsum_ps(a);
     }
-    for (int64_t m = 0; m < nr; m++) {
-        float *Sm = S + m * 128;
+    int64_t m = 0;
+    if (!tiny)
+        for (; m + 2 <= nr; m += 2)
+            gdn_float_rows2(S + m * dk, k, q, dc, v + m, beta, out ? out + m : NULL, nc);
+    for (; m < nr; m++) {
+        float *Sm = S + m * dk;
         float u = 0.0f;
         if (!tiny) {
             __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
                            _mm256_setzero_ps()};
-            _Pragma("GCC unroll 16") for (int c = 0; c < 16; c++) {
+            /* the decayed row is not stored here: the update below
+             * recomputes it (the same multiply, so the same bits), which
+             * halves the row's 256-bit stores, the bound of this loop on
+             * AVX2 cores that retire one such store per cycle (Zen 3) */
+            _Pragma("GCC unroll 16") for (int c = 0; c < nc; c++) {
                 const __m256 x = _mm256_mul_ps(_mm256_loadu_ps(Sm + 8 * c), dc);
-                _mm256_storeu_ps(Sm + 8 * c, x);
                 a[c & 3] = _mm256_fmadd_ps(x, _mm256_loadu_ps(k + 8 * c), a[c & 3]);
             }
             u = hsum_ps(_mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3])));
         } else {
             __m256 mx = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
-            _Pragma("GCC unroll 16") for (int c = 0; c < 16; c++) {
+            _Pragma("GCC unroll 16") for (int c = 0; c < nc; c++) {
                 const __m256 x = mul_via_double(_mm256_loadu_ps(Sm + 8 * c), dcd);
                 _mm256_storeu_ps(Sm + 8 * c, x);
                 mx = _mm256_max_ps(mx, abs_ps(x));
@@ -123,19 +164,31 @@ static void gdn_rows_128(float *S, int64_t nr, const float *k, const float *q, f
             const double bound = 1.01 * (double)_mm_cvtss_f32(m4) * (double)ksum + 0x1p-140;
             const int skip = !_mm256_movemask_ps(bad) && v[m] != 0.0f &&
                              bound < fabs((double)v[m]) * 0x1p-26;
-            if (!skip) u = dot128(Sm, k);
+            if (!skip) u = dot_f32(Sm, k, dk);
         }
         const __m256 dm = _mm256_set1_ps((v[m] - u) * beta);
+        /* the float path's decay (not stored yet); the tiny path stored it */
+        const __m256 dcs = tiny ? _mm256_set1_ps(1.0f) : dc;
         __m256 b[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
                        _mm256_setzero_ps()};
-        _Pragma("GCC unroll 16") for (int c = 0; c < 16; c++) {
-            const __m256 x = _mm256_add_ps(_mm256_loadu_ps(Sm + 8 * c),
+        _Pragma("GCC unroll 16") for (int c = 0; c < nc; c++) {
+            const __m256 x = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(Sm + 8 * c), dcs),
                                            _mm256_mul_ps(_mm256_loadu_ps(k + 8 * c), dm));
             _mm256_storeu_ps(Sm + 8 * c, x);
             b[c & 3] = _mm256_fmadd_ps(x, _mm256_loadu_ps(q + 8 * c), b[c & 3]);
         }
         if (out) out[m] = hsum_ps(_mm256_add_ps(_mm256_add_ps(b[0], b[1]), _mm256_add_ps(b[2], b[3])));
     }
+}
+
+static void gdn_rows_128(float *S, int64_t nr, const float *k, const float *q, float decay,
+                         const float *v, float beta, float *out) {
+    gdn_rows_x32(S, nr, k, q, decay, v, beta, out, 16);
+}
+
+static void gdn_rows_64(float *S, int64_t nr, const float *k, const float *q, float decay,
+                        const float *v, float beta, float *out) {
+    gdn_rows_x32(S, nr, k, q, decay, v, beta, out, 8);
 }
 
 /* Any d_k: the row in four passes (decay, dot, update, dot), scalar tails. */
@@ -159,6 +212,10 @@ void ds4_avx2_gdn_rows(float *S, int64_t nr, const float *k, const float *q, int
                        float decay, const float *v, float beta, float *out) {
     if (dk == 128) {
         gdn_rows_128(S, nr, k, q, decay, v, beta, out);
+        return;
+    }
+    if (dk == 64) { /* the demo model's d_k */
+        gdn_rows_64(S, nr, k, q, decay, v, beta, out);
         return;
     }
     for (int64_t m = 0; m < nr; m++)
