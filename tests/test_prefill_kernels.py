@@ -38,7 +38,9 @@ def _gdn(isa: str, kernel: int, S, k, q, decay, v, beta, with_out=True):
     nr, dk = S.shape
     out = np.full(nr, np.nan, np.float32)
     err = new_error()
-    rc = lib.ds4_gdn_rows(_core.isa_id(isa), kernel, _f(S), nr, _f(k), _f(q), dk,
+    # without out, q is NULL: what forward/gdn.c's replay (accept) passes
+    rc = lib.ds4_gdn_rows(_core.isa_id(isa), kernel, _f(S), nr, _f(k),
+                          _f(q) if with_out else ffi.NULL, dk,
                           float(decay), _f(v), float(beta), _f(out) if with_out else ffi.NULL,
                           err)
     if rc != 0:

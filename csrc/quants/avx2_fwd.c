@@ -82,7 +82,7 @@ static inline __m256 mul_via_double(__m256 x, __m256d d) {
  * the core waiting on latency (d_k 128: ~95 cycles a row). */
 static inline __attribute__((always_inline)) void gdn_float_rows2(
     float *S0, const float *k, const float *q, __m256 dc, const float *v, float beta,
-    float *out, const int nc) {
+    float *out, const int nc, const int with_out) {
     float *S1 = S0 + 8 * nc;
     __m256 a0[4], a1[4];
     _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) a0[j] = a1[j] = _mm256_setzero_ps();
@@ -96,17 +96,20 @@ static inline __attribute__((always_inline)) void gdn_float_rows2(
     const __m256 dm0 = _mm256_set1_ps((v[0] - u0) * beta), dm1 = _mm256_set1_ps((v[1] - u1) * beta);
     _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) a0[j] = a1[j] = _mm256_setzero_ps();
     _Pragma("GCC unroll 16") for (int c = 0; c < nc; c++) {
-        const __m256 kc = _mm256_loadu_ps(k + 8 * c), qc = _mm256_loadu_ps(q + 8 * c);
+        const __m256 kc = _mm256_loadu_ps(k + 8 * c);
         const __m256 x0 = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(S0 + 8 * c), dc),
                                         _mm256_mul_ps(kc, dm0));
         const __m256 x1 = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(S1 + 8 * c), dc),
                                         _mm256_mul_ps(kc, dm1));
         _mm256_storeu_ps(S0 + 8 * c, x0);
         _mm256_storeu_ps(S1 + 8 * c, x1);
-        a0[c & 3] = _mm256_fmadd_ps(x0, qc, a0[c & 3]);
-        a1[c & 3] = _mm256_fmadd_ps(x1, qc, a1[c & 3]);
+        if (with_out) { /* q is NULL without out (a replay) */
+            const __m256 qc = _mm256_loadu_ps(q + 8 * c);
+            a0[c & 3] = _mm256_fmadd_ps(x0, qc, a0[c & 3]);
+            a1[c & 3] = _mm256_fmadd_ps(x1, qc, a1[c & 3]);
+        }
     }
-    if (out) {
+    if (with_out) {
         out[0] = hsum_ps(_mm256_add_ps(_mm256_add_ps(a0[0], a0[1]), _mm256_add_ps(a0[2], a0[3])));
         out[1] = hsum_ps(_mm256_add_ps(_mm256_add_ps(a1[0], a1[1]), _mm256_add_ps(a1[2], a1[3])));
     }
@@ -131,8 +134,10 @@ static inline __attribute__((always_inline)) void gdn_rows_x32(
     }
     int64_t m = 0;
     if (!tiny)
-        for (; m + 2 <= nr; m += 2)
-            gdn_float_rows2(S + m * dk, k, q, dc, v + m, beta, out ? out + m : NULL, nc);
+        for (; m + 2 <= nr; m += 2) {
+            if (out) gdn_float_rows2(S + m * dk, k, q, dc, v + m, beta, out + m, nc, 1);
+            else gdn_float_rows2(S + m * dk, k, q, dc, v + m, beta, NULL, nc, 0);
+        }
     for (; m < nr; m++) {
         float *Sm = S + m * dk;
         float u = 0.0f;
@@ -175,7 +180,7 @@ static inline __attribute__((always_inline)) void gdn_rows_x32(
             const __m256 x = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(Sm + 8 * c), dcs),
                                            _mm256_mul_ps(_mm256_loadu_ps(k + 8 * c), dm));
             _mm256_storeu_ps(Sm + 8 * c, x);
-            b[c & 3] = _mm256_fmadd_ps(x, _mm256_loadu_ps(q + 8 * c), b[c & 3]);
+            if (out) b[c & 3] = _mm256_fmadd_ps(x, _mm256_loadu_ps(q + 8 * c), b[c & 3]);
         }
         if (out) out[m] = hsum_ps(_mm256_add_ps(_mm256_add_ps(b[0], b[1]), _mm256_add_ps(b[2], b[3])));
     }
