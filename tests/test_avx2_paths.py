@@ -56,7 +56,8 @@ GOLDEN = os.path.join(HERE, "golden", "models", "dense-q8_0.gguf")
 TAIL = BM.Shape("qwen35", 4, 256, 8, 2, 36, 2, 4, 128, n_ff=512, n_vocab=1024, n_rot=16)
 # head 40 (32 + one 8-value step), 12 query heads over 4 kv heads (group 3:
 # a 2-head and a 1-head score pass; a 2-head and a 1-head V pass of 5
-# chunks), GDN d_k 64 (the 64-wide row kernel; d_k 48 in test_prefill_kernels.py takes the any-width one).
+# chunks), GDN d_k 64 (the 64-wide row kernel; d_k 48 in test_prefill_kernels.py
+# takes the any-width one).
 ODD = BM.Shape("qwen35", 4, 256, 12, 4, 40, 2, 4, 64, n_ff=512, n_vocab=1024, n_rot=16)
 # head 72, 8 query heads over 1 kv head (group 8: two 4-head V passes of 9
 # chunks in 3-chunk groups, four 2-head score passes).
