@@ -695,11 +695,12 @@ Q32_DOT(dot_iq4_nl, block_iq4_nl, block_q8_0, idot_iq4_nl, NO_EXTRA)
 /* ----------------------------------------------- multi-row dots (GEMM) -- */
 /* quants.h dot_rows: one weight row against up to ROWS_GROUP activation
  * rows per pass, each weight block loaded and decoded (codes, scales) once
- * for all of them. The one-row dot of each type below IS the group kernel
- * with g = 1, so every row's float operations (the FMAs into the same
- * accumulators in block order, the same final hsum) are those of vec_dot on
- * that row alone, whatever nr is: bit-identical by construction
- * (tests/test_matmul_rows.py, tests/test_avx2_paths.py). Only the exact
+ * for all of them. The one-row dot of each K-quant type below IS the group
+ * kernel with g = 1 (Q8_0's group kernel reads the packed Q8S rows and
+ * mirrors dot_q8_0 operation for operation), so every row's float
+ * operations (the FMAs into the same accumulators in block order, the same
+ * final hsum) are those of vec_dot on that row alone, whatever nr is:
+ * bit-identical (tests/test_matmul_rows.py, tests/test_avx2_paths.py). Only the exact
  * int32 work is shared or reordered. Four rows: sixteen ymm registers hold
  * the rows' integer and float accumulators beside the decoded block. */
 #define ROWS_GROUP 4
@@ -714,48 +715,30 @@ Q32_DOT(dot_iq4_nl, block_iq4_nl, block_q8_0, idot_iq4_nl, NO_EXTRA)
 /* Q8_0 x Q8_0 (the Q32_DOT recipe above): per block an exact int32 dot,
  * d_x*d_y rounded once, FMA'd into accumulator (block & 1); at the end
  * hsum(acc0 + acc1) + 0.0f (the Q32_DOT form's `+ extra` with nothing to
- * add: it turns a -0.0 sum into +0.0, so it stays). |w| is shared by the
- * rows; sign(y, w) is per row. */
-static inline __attribute__((always_inline)) void q8_0_rows_group(
-    int64_t n, int g, float *s, const block_q8_0 *x, const void *const *vy) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    const block_q8_0 *y[ROWS_GROUP];
-    __m256 acc[ROWS_GROUP][2];
-    _Pragma("GCC unroll 4") for (int r = 0; r < g; r++) {
-        y[r] = vy[r];
-        acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-    }
-    const int64_t nb = n / QK8_0;
-    /* Blocks in pairs, so each block's accumulator (h = i & 1) is known at
-     * compile time: indexed by a run-time h, the accumulators lived on the
-     * stack and every FMA went through a store and a reload (one row of
-     * 1024: 24.4 -> 20.8 ns per 8 blocks, one thread, Zen 3). Same
-     * operations in the same order. */
-#define Q8_0_BLOCK(i, h)                                                                  \
-    do {                                                                                  \
-        const __m256i w = load32(x[i].qs);                                                \
-        const __m256i aw = _mm256_sign_epi8(w, w);                                        \
-        const float dx = h2f(x[i].d);                                                     \
-        _Pragma("GCC unroll 4") for (int r = 0; r < g; r++) {                             \
-            const __m256i p = _mm256_madd_epi16(                                          \
-                _mm256_maddubs_epi16(aw, _mm256_sign_epi8(load32(y[r][i].qs), w)), ones); \
-            acc[r][h] = _mm256_fmadd_ps(_mm256_set1_ps(dx * h2f(y[r][i].d)),              \
-                                        _mm256_cvtepi32_ps(p), acc[r][h]);                \
-        }                                                                                 \
-    } while (0)
-    int64_t i = 0;
-    for (; i + 1 < nb; i += 2) {
-        Q8_0_BLOCK(i, 0);
-        Q8_0_BLOCK(i + 1, 1);
-    }
-    if (i < nb) Q8_0_BLOCK(i, 0);
-#undef Q8_0_BLOCK
-    _Pragma("GCC unroll 4") for (int r = 0; r < g; r++)
-        s[r] = hsum_ps(_mm256_add_ps(acc[r][0], acc[r][1])) + 0.0f;
+ * add: it turns a -0.0 sum into +0.0, so it stays). */
+static inline __m256 q8_0_block(const block_q8_0 *x, const block_q8_0 *y, __m256 acc) {
+    const __m256i w = load32(x->qs);
+    const __m256i p = _mm256_madd_epi16(
+        _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(load32(y->qs), w)),
+        _mm256_set1_epi16(1));
+    return _mm256_fmadd_ps(_mm256_set1_ps(h2f(x->d) * h2f(y->d)), _mm256_cvtepi32_ps(p), acc);
 }
 
+/* Blocks in pairs, so each block's accumulator is known at compile time
+ * (indexed by a run-time i & 1, the accumulators lived on the stack and
+ * every FMA went through a store and a reload: one row of 1024, 24.4 ->
+ * 20.8 ns per 8 blocks, one thread, Zen 3). */
 static void dot_q8_0(int64_t n, float *s, const void *vx, const void *vy) {
-    q8_0_rows_group(n, 1, s, vx, &vy);
+    const block_q8_0 *x = vx, *y = vy;
+    const int64_t nb = n / QK8_0;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 1 < nb; i += 2) {
+        acc0 = q8_0_block(x + i, y + i, acc0);
+        acc1 = q8_0_block(x + i + 1, y + i + 1, acc1);
+    }
+    if (i < nb) acc0 = q8_0_block(x + i, y + i, acc0);
+    *s = hsum_ps(_mm256_add_ps(acc0, acc1)) + 0.0f;
 }
 
 /* nr rows in groups of ROWS_GROUP, the rest with a constant group size so
@@ -781,23 +764,9 @@ static void dot_q8_0(int64_t n, float *s, const void *vx, const void *vy) {
  * one vmulps for d_x*d_y instead of a 16-bit insert, a widening, a scalar
  * multiply and a broadcast: 6 vector operations instead of 10. The product
  * of the two broadcast floats is the scalar product's value, so each row
- * performs, lane for lane, dot_q8_0's operations (q8_0_rows_group with
- * g = 1) on that row: bit-identical for any nr. */
-static void pack_q8s(const void *src, void *dst, int64_t n) {
-    const block_q8_0 *b = src;
-    const int64_t nb = n / QK8_0;
-    uint8_t *o = dst;
-    for (int64_t i = 0; i < nb; i += 2, o += 128) {
-        const int two = i + 1 < nb;
-        float d[16];
-        for (int l = 0; l < 8; l++) d[l] = h2f(b[i].d);
-        for (int l = 8; l < 16; l++) d[l] = two ? h2f(b[i + 1].d) : 0.0f;
-        memcpy(o, b[i].qs, 32);
-        if (two) memcpy(o + 32, b[i + 1].qs, 32);
-        else memset(o + 32, 0, 32);
-        memcpy(o + 64, d, 64);
-    }
-}
+ * performs, lane for lane, dot_q8_0's operations on that row: bit-identical
+ * for any nr. */
+static void pack_q8s(const void *src, void *dst, int64_t n) { ds4_pack_q8_pairs(src, dst, n, 0); }
 
 static inline __attribute__((always_inline)) void q8s_rows_group(
     int64_t n, int g, float *s, const block_q8_0 *x, const void *const *vy) {

@@ -489,20 +489,7 @@ static inline __attribute__((always_inline)) void rows_sums(const __m512 *acc, i
     _Pragma("GCC unroll 3") for (int r = 0; r < g; r++) s[r] = hsum256(fold512(acc[r]));
 }
 
-static void pack_q8x(const void *src, void *dst, int64_t n) {
-    const block_q8_0 *b = src;
-    const int64_t nb = n / QK8_0;
-    uint8_t *o = dst;
-    for (int64_t i = 0; i < nb; i += 2, o += 128) {
-        const int two = i + 1 < nb;
-        float d[16];
-        for (int l = 0; l < 8; l++) d[l] = h2f(b[i].d);
-        for (int l = 8; l < 16; l++) d[l] = two ? h2f(b[i + 1].d) : 0.0f;
-        for (int l = 0; l < 32; l++) o[l] = (uint8_t)(b[i].qs[l] + 128);
-        for (int l = 0; l < 32; l++) o[32 + l] = two ? (uint8_t)(b[i + 1].qs[l] + 128) : 128;
-        memcpy(o + 64, d, 64);
-    }
-}
+static void pack_q8x(const void *src, void *dst, int64_t n) { ds4_pack_q8_pairs(src, dst, n, 128); }
 
 static inline __attribute__((always_inline)) void q8x_rows_group(
     int64_t n, int g, float *s, const block_q8_0 *x, const void *const *y) {

@@ -108,6 +108,10 @@ typedef void (*ds4_pack_rows_fn)(const void *src, void *dst, int64_t n);
  * pair depends only on its own two blocks, so a row can be packed in
  * pieces of whole pairs. */
 static inline size_t ds4_q8x_row_bytes(int64_t n) { return (size_t)((n / 32 + 1) / 2) * 128; }
+/* A Q8_0 row of n values (src) in that geometry at dst, every code plus
+ * `bias` (128: Q8X's unsigned codes; 0: AVX2's signed Q8S, avx2.c); an odd
+ * last block's empty half holds codes `bias` and scales 0. */
+void ds4_pack_q8_pairs(const void *src, void *dst, int64_t n, uint8_t bias);
 
 typedef struct {
     ds4_to_float_fn to_float[DS4_TYPE_COUNT];

@@ -57,6 +57,21 @@ float ds4_fp16_to_f32(uint16_t h) {
     return ds4_f32_from_bits(bits);
 }
 
+void ds4_pack_q8_pairs(const void *src, void *dst, int64_t n, uint8_t bias) {
+    const block_q8_0 *b = src;
+    const int64_t nb = n / QK8_0;
+    uint8_t *o = dst;
+    for (int64_t i = 0; i < nb; i += 2, o += 128) {
+        const int two = i + 1 < nb;
+        float d[16];
+        for (int l = 0; l < 8; l++) d[l] = ds4_fp16_to_f32(b[i].d);
+        for (int l = 8; l < 16; l++) d[l] = two ? ds4_fp16_to_f32(b[i + 1].d) : 0.0f;
+        for (int l = 0; l < 32; l++) o[l] = (uint8_t)(b[i].qs[l] + bias);
+        for (int l = 0; l < 32; l++) o[32 + l] = two ? (uint8_t)(b[i + 1].qs[l] + bias) : bias;
+        memcpy(o + 64, d, 64);
+    }
+}
+
 /* f32 -> fp16, round to nearest even, by integer arithmetic (so independent
  * of the FPU rounding mode). Matches F16C vcvtps2ph with imm 0, which is what
  * ggml's x86 build uses (GGML_CPU_FP32_TO_FP16 -> _cvtss_sh(x, 0)): overflow
