@@ -126,6 +126,7 @@ lint:
 
 bench: build
 	$(PY) bench/bench_kernels.py
+	$(PY) bench/bench_rows.py
 	$(PY) bench/bench_sampling.py
 	$(PY) bench/bench_generate.py
 	$(PY) bench/bench_cpu.py
