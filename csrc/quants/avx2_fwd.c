@@ -172,13 +172,15 @@ static inline __attribute__((always_inline)) void gdn_rows_x32(
             if (!skip) u = dot_f32(Sm, k, dk);
         }
         const __m256 dm = _mm256_set1_ps((v[m] - u) * beta);
-        /* the float path's decay (not stored yet); the tiny path stored it */
-        const __m256 dcs = tiny ? _mm256_set1_ps(1.0f) : dc;
         __m256 b[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
                        _mm256_setzero_ps()};
         _Pragma("GCC unroll 16") for (int c = 0; c < nc; c++) {
-            const __m256 x = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(Sm + 8 * c), dcs),
-                                           _mm256_mul_ps(_mm256_loadu_ps(k + 8 * c), dm));
+            /* the float path's decayed row was not stored: the same multiply
+             * again; the tiny path stored its (maybe subnormal) row, which is
+             * not multiplied again (no assist on an Intel core) */
+            const __m256 sc = tiny ? _mm256_loadu_ps(Sm + 8 * c)
+                                   : _mm256_mul_ps(_mm256_loadu_ps(Sm + 8 * c), dc);
+            const __m256 x = _mm256_add_ps(sc, _mm256_mul_ps(_mm256_loadu_ps(k + 8 * c), dm));
             _mm256_storeu_ps(Sm + 8 * c, x);
             if (out) b[c & 3] = _mm256_fmadd_ps(x, _mm256_loadu_ps(q + 8 * c), b[c & 3]);
         }
