@@ -109,7 +109,7 @@ def test_expected_kernels_present(isa):
 @pytest.mark.parametrize("t", WEIGHT_TYPES)
 def test_rows_bit_identical_across_widths(isa, t):
     rng = np.random.default_rng(_id(t) * 7 + len(isa))
-    n_out = 5
+    n_out = 7  # a tile kernel's 4 + 2 + 1 and 2 + 2 + 2 + 1 weight rows
     name = lib.ds4_matmul_rows_kernel(Q._isa(isa), _id(t))
     for n in _n_values(t):
         weights = [_weights(t, n_out, n, rng)]

@@ -13,17 +13,23 @@ static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 /* A set starts as a copy of another; a multi-row kernel it inherited is
  * only valid while the one-row kernel it mirrors is the inherited one too
  * (dot_rows must be bit-identical to vec_dot), so drop it where the init
- * replaced vec_dot but not dot_rows. */
+ * replaced vec_dot but not dot_rows. Likewise an inherited tile kernel is
+ * only valid with the dot_rows (and rows layout) it was written for: the
+ * AVX-512 set replaces Q8_0's dot_rows and packer (Q8X) but has no tile. */
 static void drop_stale_rows(ds4_kernel_set *k, const ds4_kernel_set *parent) {
     if (k->vec_dot_f32[DS4_TYPE_F32] != parent->vec_dot_f32[DS4_TYPE_F32] &&
         k->gdn_rows == parent->gdn_rows)
         k->gdn_rows = NULL; /* it mirrors the parent's float dot */
-    for (int t = 0; t < DS4_TYPE_COUNT; t++)
+    for (int t = 0; t < DS4_TYPE_COUNT; t++) {
         if (k->vec_dot[t] != parent->vec_dot[t] && k->dot_rows[t] == parent->dot_rows[t]) {
             k->dot_rows[t] = NULL;
             k->pack_rows[t] = NULL;
             k->dot_rows_name[t] = NULL;
         }
+        if (k->dot_tile[t] == parent->dot_tile[t] &&
+            (k->dot_rows[t] != parent->dot_rows[t] || k->pack_rows[t] != parent->pack_rows[t]))
+            k->dot_tile[t] = NULL;
+    }
 }
 
 static void build_sets_inner(void);

@@ -165,9 +165,16 @@ int ds4_matmul_rows(int isa, int type, const void *w, size_t w_row_bytes, int64_
             ptr[r] = a;
         }
     }
-    for (int64_t o = 0; o < n_out; o++) {
-        k->dot_rows[type](n, (int)nr, s, (const uint8_t *)w + (size_t)o * w_row_bytes, ptr);
-        for (int64_t r = 0; r < nr; r++) out[r * n_out + o] = s[r];
+    if (k->dot_tile[type]) {
+        /* the forward's tile calls (matmul.c): 4 weight rows, the tail fewer */
+        for (int64_t o = 0; o < n_out; o += 4)
+            k->dot_tile[type](n, (int)(n_out - o < 4 ? n_out - o : 4), (int)nr, out + o, n_out,
+                              (const uint8_t *)w + (size_t)o * w_row_bytes, w_row_bytes, ptr);
+    } else {
+        for (int64_t o = 0; o < n_out; o++) {
+            k->dot_rows[type](n, (int)nr, s, (const uint8_t *)w + (size_t)o * w_row_bytes, ptr);
+            for (int64_t r = 0; r < nr; r++) out[r * n_out + o] = s[r];
+        }
     }
     free(ptr); free(s); free(packed);
     return ds4_ok(err);

@@ -97,6 +97,20 @@ typedef void (*ds4_vec_dot_fn)(int64_t n, float *s, const void *x, const void *y
  * operations in the same order per row (tests/test_matmul_rows.py). */
 typedef void (*ds4_dot_rows_fn)(int64_t n, int nr, float *s, const void *x,
                                 const void *const *y);
+/* Multi-output tile (matmul.c): s[r*ss + o] = dot(x + o*x_stride, y[r]) for
+ * o < no, r < nr -- no consecutive weight rows against nr activation rows in
+ * the rows layout of dot_rows, each value bit-identical to dot_rows on that
+ * weight row alone (so to vec_dot). Where a call has few activation rows
+ * (decode, short verifies) a weight row's work is short, and one call per
+ * weight row paid the call, the final sums and their latency per row; a
+ * tile shares them (and the activation loads) between weight rows. It
+ * prefetches its weight rows DS4_WEIGHT_PREFETCH_BYTES ahead as it goes. */
+typedef void (*ds4_dot_tile_fn)(int64_t n, int no, int nr, float *s, int64_t ss,
+                                const void *x, size_t x_stride, const void *const *y);
+/* How far ahead of the weight row being computed the forward asks for its
+ * lines (forward/matmul.c MM_PREFETCH_BYTES says why 4 KiB); a tile kernel
+ * requests them itself, spread over its blocks. */
+#define DS4_WEIGHT_PREFETCH_BYTES 4096
 /* Paired-type activation row (n values) -> its rows layout at dst. */
 typedef void (*ds4_pack_rows_fn)(const void *src, void *dst, int64_t n);
 
@@ -122,6 +136,8 @@ typedef struct {
      * the packer of their activation rows (NULL: plain paired rows), and
      * a name for DS4PY_PATHS reports. */
     ds4_dot_rows_fn dot_rows[DS4_TYPE_COUNT];
+    /* optional with dot_rows: several weight rows per call (NULL: one) */
+    ds4_dot_tile_fn dot_tile[DS4_TYPE_COUNT];
     ds4_pack_rows_fn pack_rows[DS4_TYPE_COUNT];
     const char *dot_rows_name[DS4_TYPE_COUNT];
     /* Optional: rows [0, nr) of a GDN head's state for one token, row m at
