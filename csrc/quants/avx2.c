@@ -768,28 +768,24 @@ static void dot_q8_0(int64_t n, float *s, const void *vx, const void *vy) {
  * for any nr. */
 static void pack_q8s(const void *src, void *dst, int64_t n) { ds4_pack_q8_pairs(src, dst, n, 0); }
 
-/* NO weight rows (x + o*xs) against NR activation rows, NO*NR <= ROWS_GROUP
- * values, out[o*NR + r]. Each (o, r) pair has its own two accumulators and
- * takes exactly the operations of dot_q8_0 on that pair, whatever NO and NR
- * are; what a pair shares is exact or a load (the decoded weight block with
- * the other rows, the call and the final sums with the other weight rows).
- * The weight rows are taken one after the other, each streamed in order:
- * taking the NO rows' blocks in lockstep ran 1.6x faster on a matrix in
- * cache but 0.6x on one streamed from memory (100000 x 1024, the hardware
- * prefetcher loses the interleaved streams), in order 1.4x and 1.0x. */
-static inline __attribute__((always_inline)) void q8s_tile(int64_t n, int NO, int NR,
-                                                           float *out, const uint8_t *xw,
-                                                           size_t xs, const void *const *vy) {
+/* One pass over weight row x against NR <= ROWS_GROUP activation rows:
+ * v[r] = acc0 + acc1 of row r, what dot_q8_0 sums at its end. Each row has
+ * its own two accumulators and takes exactly dot_q8_0's operations on that
+ * row; what rows share is exact (the decoded weight block) or a load. */
+static inline __attribute__((always_inline)) void q8s_pass(int64_t n, int NR, __m256 *v,
+                                                           const block_q8_0 *x,
+                                                           const void *const *vy) {
     const __m256i ones = _mm256_set1_epi16(1);
     const uint8_t *y[ROWS_GROUP];
     __m256 acc[ROWS_GROUP][2];
-    _Pragma("GCC unroll 4") for (int r = 0; r < NR; r++) y[r] = vy[r];
+    _Pragma("GCC unroll 4") for (int r = 0; r < NR; r++) {
+        y[r] = vy[r];
+        acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    }
     const int64_t nb = n / QK8_0;
-    _Pragma("GCC unroll 4") for (int o = 0; o < NO; o++) {
-        const block_q8_0 *x = (const block_q8_0 *)(xw + o * xs);
-        _Pragma("GCC unroll 4") for (int r = 0; r < NR; r++)
-            acc[o * NR + r][0] = acc[o * NR + r][1] = _mm256_setzero_ps();
-        /* block i (h = i & 1) of pair i/2: codes at byte 32*h of the pair, scales at 64 + 32*h */
+    /* block i (h = i & 1) of pair i/2: codes at byte 32*h of the pair, scales
+     * at 64 + 32*h; the weight row's lines are requested ahead as it streams
+     * (quants.h dot_tile) */
 #define Q8S_BLOCK(i, h)                                                                    \
     do {                                                                                   \
         if (!(h)) __builtin_prefetch((const char *)(x + (i)) + DS4_WEIGHT_PREFETCH_BYTES, 0, 3); \
@@ -801,25 +797,37 @@ static inline __attribute__((always_inline)) void q8s_tile(int64_t n, int NO, in
             const __m256i a = _mm256_sign_epi8(load32(y[r] + code), w);                    \
             const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, a), ones);        \
             const __m256 dd = _mm256_mul_ps(dx, _mm256_loadu_ps((const float *)(y[r] + scale))); \
-            acc[o * NR + r][h] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(p), acc[o * NR + r][h]); \
+            acc[r][h] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(p), acc[r][h]);            \
         }                                                                                  \
     } while (0)
-        int64_t i = 0;
-        for (; i + 1 < nb; i += 2) {
-            Q8S_BLOCK(i, 0);
-            Q8S_BLOCK(i + 1, 1);
-        }
-        if (i < nb) Q8S_BLOCK(i, 0);
+    int64_t i = 0;
+    for (; i + 1 < nb; i += 2) {
+        Q8S_BLOCK(i, 0);
+        Q8S_BLOCK(i + 1, 1);
+    }
+    if (i < nb) Q8S_BLOCK(i, 0);
 #undef Q8S_BLOCK
+    _Pragma("GCC unroll 4") for (int r = 0; r < NR; r++) v[r] = _mm256_add_ps(acc[r][0], acc[r][1]);
+}
+
+/* NO weight rows (x + o*xs) against NR activation rows (NO*NR <= 32), out[o*NR + r]:
+ * each weight row streamed in order, in passes of up to ROWS_GROUP
+ * activation rows, then the final sums four values at a time (hsum4_ps: per
+ * value the additions of hsum_ps). Taking the weight rows' blocks in
+ * lockstep instead ran 1.6x faster on a matrix in cache but 0.6x on one
+ * streamed from memory (the hardware prefetcher loses interleaved streams). */
+static inline __attribute__((always_inline)) void q8s_tile(int64_t n, int NO, int NR,
+                                                           float *out, const uint8_t *xw,
+                                                           size_t xs, const void *const *y) {
+    __m256 v[32];
+    _Pragma("GCC unroll 4") for (int o = 0; o < NO; o++) {
+        const block_q8_0 *x = (const block_q8_0 *)(xw + o * xs);
+        _Pragma("GCC unroll 2") for (int g = 0; g < NR; g += ROWS_GROUP)
+            q8s_pass(n, NR - g < ROWS_GROUP ? NR - g : ROWS_GROUP, v + o * NR + g, x, y + g);
     }
-    __m256 v[ROWS_GROUP];
-    _Pragma("GCC unroll 4") for (int j = 0; j < NO * NR; j++)
-        v[j] = _mm256_add_ps(acc[j][0], acc[j][1]);
-    if (NO * NR == ROWS_GROUP) {
-        hsum4_ps(v, out);
-        return;
-    }
-    _Pragma("GCC unroll 4") for (int j = 0; j < NO * NR; j++) out[j] = hsum_ps(v[j]) + 0.0f;
+    int j = 0;
+    _Pragma("GCC unroll 8") for (; j + 4 <= NO * NR; j += 4) hsum4_ps(v + j, out + j);
+    _Pragma("GCC unroll 4") for (; j < NO * NR; j++) out[j] = hsum_ps(v[j]) + 0.0f;
 }
 
 /* One weight row, g activation rows (the dot_rows group). */
@@ -830,42 +838,47 @@ static inline __attribute__((always_inline)) void q8s_rows_group(
 
 ROWS_DISPATCH(dot_rows_q8_0, block_q8_0, q8s_rows_group)
 
-/* quants.h dot_tile for Q8_0: one activation row in tiles of 4 weight rows,
- * two in tiles of 2 x 2 (a tile's NO*NR values fill hsum4_ps), more through
- * the rows groups, a weight row at a time. On Zen 3, one thread, fastest of
- * 60, against dot_rows one weight row per call: 2048 weight rows (in cache)
- * 1.40x at n = 256 and 1.08x at 1024 for one activation row, 1.21x at 256
- * for two; 100000 x 1024 and 20000 x 3584 (from memory) 1.01-1.05x;
- * bit-identical (tests/test_matmul_rows.py). */
+/* quants.h dot_tile for Q8_0: tiles of TILE_NO weight rows by up to
+ * TILE_NR activation rows. Per weight row the work is short when few
+ * activation rows share it (decode, short verifies: 8 blocks at n = 256),
+ * and one call per weight row paid the call, the final sums and their
+ * latency each time. On Zen 3, one thread, fastest of 60, against dot_rows
+ * one weight row per call: 2048 x 256 in cache 1.40x for one activation
+ * row; 100000 x 1024 and 20000 x 3584 from memory 1.01-1.05x (figures of
+ * the 4 x 1 tile; bench/bench_rows.py measures the others); bit-identical
+ * (tests/test_matmul_rows.py). */
+#define TILE_NO 4
+#define TILE_NR 8
 #define TILE_PUT(NO, NR)                                                                   \
     do {                                                                                   \
-        float t_[ROWS_GROUP];                                                              \
-        q8s_tile(n, NO, NR, t_, xb + (size_t)o * xs, xs, y);                               \
+        float t_[TILE_NO * TILE_NR];                                                       \
+        q8s_tile(n, NO, NR, t_, xb + (size_t)o * xs, xs, y + r0);                          \
         for (int oo = 0; oo < (NO); oo++)                                                  \
-            for (int r = 0; r < (NR); r++) s[r * ss + o + oo] = t_[oo * (NR) + r];         \
+            for (int r = 0; r < (NR); r++) s[(r0 + r) * ss + o + oo] = t_[oo * (NR) + r];  \
+    } while (0)
+#define TILE_ROWS(NR)                                                                      \
+    do {                                                                                   \
+        int o = 0;                                                                         \
+        for (; o + TILE_NO <= no; o += TILE_NO) TILE_PUT(TILE_NO, NR);                     \
+        for (; o < no; o++) TILE_PUT(1, NR);                                               \
     } while (0)
 static void tile_q8_0(int64_t n, int no, int nr, float *s, int64_t ss, const void *x,
                       size_t xs, const void *const *y) {
     const uint8_t *xb = x;
-    int o = 0;
-    if (nr == 1) {
-        for (; o + 4 <= no; o += 4) TILE_PUT(4, 1);
-        for (; o + 2 <= no; o += 2) TILE_PUT(2, 1);
-        for (; o < no; o++) TILE_PUT(1, 1);
-    } else if (nr == 2) {
-        for (; o + 2 <= no; o += 2) TILE_PUT(2, 2);
-        for (; o < no; o++) TILE_PUT(1, 2);
-    } else {
-        float t_[16];
-        for (; o < no; o++) {
-            for (int r0 = 0; r0 < nr; r0 += 16) {
-                const int m = nr - r0 < 16 ? nr - r0 : 16;
-                dot_rows_q8_0(n, m, t_, xb + (size_t)o * xs, y + r0);
-                for (int r = 0; r < m; r++) s[(r0 + r) * ss + o] = t_[r];
-            }
+    for (int r0 = 0; r0 < nr; r0 += TILE_NR) {
+        switch (nr - r0 < TILE_NR ? nr - r0 : TILE_NR) {
+        case 1: TILE_ROWS(1); break;
+        case 2: TILE_ROWS(2); break;
+        case 3: TILE_ROWS(3); break;
+        case 4: TILE_ROWS(4); break;
+        case 5: TILE_ROWS(5); break;
+        case 6: TILE_ROWS(6); break;
+        case 7: TILE_ROWS(7); break;
+        default: TILE_ROWS(8); break;
         }
     }
 }
+#undef TILE_ROWS
 #undef TILE_PUT
 
 /* K-quants x Q8_K: per block, 8 lanes of exact int32 partial sums (scales
@@ -1115,7 +1128,7 @@ int ds4_kernels_init_avx2(ds4_kernel_set *k) {
     k->dot_rows[DS4_TYPE_Q8_0] = dot_rows_q8_0;
     k->pack_rows[DS4_TYPE_Q8_0] = pack_q8s;
     k->dot_tile[DS4_TYPE_Q8_0] = tile_q8_0;
-    k->dot_rows_name[DS4_TYPE_Q8_0] = "avx2 q8_0 x q8s rows (tiles of 4x1 / 2x2)";
+    k->dot_rows_name[DS4_TYPE_Q8_0] = "avx2 q8_0 x q8s rows, tiles of 4 weight rows";
     k->dot_rows[DS4_TYPE_Q4_K] = dot_rows_q4_k;
     k->dot_rows_name[DS4_TYPE_Q4_K] = "avx2 q4_K x q8_K rows";
     k->dot_rows[DS4_TYPE_Q6_K] = dot_rows_q6_k;
