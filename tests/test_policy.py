@@ -971,3 +971,57 @@ def test_trace_replay():
     assert min(ours) >= 0.975, ours
     unbudgeted = adaptive(avx2, explore_allow=None)
     assert min(unbudgeted) < 0.975, unbudgeted
+
+
+def _costs(spread: float, verify2: float = 1.55) -> CostModel:
+    """16 plain steps around 1.0 and 16 verifies of 2 rows around verify2,
+    each scattered by +-spread (a deterministic ladder), draft steps 0.1,
+    overheads 0.05."""
+    c = CostModel()
+    ladder = [(i / 15.0 - 0.5) * 2 * spread for i in range(16)]
+    for i in (3, 11, 7, 0, 15, 5, 9, 1, 13, 2, 8, 14, 4, 12, 6, 10):
+        c.record_plain(1.0 * (1 + ladder[i]))
+        c.record_verify(2, verify2 * (1 + ladder[i]))
+        c.record_draft(1, 0.1)
+        c.record_overhead(0.05)
+    return c
+
+
+def test_uncertainty_grows_with_the_scatter_of_the_samples():
+    """CostModel.uncertainty: IQR / median / sqrt(n) of the plain steps and
+    of the verify widths, in quadrature; 0 for identical samples."""
+    assert _costs(0.0).uncertainty() == 0.0
+    lo, hi = _costs(0.05).uncertainty(), _costs(0.4).uncertainty()
+    # the ladder's IQR is ~half its width: 2 * spread / 2 / 4 per estimate
+    assert 0.015 < lo < 0.025 and 0.12 < hi < 0.2, (lo, hi)
+    assert CostModel().uncertainty() == 0.0   # nothing measured yet
+
+
+def test_noisy_costs_need_a_larger_gain_before_drafting():
+    """At acceptance 0.9 a depth-1 round is priced 1.55 + 0.1 + 0.05 = 1.7
+    plain steps for 1.9 tokens: a 12% gain. Estimated from tight samples
+    that beats the 5% margin and the policy drafts; from samples scattered
+    +-40% (a machine whose speed moves under the measurement) the same point
+    estimate is inside the noise (NOISE_Z standard errors) and it does not;
+    with noise_z=0 it drafts again."""
+    def first(costs, **kw):
+        pol = AdaptivePolicy(max_depth=1, costs=costs, burst=0, acceptance=[0.9], **kw)
+        return pol.choose(4)
+    assert first(_costs(0.02)) == 1
+    assert first(_costs(0.4)) == 0
+    assert first(_costs(0.4), noise_z=0.0) == 1
+
+
+def test_a_shadow_probe_is_charged_its_draft_step():
+    """A probe run as a shadow (ds4py.spec.runner) costs the exploration
+    budget one draft step, whatever its outcome; a probe run as a depth-1
+    round costs what that round lost (or gained)."""
+    costs = _costs(0.0, verify2=1.9)   # depth 1: 1.9 + 0.1 + 0.05 = 2.05 plain steps
+    pol = AdaptivePolicy(costs=costs, burst=0, probe_interval=1, probe_cap=1,
+                         acceptance=[0.3] * 7)
+    assert pol.choose(4) == 0 and pol.choose(4) == 1 and pol.last_was_probe
+    pol.observe_shadow(False)
+    assert pol.explore_loss == pytest.approx(0.1)   # draft step / plain step
+    assert pol.choose(4) == 0 and pol.choose(4) == 1 and pol.last_was_probe
+    pol.observe(1, 0)                                # a rejected depth-1 round
+    assert pol.explore_loss == pytest.approx(0.1 + 2.05 - 1.0)

@@ -77,22 +77,30 @@ def test_run_with_quiet_stretches_is_exact_and_drafts_the_same(which, monkeypatc
         ref, last = plain_steps(m, s, first, n - 1)
         ref.append(last)
 
-    def run():
+    def run(shadow):
         with m.new_session() as s:
-            pol = AdaptivePolicy(cost=never, burst=0)
+            pol = AdaptivePolicy(cost=never, burst=0, shadow=shadow)
             toks, st = speculative_generate(m, ids, n, policy=pol, session=s)
             assert s.nextn_prime and s.nextn_covered
             return toks, st
 
-    toks, st = run()
-    assert toks == ref
-    assert st["draft_rounds"] >= 4                # the probes
-    monkeypatch.setattr(runner_mod, "QUIET_MIN", 10 ** 9)   # choose() every round
-    toks0, st0 = run()
-    assert toks0 == ref
-    # the probes drafted from the same head rows: the same outcome round by round
-    for key in ("draft_rounds", "drafted", "accepted", "accept_counts", "depth_counts"):
-        assert st[key] == st0[key], key
+    # the probes as drafting rounds, then as shadows (runner "Shadow probes")
+    keys = {False: ("draft_rounds", "drafted", "accepted", "accept_counts", "depth_counts"),
+            True: ("shadow_probes", "depth_tried", "depth_accepted", "depth_counts")}
+    for shadow in (False, True):
+        monkeypatch.setattr(runner_mod, "QUIET_MIN", 1)
+        toks, st = run(shadow)
+        assert toks == ref
+        if shadow:
+            assert st["shadow_probes"] >= 4 and st["draft_rounds"] == 0
+        else:
+            assert st["draft_rounds"] >= 4 and st["shadow_probes"] == 0  # the probes
+        monkeypatch.setattr(runner_mod, "QUIET_MIN", 10 ** 9)   # choose() every round
+        toks0, st0 = run(shadow)
+        assert toks0 == ref
+        # the probes drafted from the same head rows: the same outcome round by round
+        for key in keys[shadow]:
+            assert st[key] == st0[key], key
 
 
 def test_prefix_cache_after_a_quiet_run_keeps_the_heads_history():
@@ -134,7 +142,7 @@ def test_short_quiet_stretches_skip_choose(monkeypatch):
         calls.clear()
         with m.new_session() as s:
             # probes every 4 rounds for good: every stretch is 3 rounds long
-            pol = Counting(cost=never, burst=0, probe_cap=4)
+            pol = Counting(cost=never, burst=0, probe_cap=4, shadow=False)
             toks, st = speculative_generate(m, ids, 60, policy=pol, session=s)
             assert s.nextn_prime and s.nextn_covered
             return toks, st, len(calls), pol.n_rounds
@@ -187,7 +195,7 @@ def test_a_drafting_rounds_choice_is_charged_to_its_overhead():
             super().record_plain_many(samples)
 
     # never drafts by choice: depth-1 probes every 4 rounds, plain rounds between
-    pol = Slow(cost=never, burst=0, probe_cap=4)
+    pol = Slow(cost=never, burst=0, probe_cap=4, shadow=False)
     with m.new_session() as s:
         toks, st = speculative_generate(m, ids, 40, policy=pol, session=s, clock=clock)
     assert st["draft_rounds"] >= 3 and len(plain) >= 10
@@ -285,7 +293,7 @@ def test_generate_runs_quiet_stretches_in_its_own_loop(mode, monkeypatch):
 
     def run():
         rounds.clear()
-        pol = AdaptivePolicy(cost=never, burst=0)
+        pol = AdaptivePolicy(cost=never, burst=0, shadow=False)
         if mode == "stream":
             chunks = list(ds4py.stream_generate(m, prompt, draft_policy=pol, **kw))
             g = chunks[-1].generation

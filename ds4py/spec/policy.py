@@ -70,9 +70,11 @@ AdaptivePolicy (ds4-notes §4 "Adaptive depth", a port of ds4's / mlx.fast's
   second, E(d) / cost(d), with E(d) = 1 + sum_{j<=d} prod_{i<=j} p[i] (the
   target's own token always comes). Ties go to the shallower depth; depth 0
   is always a candidate, and a drafting depth must beat it by ``margin``
-  (5%) to start drafting: at break-even drafting has nothing to gain and
-  the estimates' noise to lose. Once the cost model drafts, it goes on while
-  drafting beats depth 0 at all (hysteresis: without it, every small dip of
+  (5%), or by NOISE_Z (2) standard errors of its price where the cost
+  samples scatter more (CostModel.uncertainty), to start drafting: at
+  break-even drafting has nothing to gain and the estimates' noise to lose.
+  Once the cost model drafts, it goes on while drafting beats depth 0 by
+  half the noise term (no fixed margin: hysteresis; without it, every small dip of
   the estimates flipped a session with a ~10% gain back to depth 0).
   ``quiet`` after a depth-0 choice: the rounds until the next probe (the
   runner takes a fast path over them, ds4py.spec.runner "Quiet stretches").
@@ -150,6 +152,7 @@ ceiling and silently overrode AUTO (ds4-notes §7 pitfall 7).
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable
 
@@ -170,6 +173,17 @@ MAX_DEPTH = 7
 # fraction for the cost model to choose it (probes aside). The issue's bar is
 # "never below 0.95x serial"; a choice at break-even risks that for nothing.
 MARGIN = 0.05
+# ... and, on a noisy machine, by NOISE_Z standard errors of its estimated
+# price (CostModel.uncertainty); once drafting, by half that (no MARGIN).
+# The cost model prices a round from lower quartiles of recent samples; on a
+# shared VM whose speed moves 20-40% within a second (the AVX2 EPYC of
+# 2026-11-30) those estimates scatter by ~+-15% (the estimated verify(2) /
+# plain ratio at each choice: 1.0-1.43, 10th-90th percentile, against 1.42
+# from samples paired in time), and a policy drafting whenever the estimate
+# says "gain" drafts mostly when the noise favours it: its chosen depth-1
+# rounds were priced 1.52 plain steps and cost 1.77 (prose, 286 rounds), and
+# prose ran at 0.92x serial. A choice inside the noise has nothing to gain.
+NOISE_Z = 2.0
 PROBE_INTERVAL, PROBE_CAP = 4, 256
 # A probe whose drafts were all accepted is followed at once by another
 # probe, up to FOLLOW_MAX in a row, the i-th of depth min(i, FOLLOW_DEPTH)
@@ -215,6 +229,9 @@ BURST, BURST_DEPTH = 3, 2
 # optional ones (burst, follow-ups) wait.
 EXPLORE_ALLOW, EXPLORE_SHARE = 1.0, 0.02
 CALIBRATE = 3
+# Depth-1 probes (scheduled, follow-ups, a cold-start burst at depth 1) run
+# as shadows where the runner can (ds4py.spec.runner "Shadow probes").
+SHADOW = True
 # one chosen drafting round in EXPLORE drafts one deeper when that width's
 # verify cost is not measured yet (AdaptivePolicy.choose)
 EXPLORE = 16
@@ -230,6 +247,9 @@ class Policy:
     # after a choose() of 0: how many more rounds will be 0 unless new
     # evidence arrives (the runner's fast path over them)
     quiet = 0
+    # the runner may run this policy's depth-1 probes as shadows
+    # (ds4py.spec.runner "Shadow probes")
+    shadow = False
 
     def choose(self, cap: int) -> int:
         return 0
@@ -240,6 +260,11 @@ class Policy:
 
     def observe(self, depth: int, accepted: int, stopped: bool = False) -> None:
         pass
+
+    def observe_shadow(self, accepted: bool, stopped: bool = False) -> None:
+        """A depth-1 probe the runner ran as a shadow (ds4py.spec.runner
+        "Shadow probes"): the same evidence as observe(1, accepted)."""
+        self.observe(1, int(accepted), stopped)
 
     def record_plain(self, seconds: float) -> None:
         pass
@@ -337,6 +362,7 @@ class CostModel:
         self._plain.append(float(seconds))
         self.plain_samples += 1
         self._est.pop("plain", None)
+        self._est.pop("unc", None)
         self._est.pop("line", None)   # the priors are scaled by the plain step
 
     def record_verify(self, width: int, seconds: float) -> None:
@@ -359,6 +385,7 @@ class CostModel:
         if len(xs) > self._recent:
             xs.popleft()
         self._est.pop(("w", w), None)
+        self._est.pop("unc", None)
         # the line is refitted only when a width's estimate moved: a low
         # quartile of up to 16 samples stays put on most records, and the
         # policy prices every depth after every drafting round
@@ -466,6 +493,31 @@ class CostModel:
             v = self._est["over"] = low_quartile(self._over)
         return v
 
+    def uncertainty(self) -> float:
+        """Relative standard error of a drafting round's price in plain
+        steps, from the scatter of the samples behind it: per estimate the
+        interquartile range over the median over sqrt(n) (a quantile's
+        standard error is ~1.2-1.6 sigma/sqrt(n), sigma ~ IQR/1.35), the
+        plain step's and the verify widths' (their mean) combined in
+        quadrature. 0 until each has 4 samples."""
+        v = self._est.get("unc")
+        if v is not None:
+            return v
+
+        def rel(xs) -> float | None:
+            n = len(xs)
+            if n < 4:
+                return None
+            srt = sorted(xs)
+            med = srt[(n - 1) // 2]
+            return (srt[(3 * (n - 1)) // 4] - srt[(n - 1) // 4]) / med / math.sqrt(n) \
+                if med > 0 else None
+        rp = rel(self._plain)
+        rvs = [r for r in (rel(xs) for xs in self._by_width.values()) if r is not None]
+        v = 0.0 if rp is None or not rvs else math.hypot(rp, sum(rvs) / len(rvs))
+        self._est["unc"] = v
+        return v
+
     def round_costs(self, cap: int) -> list[float]:
         """cost(d) for d = 0..cap: verify_cost(d + 1) + d x draft_step +
         overhead, inlined (the policy prices every depth after every drafting
@@ -514,7 +566,8 @@ class AdaptivePolicy(Policy):
                  steady_alpha: float = STEADY_ALPHA, explore: int = EXPLORE,
                  discount: float | None = DISCOUNT, follow_depth: int = FOLLOW_DEPTH,
                  follow_max: int = FOLLOW_MAX, explore_allow: float | None = EXPLORE_ALLOW,
-                 explore_share: float = EXPLORE_SHARE):
+                 explore_share: float = EXPLORE_SHARE, noise_z: float = NOISE_Z,
+                 shadow: bool = SHADOW):
         if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 1:
             raise ValueError(f"max_depth must be an int >= 1, got {max_depth!r}")
         if probe_interval < 0 or (probe_interval and probe_cap < probe_interval):
@@ -587,9 +640,10 @@ class AdaptivePolicy(Policy):
         self._cost = cost
         self.recalibrate = recalibrate
         self.calibrate = calibrate
-        if margin < 0:
-            raise ValueError("margin must be >= 0")
+        if margin < 0 or noise_z < 0:
+            raise ValueError("margin and noise_z must be >= 0")
         self.margin = margin
+        self.noise_z = noise_z
         self.since_plain = 0     # drafting rounds since the last measured plain step
         self.last_was_probe = False
         self.needs_plain = False
@@ -597,6 +651,7 @@ class AdaptivePolicy(Policy):
         self.n_burst = 0
         self.n_explore = 0
         self.explore = explore
+        self.shadow = bool(shadow)
         # ((cap, drafting), model_depth(cap)) until new evidence or a new cost arrives:
         # a run of plain rounds would otherwise re-price every depth per token
         self._memo: tuple[int, int] | None = None
@@ -638,7 +693,8 @@ class AdaptivePolicy(Policy):
         # demo model depth 2 gains ~10% on code, and a 5% margin on every
         # round flipped the policy to depth 0 at each small dip of the
         # estimates, half of the rounds)
-        margin = 0.0 if self._drafting else self.margin
+        noise = self._noise()
+        margin = 0.5 * noise if self._drafting else max(self.margin, noise)
         best, best_rate = 0, (1.0 + margin) / cost[0]
         expected, reach = 1.0, 1.0
         for d in range(1, cap + 1):
@@ -648,6 +704,10 @@ class AdaptivePolicy(Policy):
             if rate > best_rate:
                 best, best_rate = d, rate
         return best
+
+    def _noise(self) -> float:
+        """The margin the measured costs' scatter asks for (NOISE_Z)."""
+        return self.noise_z * self.costs.uncertainty() if self._cost is None else 0.0
 
     def _could_pay(self, cap: int) -> bool:
         """Whether some depth would beat plain decoding (by the margin) if
@@ -659,7 +719,7 @@ class AdaptivePolicy(Policy):
             cost = [self._cost(d) for d in range(cap + 1)]
         else:
             cost = self.costs.round_costs(cap)
-        bar = (1.0 + self.margin) / cost[0]
+        bar = (1.0 + max(self.margin, self._noise())) / cost[0]
         return any((d + 1) / cost[d] > bar for d in range(1, cap + 1))
 
     def _age(self, rounds: int) -> None:
@@ -856,6 +916,23 @@ class AdaptivePolicy(Policy):
                     self._in_chain, self.follow_left, self.chain_n = True, self.follow_max, 0
             else:
                 self._in_chain, self.follow_left = False, 0
+
+    def observe_shadow(self, accepted: bool, stopped: bool = False) -> None:
+        """observe(1, accepted) for a probe run as a shadow, whose cost
+        against the exploration budget is its draft step, not a depth-1
+        round's (ds4py.spec.runner "Shadow probes")."""
+        if self._forced:
+            self._forced = False
+            self.explore_loss += self.shadow_price()
+        self.observe(1, int(accepted), stopped)
+
+    def shadow_price(self) -> float:
+        """What a shadow probe costs beyond its plain step, in plain steps:
+        one draft step (the prior's with an injected cost function)."""
+        if self._cost is not None:
+            return PRIOR_DRAFT_H
+        plain = self.costs.plain()
+        return self.costs.draft_step() / plain if plain > 0 else PRIOR_DRAFT_H
 
     def record_plain(self, seconds: float) -> None:
         self.costs.record_plain(seconds)

@@ -96,6 +96,20 @@ and a fresh one-token block per token still cost ~2.5% of a demo-model step.
 The nextn head's rows of plain steps cost nothing per step either: the core
 defers them and catches the head up in batches of 64, or before the next
 draft reads it (csrc/session.c "Deferred rows").
+
+Shadow probes: a depth-1 probe (the policy's scheduled probe, a depth-1
+follow-up; ``policy.shadow``) with the nextn head in the core (greedy) is
+run as a shadow: the head drafts the next token (ds4_spec_propose, one
+draft step), then the serial step runs as in a plain round, and settle()
+tells the policy whether the draft equals the token picked -- exactly the
+evidence a depth-1 drafting round gives (accepted iff the draft is the
+target's own choice there), for one draft step instead of a 2-row verify,
+its rollback and the cold step after it. The draft wrote the head's row at
+the step's position; the committed row overwrites it (ds4.h "Head
+priming"), and the output is the serial step's. On the demo model on an
+AVX2 VM (2026-11-30, after the Q8_0 tile kernels made a plain step ~1.3x
+faster) a depth-1 round took ~2.1 plain steps of wall time (code, 505
+rounds) and a draft step ~0.17 of one.
 """
 
 from __future__ import annotations
@@ -163,6 +177,7 @@ class SpecRunner:
         self._quiet_left = 0                 # fast-path rounds left in this stretch
         self._quiet_t: list[float] = []      # their step times, for the policy
         self._cold = False                   # the last round drafted (module doc "Cold steps")
+        self._shadow: tuple[int, int] | None = None  # (draft, picked) of a shadow probe
         # the core's greedy round: drafts and row argmaxes in two calls
         self._core = (self.greedy and isinstance(drafter, NextnDrafter) and drafter._in_core)
         # a drafter reading the nextn head of this session (its rows are deferred)
@@ -172,6 +187,7 @@ class SpecRunner:
         self._err = new_error()
         # statistics
         self.rounds = self.probes = self.drafted = self.accepted = 0
+        self.shadows = 0                        # probes run as shadows
         self.depth_counts: Counter = Counter()
         self.accept_counts: Counter = Counter()
         self.pos_tried: Counter = Counter()     # draft position d (1-based): rounds reaching it
@@ -231,8 +247,10 @@ class SpecRunner:
         cap = min(room - 1, VERIFY_MAX - 1, self._max_depth) if self.admitted else 0
         t_choose = self.clock()
         k = min(policy.choose(cap), cap) if cap > 0 else 0
-        self.depth_counts[k] += 1
         self._pending = None
+        if k == 1 and self._core and policy.last_was_probe and policy.shadow:
+            return self._shadow_round(last)
+        self.depth_counts[k] += 1
         if k == 0:
             # the serial step, timed when the policy learns (module doc)
             if self.admitted:
@@ -360,10 +378,45 @@ class SpecRunner:
         self.drafter.draft_steps += k
         return list(buf[1:k + 1])
 
+    def _shadow_round(self, last: int) -> list[tuple[int, np.ndarray]]:
+        """A depth-1 probe as a shadow (module doc "Shadow probes"): the
+        head's draft for the next position, then the serial step; settle()
+        tells the policy whether the draft equals the token picked."""
+        s = self.s
+        self.probes += 1
+        self.shadows += 1
+        self.depth_counts[0] += 1
+        if self._head:
+            lib.ds4_session_nextn_catch_up(s._live())   # priming, as before a draft
+        buf, err = self._buf, self._err
+        t0 = self.clock()
+        st = lib.ds4_spec_propose(self.model._live(), s._live(), last, 1, buf, err)
+        if st:
+            msg = ffi.string(err.message).decode("utf-8", "replace")
+            raise DraftError(msg) if st == lib.DS4_ERR_ARG else ModelError(msg, int(st))
+        t1 = self.clock()
+        self.drafter.draft_steps += 1
+        lg = self._step.step(last)
+        t = self.pick(lg, s.n_past)
+        self.policy.record_draft(1, t1 - t0)
+        self._shadow = (int(buf[0]), t)
+        return [(t, lg)]
+
     def settle(self, j: int, stopped: bool) -> None:
         """The caller committed tokens 0..j of the last round (``stopped``:
         token j ended the generation)."""
         if self._pending is None:  # a plain step: nothing to roll back
+            if self._shadow is not None:
+                draft, picked = self._shadow
+                self._shadow = None
+                ok = draft == picked
+                # a stopping token is no evidence (as in a drafting round)
+                self.policy.observe_shadow(ok and not stopped, stopped)
+                if not stopped:
+                    self.pos_tried[1] += 1
+                    self.pos_ok[1] += ok
+                # the head's step left other data in the caches: not a cost sample
+                self._cold = True
             return
         k, m, drafts, t0, t1, t2, t_out, t_choose = self._pending
         self._pending = None
@@ -439,6 +492,7 @@ class SpecRunner:
             "drafter": None if self.drafter is None else self.drafter.name,
             "draft_admitted": self.admitted, "draft_refused": self.refused,
             "rounds": self.rounds, "draft_rounds": draft_rounds, "probes": self.probes,
+            "shadow_probes": self.shadows,
             "drafted": self.drafted, "accepted": self.accepted,
             "acceptance": self.accepted / self.drafted if self.drafted else 0.0,
             # P(draft d accepted | drafts 1..d-1 were), over rounds that reached d
