@@ -49,8 +49,6 @@
  * (8 accumulators), so the group's activation rows stay in L1 while the
  * tile's weight rows pass over them. */
 #define MM_ROWS_CALL 8
-/* Weight rows per dot_tile call (the kernel tiles them further: quants.h). */
-#define MM_TILE_OUT 4
 /* Values quantized per piece before packing (whole Q8_0 block pairs). */
 #define MM_PACK_PIECE 256
 /* Software prefetch distance in weight bytes. A decode step streams every
@@ -178,19 +176,18 @@ static void mm_rows_tile(const mm_ctx *c, int j, int64_t o0, int64_t o1) {
             const int64_t xr = jb->x_idx ? jb->x_idx[r0 + r] : r0 + r;
             ptr[r] = c->act[j] + (size_t)xr * c->act_stride[j];
         }
-        const uint8_t *end = jb->w + (size_t)jb->n_out * jb->row_bytes;
         if (c->tile[j]) {
-            /* MM_TILE_OUT weight rows per call (quants.h dot_tile), which
+            /* DS4_TILE_OUT weight rows per call (quants.h dot_tile), which
              * prefetches as it goes: the lines of 4 rows requested at once
              * before the call (68 at 1024 Q8_0 inputs) made a decode of the
              * 0.8B Q8_0 bench model 15% slower than one row at a time */
-            (void)end;
-            for (int64_t o = o0; o < o1; o += MM_TILE_OUT) {
-                const int no = (int)(o1 - o < MM_TILE_OUT ? o1 - o : MM_TILE_OUT);
+            for (int64_t o = o0; o < o1; o += DS4_TILE_OUT) {
+                const int no = (int)(o1 - o < DS4_TILE_OUT ? o1 - o : DS4_TILE_OUT);
                 c->tile[j](jb->n_in, no, nr, &sb[0][o - o0], MM_GEMM_TILE,
                            jb->w + (size_t)o * jb->row_bytes, jb->row_bytes, ptr);
             }
         } else {
+            const uint8_t *end = jb->w + (size_t)jb->n_out * jb->row_bytes;
             for (int64_t o = o0; o < o1; o++) {
                 /* later row chunks find the tile's weights in cache */
                 if (r0 == 0)

@@ -105,6 +105,8 @@ typedef void (*ds4_dot_rows_fn)(int64_t n, int nr, float *s, const void *x,
  * weight row paid the call, the final sums and their latency per row; a
  * tile shares them (and the activation loads) between weight rows. It
  * prefetches its weight rows DS4_WEIGHT_PREFETCH_BYTES ahead as it goes. */
+/* Weight rows the forward hands a dot_tile per call (the kernel tiles them further). */
+#define DS4_TILE_OUT 4
 typedef void (*ds4_dot_tile_fn)(int64_t n, int no, int nr, float *s, int64_t ss,
                                 const void *x, size_t x_stride, const void *const *y);
 /* How far ahead of the weight row being computed the forward asks for its

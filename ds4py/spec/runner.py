@@ -362,14 +362,19 @@ class SpecRunner:
         out.append((self.pick(rows[k], P + k + 1), rows[k]))
         return out, k, drafts, t1, t2
 
+    def _propose(self, last: int, k: int, out) -> None:
+        """k chained greedy drafts of the head after ``last`` into out[0..k)."""
+        err = self._err
+        st = lib.ds4_spec_propose(self.model._live(), self.s._live(), last, k, out, err)
+        if st:
+            msg = ffi.string(err.message).decode("utf-8", "replace")
+            raise DraftError(msg) if st == lib.DS4_ERR_ARG else ModelError(msg, int(st))
+
     def _core_round(self, last: int, k: int) -> list[int]:
         """Drafts (ds4_spec_propose) and the verify with its row argmaxes
         (ds4_spec_verify_greedy, into self._arg); sets self._t1 between them."""
         mp, sp, err, buf = self.model._live(), self.s._live(), self._err, self._buf
-        st = lib.ds4_spec_propose(mp, sp, last, k, buf + 1, err)
-        if st:
-            msg = ffi.string(err.message).decode("utf-8", "replace")
-            raise DraftError(msg) if st == lib.DS4_ERR_ARG else ModelError(msg, int(st))
+        self._propose(last, k, buf + 1)
         self._t1 = self.clock()
         buf[0] = last
         st = lib.ds4_spec_verify_greedy(mp, sp, buf, k + 1, self._arg, err)
@@ -388,12 +393,9 @@ class SpecRunner:
         self.depth_counts[0] += 1
         if self._head:
             lib.ds4_session_nextn_catch_up(s._live())   # priming, as before a draft
-        buf, err = self._buf, self._err
+        buf = self._buf
         t0 = self.clock()
-        st = lib.ds4_spec_propose(self.model._live(), s._live(), last, 1, buf, err)
-        if st:
-            msg = ffi.string(err.message).decode("utf-8", "replace")
-            raise DraftError(msg) if st == lib.DS4_ERR_ARG else ModelError(msg, int(st))
+        self._propose(last, 1, buf)
         t1 = self.clock()
         self.drafter.draft_steps += 1
         lg = self._step.step(last)
