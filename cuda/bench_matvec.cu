@@ -405,14 +405,28 @@ static void bench_prefill(uint32_t a_in, uint32_t a_out) {
     CK(cudaMemcpy(dhp, h, 4 * (2 * nv + d), cudaMemcpyHostToDevice));
     for (uint32_t n = 1; n <= rows; n = n == 1 && rows > 1 ? rows : rows + 1) { /* 1 (decode), then rows */
         // cur = 0 every launch: a timing loop, not a recurrence (values do not matter)
-        k_gdn_seq_params p = {K_TAG_OF(gdn_seq), nk, nv, d, K, n, W, cd, cd + vd, vd, 0, 1e-6f};
-        k_binding b[] = {K_BIND(gdn_seq, status, dstatus, 8), K_BIND(gdn_seq, p, &p, sizeof p),
-                         K_BIND(gdn_seq, in, din, 4 * (size_t)n * W), K_BIND(gdn_seq, cw, dcw, 4 * cd * K),
-                         K_BIND(gdn_seq, conv, dconv, 4 * 2 * cd * (K - 1)), K_BIND(gdn_seq, hp, dhp, 4 * (2 * nv + d)),
-                         K_BIND(gdn_seq, s, ds, 4 * ns), K_BIND(gdn_seq, o, dout, 4 * (size_t)n * vd)};
-        const uint32_t g[3] = {nv, 1, 1};
-        const double us = time_launches(K_ID_gdn_seq, g, 256, b, 8, 20);
-        printf("PREFILL gdn_seq n_v=%u d=%u tokens=%u: %8.1f us per launch, %6.2f us per token\n", nv, d, n, us, us / n);
+        // split 1, then (runs of more than one token) splits 2, 4, 8: G
+        // threadgroups a head, then gdn_norm over the raw rows (gdn.h)
+        for (uint32_t G = 1; G <= (n > 1 ? 8u : 1u); G *= 2) {
+            k_gdn_seq_params p = {K_TAG_OF(gdn_seq), nk, nv, d, K, n, W, cd, cd + vd, vd, 0, 1e-6f, G};
+            k_binding b[] = {K_BIND(gdn_seq, status, dstatus, 8), K_BIND(gdn_seq, p, &p, sizeof p),
+                             K_BIND(gdn_seq, in, din, 4 * (size_t)n * W), K_BIND(gdn_seq, cw, dcw, 4 * cd * K),
+                             K_BIND(gdn_seq, conv, dconv, 4 * 2 * cd * (K - 1)), K_BIND(gdn_seq, hp, dhp, 4 * (2 * nv + d)),
+                             K_BIND(gdn_seq, s, ds, 4 * ns), K_BIND(gdn_seq, o, dout, 4 * (size_t)n * vd)};
+            const uint32_t g[3] = {nv * G, 1, 1};
+            double us = time_launches(K_ID_gdn_seq, g, 256, b, 8, 20);
+            double un = 0.0;
+            if (G > 1) {
+                k_gdn_norm_params pn = {K_TAG_OF(gdn_norm), nv, d, n, W, cd, vd, 1e-6f};
+                k_binding bn[] = {K_BIND(gdn_norm, status, dstatus, 8), K_BIND(gdn_norm, p, &pn, sizeof pn),
+                                  K_BIND(gdn_norm, in, din, 4 * (size_t)n * W), K_BIND(gdn_norm, hp, dhp, 4 * (2 * nv + d)),
+                                  K_BIND(gdn_norm, o, dout, 4 * (size_t)n * vd)};
+                const uint32_t gn[3] = {nv, n, 1};
+                un = time_launches(K_ID_gdn_norm, gn, 256, bn, 5, 20);
+            }
+            printf("PREFILL gdn_seq n_v=%u d=%u tokens=%u split=%u: %8.1f us per launch (+ gdn_norm %.1f), %6.2f us per token\n",
+                   nv, d, n, G, us + un, un, (us + un) / n);
+        }
     }
     uint32_t st[2];
     CK(cudaMemcpy(st, dstatus, 8, cudaMemcpyDeviceToHost));

@@ -35,6 +35,22 @@
 #include "../../csrc/model.h"
 #include "../kernels/attn_plan.h"
 
+#ifndef K_GDN_SEQ_TARGET_GROUPS
+/* gdn_seq's split for runs of at least K_GDN_SEQ_SPLIT_MIN tokens (prefill
+ * chunks, wide verifies): G threadgroups per value head, d / G state rows
+ * each, then gdn_norm over the raw outputs (one more launch, so short runs
+ * and decode keep the unsplit kernel with its norm inline). G is the largest
+ * of 1, 2, 4, 8 dividing d with n_v G <= this target: gdn_seq runs one
+ * threadgroup per GPU core (its registers), so a split past the core count
+ * makes a second wave (H200, 132 SMs, 27B-like n_v 48: split 4 = 192
+ * threadgroups ran no faster than 1). The bits do not depend on G (gdn.h;
+ * test_gpu_emul gdnseq); K_RUNNER_GDN_SPLIT fixes it (1 turns it off). */
+#define K_GDN_SEQ_TARGET_GROUPS 132u
+#endif
+#ifndef K_GDN_SEQ_SPLIT_MIN
+#define K_GDN_SEQ_SPLIT_MIN 4
+#endif
+
 #ifndef K_MOE_LOGITS_SPLIT
 /* SIMD-groups per router row (moe_logits), the default of r->moe_split.
  * The H200 sweep of 2026-11-30 (the 35B-A3B-like MoE, docs/gpu.md) chose
@@ -168,6 +184,7 @@ struct k_runner {
     int fuse;               /* fused glue kernels (fused.h); K_RUNNER_FUSE=0: the unfused sequence */
     int gemm;               /* prefill GEMM for chunks > 16 rows: 2 gemm_mma.h, 1 gemm.h, 0 (K_RUNNER_GEMM=0) matvecs */
     uint32_t moe_split;     /* SIMD-groups per router row (moe_logits); K_RUNNER_MOE_SPLIT overrides */
+    uint32_t gdn_split;     /* gdn_seq threadgroups per value head (long runs); K_RUNNER_GDN_SPLIT overrides */
     uint32_t attn_tg;       /* attn_partials threads: K_ATTN_TG on CUDA, else 256 */
     int capturing;          /* inside a verify: GDN layers keep their rows */
     int64_t ver_n, ver_pos; /* the last verify's rows and first position (0: none) */
@@ -550,17 +567,30 @@ static int gdn_seq(k_runner *r, const dev_layer *L, dev_state *S, const float *i
     const ds4_model_config *c = &r->c;
     const int64_t cd = conv_dim(c), vd = c->ssm_d_inner, nv = c->ssm_n_v, W = cd + vd + 2 * nv;
     const int64_t d = c->ssm_d_state, K = c->ssm_conv_kernel;
+    /* split: G threadgroups per head (d / G rows each) when the run is long
+     * enough to repay gdn_norm's launch; a split that does not divide d is
+     * not taken */
+    uint32_t G = n >= K_GDN_SEQ_SPLIT_MIN ? r->gdn_split : 1u;
+    if (G < 1u || d % G) G = 1u;
     k_gdn_seq_params p = {K_TAG_OF(gdn_seq), (uint32_t)c->ssm_n_k, (uint32_t)nv, (uint32_t)d, (uint32_t)K,
                           (uint32_t)n, (uint32_t)W, (uint32_t)cd, (uint32_t)(cd + vd), (uint32_t)vd,
-                          (uint32_t)S->conv_cur, c->rms_eps};
+                          (uint32_t)S->conv_cur, c->rms_eps, G};
     k_binding b[] = {STATUS_BIND(gdn_seq), K_BIND(gdn_seq, p, &p, sizeof p),
                      K_BIND(gdn_seq, in, in, F4((n - 1) * W + cd + vd + 2 * nv)),
                      K_BIND(gdn_seq, cw, L->conv_w, F4(cd * K)),
                      K_BIND(gdn_seq, conv, S->conv_state, F4(2 * (K - 1) * cd)),
                      K_BIND(gdn_seq, hp, L->hp, F4(2 * nv + d)), K_BIND(gdn_seq, s, S->ssm, F4(nv * d * d)),
                      K_BIND(gdn_seq, o, o, F4((n - 1) * vd + vd))};
-    const int rc = launch(r, K_ID_gdn_seq, (uint32_t)nv, 1, 1, r->gdn_tg, b, 8, err);
+    int rc = launch(r, K_ID_gdn_seq, (uint32_t)nv * G, 1, 1, r->gdn_tg, b, 8, err);
     if (!rc) S->conv_cur ^= 1;
+    if (!rc && G > 1u) { /* the gated norm of every (head, token) over the raw rows */
+        k_gdn_norm_params pn = {K_TAG_OF(gdn_norm), (uint32_t)nv, (uint32_t)d, (uint32_t)n, (uint32_t)W, (uint32_t)cd,
+                                (uint32_t)vd, c->rms_eps};
+        k_binding bn[] = {STATUS_BIND(gdn_norm), K_BIND(gdn_norm, p, &pn, sizeof pn),
+                          K_BIND(gdn_norm, in, in, F4((n - 1) * W + cd + vd)), K_BIND(gdn_norm, hp, L->hp, F4(2 * nv + d)),
+                          K_BIND(gdn_norm, o, o, F4((n - 1) * vd + vd))};
+        rc = launch(r, K_ID_gdn_norm, (uint32_t)nv, (uint32_t)n, 1, r->gdn_tg, bn, 5, err);
+    }
     return rc;
 }
 
@@ -1198,6 +1228,13 @@ int k_runner_open(k_gpu_model *g, int64_t n_ctx, k_runner **out, ds4_error *err)
         const char *ms = getenv("K_RUNNER_MOE_SPLIT");
         const long msv = ms ? strtol(ms, NULL, 10) : 0;
         r->moe_split = msv >= 1 && msv <= 32 ? (uint32_t)msv : K_MOE_LOGITS_SPLIT;
+        const char *gs = getenv("K_RUNNER_GDN_SPLIT");
+        const long gsv = gs ? strtol(gs, NULL, 10) : 0;
+        uint32_t gsplit = 1u;
+        while (gsplit < 8u && (uint64_t)r->c.ssm_n_v * gsplit * 2u <= K_GDN_SEQ_TARGET_GROUPS &&
+               r->c.ssm_d_state % (gsplit * 2u) == 0)
+            gsplit *= 2u;
+        r->gdn_split = gsv >= 1 && gsv <= 16 ? (uint32_t)gsv : gsplit;
     }
     r->S = calloc((size_t)g->c.n_main, sizeof *r->S);
     int rc = r->S ? 0 : ds4_fail(err, DS4_ERR_NOMEM, "out of host memory");

@@ -45,16 +45,26 @@ K_FN float k_tg_sum(float v, K_TGM float *part, k_u32 tid, k_u32 tgs) {
     return s;
 }
 
-/* llama.cpp's GDN L2 norm of `d` values in threadgroup memory, in place:
- * rms_norm with eps/d (mean in float, 1/sqrt), then * 1/sqrt(d); the CPU's
- * ds4_l2norm_ggml, with a float sum where the CPU sums in double. */
-K_FN void k_gdn_l2norm(K_TGM float *a, k_u32 d, float eps, K_TGM float *part, k_u32 tid, k_u32 tgs) {
-    float s = 0.0f;
-    for (k_u32 i = tid; i < d; i += tgs) s += K_LD(a, i) * K_LD(a, i);
-    const float nf = (float)d;
-    const float mean = k_tg_sum(s, part, tid, tgs) / nf;
-    const float scale = 1.0f / k_sqrt(mean + eps / nf), s2 = 1.0f / k_sqrt(nf);
-    for (k_u32 i = tid; i < d; i += tgs) K_ST(a, i, (K_LD(a, i) * scale) * s2);
+/* llama.cpp's GDN L2 norm of `d` values in threadgroup memory, in place,
+ * for two arrays at once (q and k): rms_norm with eps/d (mean in float,
+ * 1/sqrt), then * 1/sqrt(d); the CPU's ds4_l2norm_ggml, with a float sum
+ * where the CPU sums in double. Each array's sum is k_tg_sum's (butterfly
+ * per SIMD-group, partials in ascending order); the two sums share their
+ * barriers (3 per token where two calls of a one-array norm took 6).
+ * `part` holds 2 (tgs/32) floats. */
+K_FN void k_gdn_l2norm2(K_TGM float *a, K_TGM float *b, k_u32 d, float eps, K_TGM float *part, k_u32 tid, k_u32 tgs) {
+    float sa = 0.0f, sb = 0.0f;
+    for (k_u32 i = tid; i < d; i += tgs) sa += K_LD(a, i) * K_LD(a, i), sb += K_LD(b, i) * K_LD(b, i);
+    sa = k_simd_sum(sa), sb = k_simd_sum(sb);
+    const k_u32 nw = tgs >> 5;
+    if ((tid & 31u) == 0u) K_ST(part, tid >> 5, sa), K_ST(part, nw + (tid >> 5), sb);
+    K_BARRIER();
+    float ta = 0.0f, tb = 0.0f;
+    for (k_u32 g = 0; g < nw; g++) ta += K_LD(part, g), tb += K_LD(part, nw + g);
+    K_BARRIER(); /* part is free again */
+    const float nf = (float)d, s2 = 1.0f / k_sqrt(nf);
+    const float ca = 1.0f / k_sqrt(ta / nf + eps / nf), cb = 1.0f / k_sqrt(tb / nf + eps / nf);
+    for (k_u32 i = tid; i < d; i += tgs) K_ST(a, i, (K_LD(a, i) * ca) * s2), K_ST(b, i, (K_LD(b, i) * cb) * s2);
     K_BARRIER();
 }
 
@@ -83,8 +93,7 @@ K_KERNEL(gdn_delta) {
         K_ST(kn, i, K_LD(cv, (p.n_k + kh) * d + i));
     }
     K_BARRIER();
-    k_gdn_l2norm(qn, d, p.eps, part, K_TID, K_TG_SIZE);
-    k_gdn_l2norm(kn, d, p.eps, part, K_TID, K_TG_SIZE);
+    k_gdn_l2norm2(qn, kn, d, p.eps, part, K_TID, K_TG_SIZE);
     const float beta = 1.0f / (1.0f + k_exp(-K_LD(ab, j)));
     const float a = K_LD(ab, p.n_v + j) + K_LD(hp, p.n_v + j);
     const float sp = a > 20.0f ? a : k_log(1.0f + k_exp(a)); /* ggml's softplus */
@@ -161,10 +170,10 @@ K_KERNEL(gdn_delta) {
  * is tested (test_gpu_emul gdnseq). */
 K_KERNEL_BOUNDED(gdn_seq, K_GDN_SEQ_MAX_TG, 1) {
     K_CHECK_TAG(gdn_seq);
-    const k_u32 d = p.d, cd = (2u * p.n_k + p.n_v) * d;
+    const k_u32 d = p.d, cd = (2u * p.n_k + p.n_v) * d, G = p.split > 1u ? p.split : 1u;
     if (d == 0u || d > K_GDN_MAX_D || p.n_k == 0u || p.n_v < p.n_k || p.k < 2u || p.k > K_GDN_MAX_CONV ||
         p.n_tok == 0u || p.cur > 1u || p.z_off < cd || p.ab_off < p.z_off + p.n_v * d || p.o_stride < p.n_v * d ||
-        K_TG_SIZE > K_GDN_SEQ_MAX_TG) {
+        K_TG_SIZE > K_GDN_SEQ_MAX_TG || d % G != 0u || K_NGX < p.n_v * G) {
         k_raise(status, K_ERR_SHAPE);
         return;
     }
@@ -180,7 +189,9 @@ K_KERNEL_BOUNDED(gdn_seq, K_GDN_SEQ_MAX_TG, 1) {
 #else
 #define K_GDN_SEQ_POS_(t, kk) ((int)(t) + (int)(kk) - (int)(p.k - 1u))
 #endif
-    const k_u32 j = K_GX, kh = j % p.n_k; /* tiled (spec §3.8, pitfall 3) */
+    /* value head j, state rows [m0, m0 + dr) of it (G threadgroups a head) */
+    const k_u32 j = K_GX / G, kh = j % p.n_k; /* tiled (spec §3.8, pitfall 3) */
+    const k_u32 dr = d / G, m0 = (K_GX % G) * dr, m1 = m0 + dr;
     if (j >= p.n_v) return; /* a whole threadgroup */
     K_DEV float *S = s + j * d * d;
     const k_u32 cin = p.cur * (p.k - 1u) * cd, cout = (1u - p.cur) * (p.k - 1u) * cd;
@@ -189,23 +200,57 @@ K_KERNEL_BOUNDED(gdn_seq, K_GDN_SEQ_MAX_TG, 1) {
     const k_u32 reg_rows = in_regs ? K_GDN_SEQ_RPS : 0u; /* rows m = SIMD + r NSIMD, r < reg_rows */
     float st[K_GDN_SEQ_RPS][K_GDN_SEQ_COLS];
     K_UNROLL for (k_u32 r = 0; r < K_GDN_SEQ_RPS; r++) {
-        const k_u32 m = K_SIMD + r * K_NSIMD;
+        const k_u32 m = m0 + K_SIMD + r * K_NSIMD;
         K_UNROLL for (k_u32 c = 0; c < K_GDN_SEQ_COLS; c++) {
             const k_u32 i = c * 32u + K_LANE;
-            st[r][c] = r < reg_rows && m < d && i < d ? K_LD(S, m * d + i) : 0.0f;
+            st[r][c] = r < reg_rows && m < m1 && i < d ? K_LD(S, m * d + i) : 0.0f;
         }
     }
     const float oscale = 1.0f / k_sqrt((float)d);
+    /* Loaded a token ahead (the same values, only earlier: the same bits):
+     * the newest conv input of this thread's first two channels, the
+     * token's beta / alpha logits and the z of its first two rows. Every
+     * token otherwise waited on device memory three times over (the conv's
+     * new row, then ab, then z), each wait a whole memory latency with
+     * nothing else in flight. */
+    /* local channel c < d: q of kh; < 2d: k of kh; else v row m0 + c - 2d of j
+     * (the q/k channels are computed by every threadgroup that reads them:
+     * the same bits) */
+#define K_GDN_SEQ_CH_(c) \
+    ((c) < d ? kh * d + (c) : (c) < 2u * d ? (p.n_k + kh) * d + ((c) - d) : (2u * p.n_k + j) * d + m0 + ((c) - 2u * d))
+#define K_GDN_SEQ_FETCH_(t_, NX, ZV, AB)                                                            \
+    do {                                                                                           \
+        K_DEV_IN float *r_ = in + (t_) * p.in_stride;                                              \
+        K_UNROLL for (k_u32 q_ = 0; q_ < 2u; q_++) {                                              \
+            const k_u32 c_ = K_TID + q_ * K_TG_SIZE, m_ = K_TID + q_ * K_TG_SIZE;                   \
+            NX[q_] = c_ < 2u * d + dr ? K_LD(r_, K_GDN_SEQ_CH_(c_)) : 0.0f;                          \
+            ZV[q_] = m_ < d ? K_LD(r_, p.z_off + j * d + m_) : 0.0f;                                 \
+        }                                                                                          \
+        AB[0] = K_LD(r_, p.ab_off + j), AB[1] = K_LD(r_, p.ab_off + p.n_v + j);                     \
+    } while (0)
+    /* a row's output o S q / sqrt(d): to `on` for the gated norm below, or
+     * (split) raw to o for gdn_norm */
+#define K_GDN_SEQ_OUT_(m, v)                                                                       \
+    do {                                                                                           \
+        if (G > 1u) K_ST(o_raw, t * p.o_stride + j * d + (m), (v));                                \
+        else K_ST(on, (m), (v));                                                                   \
+    } while (0)
+    K_DEV float *const o_raw = o; /* the rows loops name their sums o */
+    float nx[2], zv[2], abv[2];
+    K_GDN_SEQ_FETCH_(0u, nx, zv, abv);
     for (k_u32 t = 0; t < p.n_tok; t++) {
-        K_DEV_IN float *row = in + t * p.in_stride;
-        /* the conv (gdn_conv): local channel c < d: q of kh; < 2d: k of kh; else v of j */
-        for (k_u32 c = K_TID; c < 3u * d; c += K_TG_SIZE) {
-            const k_u32 ch = c < d ? kh * d + c : c < 2u * d ? (p.n_k + kh) * d + (c - d) : (2u * p.n_k + j) * d + (c - 2u * d);
+        float nx1[2] = {0.0f, 0.0f}, zv1[2] = {0.0f, 0.0f}, abv1[2] = {0.0f, 0.0f};
+        if (t + 1u < p.n_tok) K_GDN_SEQ_FETCH_(t + 1u, nx1, zv1, abv1); /* uniform */
+        /* the conv (gdn_conv) of the local channels */
+        for (k_u32 c = K_TID, q = 0; c < 2u * d + dr; c += K_TG_SIZE, q++) {
+            const k_u32 ch = K_GDN_SEQ_CH_(c);
             float seq[K_GDN_MAX_CONV];
             K_UNROLL for (k_u32 kk = 0; kk < K_GDN_MAX_CONV; kk++) {
                 const int pos = K_GDN_SEQ_POS_(t, kk);
-                seq[kk] = kk >= p.k ? 0.0f : pos >= 0 ? K_LD(in, (k_u32)pos * p.in_stride + ch)
-                                                      : K_LD(conv, cin + (k_u32)((int)p.k - 1 + pos) * cd + ch);
+                seq[kk] = kk >= p.k                    ? 0.0f
+                          : pos == (int)t && q < 2u    ? (q == 0u ? nx[0] : nx[1])
+                          : pos >= 0                   ? K_LD(in, (k_u32)pos * p.in_stride + ch)
+                                                       : K_LD(conv, cin + (k_u32)((int)p.k - 1 + pos) * cd + ch);
             }
             float acc = 0.0f;
             K_UNROLL for (k_u32 kk = 0; kk < K_GDN_MAX_CONV; kk++)
@@ -213,19 +258,18 @@ K_KERNEL_BOUNDED(gdn_seq, K_GDN_SEQ_MAX_TG, 1) {
             const float y = acc / (1.0f + k_exp(-acc));
             if (c < d) K_ST(qn, c, y);
             else if (c < 2u * d) K_ST(kn, c - d, y);
-            else K_ST(vn, c - 2u * d, y);
+            else K_ST(vn, m0 + (c - 2u * d), y);
         }
         K_BARRIER();
-        k_gdn_l2norm(qn, d, p.eps, part, K_TID, K_TG_SIZE);
-        k_gdn_l2norm(kn, d, p.eps, part, K_TID, K_TG_SIZE);
-        const float beta = 1.0f / (1.0f + k_exp(-K_LD(row, p.ab_off + j)));
-        const float a = K_LD(row, p.ab_off + p.n_v + j) + K_LD(hp, p.n_v + j);
+        k_gdn_l2norm2(qn, kn, d, p.eps, part, K_TID, K_TG_SIZE);
+        const float beta = 1.0f / (1.0f + k_exp(-abv[0]));
+        const float a = abv[1] + K_LD(hp, p.n_v + j);
         const float sp = a > 20.0f ? a : k_log(1.0f + k_exp(a)); /* ggml's softplus */
         const float decay = k_exp(K_LD(hp, j) * sp);
         /* rows in registers: gdn_delta's operations on st[r] */
         K_UNROLL for (k_u32 r = 0; r < K_GDN_SEQ_RPS; r++) {
-            const k_u32 m = K_SIMD + r * K_NSIMD;
-            if (r >= reg_rows || m >= d) continue; /* uniform per SIMD-group */
+            const k_u32 m = m0 + K_SIMD + r * K_NSIMD;
+            if (r >= reg_rows || m >= m1) continue; /* uniform per SIMD-group */
             float u = 0.0f;
             K_UNROLL for (k_u32 c = 0; c < K_GDN_SEQ_COLS; c++) {
                 const k_u32 i = c * 32u + K_LANE;
@@ -245,10 +289,10 @@ K_KERNEL_BOUNDED(gdn_seq, K_GDN_SEQ_MAX_TG, 1) {
                 }
             }
             o = k_simd_sum(o);
-            if (K_LANE == 0u) K_ST(on, m, o * oscale);
+            if (K_LANE == 0u) K_GDN_SEQ_OUT_(m, o * oscale);
         }
         /* the other rows in device memory: gdn_delta's loop verbatim */
-        for (k_u32 m = K_SIMD + reg_rows * K_NSIMD; m < d; m += K_NSIMD) {
+        for (k_u32 m = m0 + K_SIMD + reg_rows * K_NSIMD; m < m1; m += K_NSIMD) {
             K_DEV float *Sm = S + m * d;
             float rw[K_GDN_MAX_D / 32];
             float u = 0.0f;
@@ -272,23 +316,28 @@ K_KERNEL_BOUNDED(gdn_seq, K_GDN_SEQ_MAX_TG, 1) {
                 }
             }
             o = k_simd_sum(o);
-            if (K_LANE == 0u) K_ST(on, m, o * oscale);
+            if (K_LANE == 0u) K_GDN_SEQ_OUT_(m, o * oscale);
         }
-        K_BARRIER();
+        K_BARRIER(); /* qn / kn / vn are read before the next token overwrites them */
+        if (G > 1u) { /* uniform: gdn_norm finishes the raw rows */
+            K_UNROLL for (k_u32 q = 0; q < 2u; q++) nx[q] = nx1[q], zv[q] = zv1[q], abv[q] = abv1[q];
+            continue;
+        }
         /* gated RMSNorm (gdn_delta's): rmsnorm(o) * norm_w * SiLU(z) */
         float ss = 0.0f;
         for (k_u32 m = K_TID; m < d; m += K_TG_SIZE) ss += K_LD(on, m) * K_LD(on, m);
         const float mean = k_tg_sum(ss, part, K_TID, K_TG_SIZE) / (float)d;
         const float scale = 1.0f / k_sqrt(mean + p.eps);
-        for (k_u32 m = K_TID; m < d; m += K_TG_SIZE) {
-            const float zm = K_LD(row, p.z_off + j * d + m);
+        for (k_u32 m = K_TID, q = 0; m < d; m += K_TG_SIZE, q++) {
+            const float zm = q == 0u ? zv[0] : q == 1u ? zv[1] : K_LD(in, t * p.in_stride + p.z_off + j * d + m);
             const float y = (K_LD(on, m) * scale) * K_LD(hp, 2u * p.n_v + m);
             K_ST(o, t * p.o_stride + j * d + m, y * (zm / (1.0f + k_exp(-zm))));
         }
+        K_UNROLL for (k_u32 q = 0; q < 2u; q++) nx[q] = nx1[q], zv[q] = zv1[q], abv[q] = abv1[q];
     }
     K_UNROLL for (k_u32 r = 0; r < K_GDN_SEQ_RPS; r++) {
-        const k_u32 m = K_SIMD + r * K_NSIMD;
-        if (r >= reg_rows || m >= d) continue;
+        const k_u32 m = m0 + K_SIMD + r * K_NSIMD;
+        if (r >= reg_rows || m >= m1) continue;
         K_UNROLL for (k_u32 c = 0; c < K_GDN_SEQ_COLS; c++) {
             const k_u32 i = c * 32u + K_LANE;
             if (c < per && i < d) K_ST(S, m * d + i, st[r][c]);
@@ -297,9 +346,9 @@ K_KERNEL_BOUNDED(gdn_seq, K_GDN_SEQ_MAX_TG, 1) {
     /* the conv state after the last token: the window's last k - 1 rows,
      * written by this head for its v channels and, for its k head's q/k
      * channels, by head kh alone (j == kh exactly when j < n_k) */
-    for (k_u32 c = K_TID; c < 3u * d; c += K_TG_SIZE) {
-        if (c < 2u * d && j >= p.n_k) continue;
-        const k_u32 ch = c < d ? kh * d + c : c < 2u * d ? (p.n_k + kh) * d + (c - d) : (2u * p.n_k + j) * d + (c - 2u * d);
+    for (k_u32 c = K_TID; c < 2u * d + dr; c += K_TG_SIZE) {
+        if (c < 2u * d && (j >= p.n_k || m0 != 0u)) continue;
+        const k_u32 ch = K_GDN_SEQ_CH_(c);
         for (k_u32 kk = 0; kk + 1u < p.k; kk++) {
             const int pos = (int)p.n_tok - (int)(p.k - 1u) + (int)kk;
             const float v = pos >= 0 ? K_LD(in, (k_u32)pos * p.in_stride + ch)
@@ -308,4 +357,35 @@ K_KERNEL_BOUNDED(gdn_seq, K_GDN_SEQ_MAX_TG, 1) {
         }
     }
 #undef K_GDN_SEQ_POS_
+#undef K_GDN_SEQ_CH_
+#undef K_GDN_SEQ_FETCH_
+#undef K_GDN_SEQ_OUT_
+}
+
+/* gdn_seq's gated RMSNorm after a split run (table.h gdn_norm): one
+ * threadgroup per (value head K_GX, token K_GY), in place on o's raw rows.
+ * gdn_delta's norm operation for operation at the same threadgroup size:
+ * each thread reads its own elements m = tid, tid + tgs, ... (so it alone
+ * writes them back: no other thread's value is overwritten before it is
+ * read), the sum of squares in that order, then k_tg_sum. */
+K_KERNEL(gdn_norm) {
+    K_CHECK_TAG(gdn_norm);
+    if (p.d == 0u || p.d > K_GDN_MAX_D || p.o_stride < p.n_v * p.d || p.z_off + p.n_v * p.d > p.in_stride ||
+        K_TG_SIZE > 1024u) {
+        k_raise(status, K_ERR_SHAPE);
+        return;
+    }
+    K_TG_ARRAY(float, part, 32);
+    const k_u32 j = K_GX, t = K_GY, d = p.d;
+    if (j >= p.n_v || t >= p.n_tok) return; /* a whole threadgroup */
+    const k_u32 ob = t * p.o_stride + j * d, zb = t * p.in_stride + p.z_off + j * d;
+    float ss = 0.0f;
+    for (k_u32 m = K_TID; m < d; m += K_TG_SIZE) ss += K_LD(o, ob + m) * K_LD(o, ob + m);
+    const float mean = k_tg_sum(ss, part, K_TID, K_TG_SIZE) / (float)d;
+    const float scale = 1.0f / k_sqrt(mean + p.eps);
+    for (k_u32 m = K_TID; m < d; m += K_TG_SIZE) {
+        const float zm = K_LD(in, zb + m);
+        const float y = (K_LD(o, ob + m) * scale) * K_LD(hp, 2u * p.n_v + m);
+        K_ST(o, ob + m, y * (zm / (1.0f + k_exp(-zm))));
+    }
 }

@@ -82,7 +82,8 @@ typedef uchar k_u8;
     K_MMA_KERNEL_LIST(X) \
     X(35, matvec_q4_64a1) \
     X(36, matvec_q4_64a4) \
-    X(37, matvec_q4_64a)
+    X(37, matvec_q4_64a) \
+    X(38, gdn_norm)
 
 /* The int8 tensor-core GEMMs (gemm_mma.h) exist on CUDA and under the
  * emulator only: Metal has no int8 simdgroup matrix, so neither its kernel
@@ -552,6 +553,9 @@ typedef struct {
     k_u32 o_stride;  /* floats between token rows of o, >= n_v d */
     k_u32 cur;       /* 0 or 1: the half of conv holding the state now */
     float eps;
+    k_u32 split;     /* threadgroups per value head, each d / split state rows
+                      * (0 or 1: one, with the gated norm inline; > 1: o gets
+                      * the raw outputs and gdn_norm finishes them) */
 } k_gdn_seq_params;
 #define K_GDN_SEQ_CD(p) ((2 * (p).n_k + (p).n_v) * (p).d)
 #define K_ARGS_gdn_seq(X, K)                                              \
@@ -563,6 +567,29 @@ typedef struct {
     X(K, 5, hp, float, K_IN, 2 * p.n_v + p.d)                             \
     X(K, 6, s, float, K_OUT, p.n_v * p.d * p.d)                           \
     X(K, 7, o, float, K_OUT, (p.n_tok - 1) * p.o_stride + p.n_v * p.d)
+
+/* ----------------------------------------------------------- gdn_norm -- */
+/* gdn_seq's gated RMSNorm when it ran split (split > 1): o rows hold the raw
+ * outputs (S q / sqrt(d)); each (value head K_GX, token K_GY) becomes
+ * rmsnorm(o) * norm_w * SiLU(z) in place, gdn_delta's operations in its
+ * order at the same threadgroup size (the runner's gdn_tg), so the bits of
+ * the unsplit kernel. */
+typedef struct {
+    k_u32 tag;
+    k_u32 n_v;       /* v heads */
+    k_u32 d;         /* d_v, <= K_GDN_MAX_D */
+    k_u32 n_tok;     /* tokens, >= 1 */
+    k_u32 in_stride; /* floats between token rows of in (z at z_off) */
+    k_u32 z_off;
+    k_u32 o_stride;  /* floats between token rows of o, >= n_v d */
+    float eps;
+} k_gdn_norm_params;
+#define K_ARGS_gdn_norm(X, K)                                             \
+    X(K, 0, status, k_u32, K_STATUS, 2)                                   \
+    X(K, 1, p, k_gdn_norm_params, K_PARAMS, 1)                            \
+    X(K, 2, in, float, K_IN, (p.n_tok - 1) * p.in_stride + p.z_off + p.n_v * p.d) \
+    X(K, 3, hp, float, K_IN, 2 * p.n_v + p.d)                             \
+    X(K, 4, o, float, K_OUT, (p.n_tok - 1) * p.o_stride + p.n_v * p.d)
 
 /* ---------------------------------------------------------- gemm (gemm.h) -- */
 /* Prefill GEMM: y[r][o] = W_o . xq_r for n_rows activation rows of any

@@ -1601,7 +1601,17 @@ static void suite_gdnseq(void) {
                  !launch(K_ID_gdn_delta, nv, 1, 1, tg, bd, 8, 0, "gdn_delta");
         }
         if (!ok) goto next;
-        k_gdn_seq_params p = {K_TAG_OF(gdn_seq), nk, nv, d, K, n, W, z_off, ab_off, os, cur, 1e-6f};
+        /* split 1 (one threadgroup per head, the gated norm inline), then
+         * each split G dividing d up to 4 (G threadgroups per head over
+         * d/G state rows each, then gdn_norm over the raw rows): all the
+         * bits of the single-token launches, from the same starting state */
+        for (uint32_t G = 1; G <= 4; G *= 2) {
+        if (d % G) continue;
+        fill_nan(cs2, 2 * ncs);
+        for (size_t i = 0; i < ncs; i++) cs2[cur * ncs + i] = cs0[i];
+        memcpy(S2, S0, sizeof(float) * ns);
+        fill_nan(o2, n * os);
+        k_gdn_seq_params p = {K_TAG_OF(gdn_seq), nk, nv, d, K, n, W, z_off, ab_off, os, cur, 1e-6f, G};
         k_binding b[] = {K_BIND(gdn_seq, status, status, 8), K_BIND(gdn_seq, p, &p, sizeof p),
                          K_BIND(gdn_seq, in, in, sizeof(float) * n * W),
                          K_BIND(gdn_seq, cw, cw, sizeof(float) * cd * K),
@@ -1609,14 +1619,24 @@ static void suite_gdnseq(void) {
                          K_BIND(gdn_seq, hp, hp, sizeof(float) * (2 * nv + d)),
                          K_BIND(gdn_seq, s, S2, sizeof(float) * ns),
                          K_BIND(gdn_seq, o, o2, sizeof(float) * n * os)};
-        if (launch(K_ID_gdn_seq, nv, 1, 1, tg, b, 8, (int)sh & 1, "gdn_seq")) goto next;
+        if (launch(K_ID_gdn_seq, nv * G, 1, 1, tg, b, 8, (int)(sh + G) & 1, "gdn_seq")) goto next;
+        if (G > 1) {
+            k_gdn_norm_params pn = {K_TAG_OF(gdn_norm), nv, d, n, W, z_off, os, 1e-6f};
+            k_binding bn[] = {K_BIND(gdn_norm, status, status, 8), K_BIND(gdn_norm, p, &pn, sizeof pn),
+                              K_BIND(gdn_norm, in, in, sizeof(float) * n * W),
+                              K_BIND(gdn_norm, hp, hp, sizeof(float) * (2 * nv + d)),
+                              K_BIND(gdn_norm, o, o2, sizeof(float) * n * os)};
+            if (launch(K_ID_gdn_norm, nv, n, 1, tg, bn, 5, (int)G & 1, "gdn_norm")) goto next;
+        }
         const int same_o = !memcmp(o1, o2, sizeof(float) * n * os), same_s = !memcmp(S1, S2, sizeof(float) * ns);
         const int same_c = !memcmp(cs1, cs2 + (1 - cur) * ncs, sizeof(float) * ncs) &&
                            !memcmp(cs0, cs2 + cur * ncs, sizeof(float) * ncs), moved = memcmp(S0, S2, sizeof(float) * ns) != 0;
         check(same_o && same_s && same_c && moved,
-              "n_k=%u n_v=%u d=%u taps=%u tg=%u tokens=%u: one gdn_seq launch bit-identical to %u gdn_conv + "
-              "gdn_delta launches (outputs %s, state %s, conv state %s)", nk, nv, d, K, tg, n, n,
+              "n_k=%u n_v=%u d=%u taps=%u tg=%u tokens=%u split=%u: gdn_seq%s bit-identical to %u gdn_conv + "
+              "gdn_delta launches (outputs %s, state %s, conv state %s)", nk, nv, d, K, tg, n, G,
+              G > 1 ? " + gdn_norm" : " (one launch)", n,
               same_o ? "same" : "DIFFER", same_s ? "same" : "DIFFER", same_c ? "same" : "DIFFER");
+        }
     next:
         free(in), free(cw), free(hp), free(cs0), free(cs1), free(cs2), free(S0), free(S1), free(S2);
         free(o1), free(o2), free(cv);
@@ -1628,7 +1648,7 @@ static void suite_gdnseq(void) {
         const uint32_t nk = bad[k][0], nv = bad[k][1], d = 32, cd = (2 * nk + nv) * d, W = cd + nv * d + 2 * nv;
         float *in = calloc(W, 4), *cw = calloc(cd * 4, 4), *c0 = calloc(cd * 6, 4);
         float *hp = calloc(2 * nv + d, 4), *S = calloc(nv * d * d, 4), *o = calloc(nv * d, 4);
-        k_gdn_seq_params p = {K_TAG_OF(gdn_seq), nk, nv, d, 4, 1, W, cd, cd + nv * d, nv * d, 0, 1e-6f};
+        k_gdn_seq_params p = {K_TAG_OF(gdn_seq), nk, nv, d, 4, 1, W, cd, cd + nv * d, nv * d, 0, 1e-6f, 1};
         k_binding b[] = {K_BIND(gdn_seq, status, status, 8), K_BIND(gdn_seq, p, &p, sizeof p),
                          K_BIND(gdn_seq, in, in, 4 * W), K_BIND(gdn_seq, cw, cw, 4 * cd * 4),
                          K_BIND(gdn_seq, conv, c0, 4 * cd * 6),
