@@ -54,16 +54,25 @@ def binary(tmp_path_factory):
     return build(str(tmp_path_factory.mktemp("gpu-model")))
 
 
-def run_gpu(binary, tmp_path, model, tokens, n_greedy):
+def run_gpu(binary, tmp_path, model, tokens, n_greedy, prefill_chunk=None):
+    """prefill_chunk: the runner's prompt chunk (K_RUNNER_PREFILL_CHUNK; None:
+    its default, 256), so a prompt can cross chunk boundaries here."""
     toks = os.path.join(tmp_path, "tokens.i32")
     np.asarray(tokens, dtype=np.int32).tofile(toks)
     prefix = os.path.join(tmp_path, "out")
+    env = dict(os.environ)
+    if prefill_chunk:
+        env["K_RUNNER_PREFILL_CHUNK"] = str(prefill_chunk)
     r = subprocess.run([binary, model, toks, prefix, str(n_greedy)], capture_output=True, text=True,
-                       timeout=600)
+                       timeout=600, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     n = len(tokens)
     pre = np.fromfile(prefix + ".prefill.f32", dtype=np.float32).reshape(n, -1)
     dec = np.fromfile(prefix + ".decode.f32", dtype=np.float32).reshape(n, -1)
+    # the prompt eval (prefill chunks, only the last row wanted) gives the
+    # all-rows eval's last row bit for bit: chunking never changes a value
+    last = np.fromfile(prefix + ".last.f32", dtype=np.float32)
+    assert last.tobytes() == pre[-1].tobytes(), np.abs(last - pre[-1]).max()
     greedy = np.fromfile(prefix + ".greedy.i32", dtype=np.int32) if n_greedy else None
     return pre, dec, greedy
 
@@ -111,7 +120,9 @@ def check_greedy(model, tokens, greedy):
 
 def test_golden_dense_q8_0(binary, tmp_path):
     toks = np.load(os.path.join(GOLDEN, "logits", "sequences.npz"))["s100"]
-    pre, dec, greedy = run_gpu(binary, str(tmp_path), DENSE, toks, 16)
+    # the prompt eval in chunks of 40 rows (40 + 40 + 20: all through the
+    # GEMM, the GDN layers' gdn_seq split per head, gdn_norm)
+    pre, dec, greedy = run_gpu(binary, str(tmp_path), DENSE, toks, 16, prefill_chunk=40)
     # Batch invariance on the GPU path: 100 rows in 16-row chunks == 100
     # one-row evals, bit for bit (matvec widths, split-K attention).
     np.testing.assert_array_equal(pre.view(np.uint32), dec.view(np.uint32))

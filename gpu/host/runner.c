@@ -9,7 +9,8 @@
  * and the on-device argmax. Each step is one kernel of gpu/kernels/ (the
  * file named beside it); the CPU code it reproduces is named there too.
  *
- * Rows are processed in chunks of K_RUNNER_CHUNK (64): the matrices of a
+ * Rows are processed in chunks of K_RUNNER_PREFILL_CHUNK (256; K_RUNNER_CHUNK,
+ * 64, when every row's logits are wanted): the matrices of a
  * chunk wider than K_MATVEC_MAX_ROWS (16) go through the prefill GEMM
  * (gemm.h's dp4a; K_RUNNER_GEMM=mma: gemm_mma.h on int8 tensor cores, CUDA
  * and the emulator), narrower ones (decode, verify) through the matvecs, the same
@@ -58,15 +59,26 @@
 #define K_MOE_LOGITS_SPLIT 16u
 #endif
 
-/* Rows per eval chunk (prefill): the GEMM (gemm.h) serves chunks wider
- * than the matvecs' K_MATVEC_MAX_ROWS with every value's bits unchanged;
- * -D override (one build each) for the H200 sweep. Scratch scales with it;
- * attention runs its rows ATTN_ROWS at a time (its partials buffer grows
- * with rows x context). */
+/* Rows per eval chunk: the GEMM (gemm.h) serves chunks wider than the
+ * matvecs' K_MATVEC_MAX_ROWS with every value's bits unchanged, so the
+ * chunk size is a speed and memory knob only. K_RUNNER_CHUNK rows when
+ * every row's logits come back (verify, logprobs, the tests' all-rows
+ * evals: the logits scratch is K_RUNNER_CHUNK x vocabulary, 64 MB at a
+ * 248k vocabulary); K_RUNNER_PREFILL_CHUNK rows when only the last row's
+ * are wanted (prefill), so the GEMM reads each weight once per 256 rows
+ * instead of 64 (H200, 2026-11-29: 128 / 256-row chunks +5% / +8% prefill
+ * on the 27B-like shape). The other scratch scales with the larger;
+ * K_RUNNER_PREFILL_CHUNK in the environment lowers it (tests, A/B); -D
+ * overrides change the build. Attention runs its rows ATTN_ROWS at a time
+ * (its partials buffer grows with rows x context). */
 #ifndef K_RUNNER_CHUNK
 #define K_RUNNER_CHUNK 64
 #endif
-#define ROWS K_RUNNER_CHUNK
+#ifndef K_RUNNER_PREFILL_CHUNK
+#define K_RUNNER_PREFILL_CHUNK 256
+#endif
+#define ROWS (K_RUNNER_PREFILL_CHUNK > K_RUNNER_CHUNK ? K_RUNNER_PREFILL_CHUNK : K_RUNNER_CHUNK) /* scratch rows */
+#define OUT_ROWS K_RUNNER_CHUNK /* logits / argmax scratch rows */
 #define ATTN_ROWS K_MATVEC_MAX_ROWS
 typedef char k_runner_chunk_ok[K_RUNNER_CHUNK >= K_MATVEC_MAX_ROWS && K_RUNNER_CHUNK >= K_RUNNER_VERIFY_MAX ? 1 : -1];
 #define MATVEC_TG K_MATVEC_MAX_TG
@@ -185,6 +197,7 @@ struct k_runner {
     int gemm;               /* prefill GEMM for chunks > 16 rows: 2 gemm_mma.h, 1 gemm.h, 0 (K_RUNNER_GEMM=0) matvecs */
     uint32_t moe_split;     /* SIMD-groups per router row (moe_logits); K_RUNNER_MOE_SPLIT overrides */
     uint32_t gdn_split;     /* gdn_seq threadgroups per value head (long runs); K_RUNNER_GDN_SPLIT overrides */
+    int64_t prefill_chunk;  /* rows per chunk when only the last row's outputs are wanted (<= ROWS) */
     uint32_t attn_tg;       /* attn_partials threads: K_ATTN_TG on CUDA, else 256 */
     int capturing;          /* inside a verify: GDN layers keep their rows */
     int64_t ver_n, ver_pos; /* the last verify's rows and first position (0: none) */
@@ -1122,13 +1135,13 @@ static int open_scratch(k_runner *r, ds4_error *err) {
               {&r->cv, cd},      {&r->o, vd},      {&r->qf, qf_dim}, {&r->qn, qf_dim},
               {&r->kraw, kv_dim}, {&r->kn, kv_dim}, {&r->vv, kv_dim}, {&r->arow, (qf_dim + 2 * kv_dim + ROWS - 1) / ROWS},
               {&r->attn, qf_dim / 2},
-              {&r->g, c->n_ff}, {&r->u, c->n_ff},  {&r->gu, 2 * c->n_ff}, {&r->logits, c->n_vocab},
+              {&r->g, c->n_ff}, {&r->u, c->n_ff},  {&r->gu, 2 * c->n_ff},
               {&r->cs, half},   {&r->sn, half}};
     for (size_t i = 0; i < sizeof fl / sizeof fl[0]; i++)
         if (!(*fl[i].p = dalloc(r, F4(ROWS * (fl[i].n > 0 ? fl[i].n : 1)), err))) return err->code;
-    if (!(r->part = dalloc(r, F4(r->part_floats), err)) || !(r->xq8 = dalloc(r, r->xq8_bytes, err)) ||
-        !(r->xqk = dalloc(r, r->xqk_bytes, err)) ||
-        !(r->idx = dalloc(r, 4 * (size_t)ROWS * (1 + K_TOPK_MAX), err)) || !(r->status = dalloc(r, 8, err)))
+    if (!(r->logits = dalloc(r, F4(OUT_ROWS * c->n_vocab), err)) || !(r->part = dalloc(r, F4(r->part_floats), err)) ||
+        !(r->xq8 = dalloc(r, r->xq8_bytes, err)) || !(r->xqk = dalloc(r, r->xqk_bytes, err)) ||
+        !(r->idx = dalloc(r, 4 * (size_t)OUT_ROWS * (1 + K_TOPK_MAX), err)) || !(r->status = dalloc(r, 8, err)))
         return err->code;
     uint32_t *pg = malloc(4 * (size_t)r->n_pages);
     if (!pg) return ds4_fail(err, DS4_ERR_NOMEM, "out of host memory");
@@ -1139,7 +1152,7 @@ static int open_scratch(k_runner *r, ds4_error *err) {
     r->h_stage = malloc(F4(ROWS * E));
     r->h_cs = malloc(F4(ROWS * half));
     r->h_sn = malloc(F4(ROWS * half));
-    r->h_idx = malloc(4 * (size_t)ROWS * (1 + K_TOPK_MAX));
+    r->h_idx = malloc(4 * (size_t)OUT_ROWS * (1 + K_TOPK_MAX));
     if (!r->h_stage || !r->h_cs || !r->h_sn || !r->h_idx) return ds4_fail(err, DS4_ERR_NOMEM, "out of host memory");
     return 0;
 }
@@ -1228,6 +1241,9 @@ int k_runner_open(k_gpu_model *g, int64_t n_ctx, k_runner **out, ds4_error *err)
         const char *ms = getenv("K_RUNNER_MOE_SPLIT");
         const long msv = ms ? strtol(ms, NULL, 10) : 0;
         r->moe_split = msv >= 1 && msv <= 32 ? (uint32_t)msv : K_MOE_LOGITS_SPLIT;
+        const char *pc = getenv("K_RUNNER_PREFILL_CHUNK");
+        const long pcv = pc ? strtol(pc, NULL, 10) : 0;
+        r->prefill_chunk = pcv >= 1 && pcv <= ROWS ? pcv : ROWS;
         const char *gs = getenv("K_RUNNER_GDN_SPLIT");
         const long gsv = gs ? strtol(gs, NULL, 10) : 0;
         uint32_t gsplit = 1u;
@@ -1390,8 +1406,11 @@ static int run_rows(k_runner *r, const int32_t *tokens, int64_t n, int all_rows,
     r->launches = 0;
     const int64_t V = r->c.n_vocab;
     int rc = 0;
-    for (int64_t c0 = 0; c0 < n && !rc; c0 += ROWS) {
-        const int64_t cn = n - c0 < ROWS ? n - c0 : ROWS;
+    /* all rows' logits: OUT_ROWS a chunk (the logits scratch); else the
+     * prefill chunk (only the last row has outputs) */
+    const int64_t step = all_rows ? OUT_ROWS : r->prefill_chunk;
+    for (int64_t c0 = 0; c0 < n && !rc; c0 += step) {
+        const int64_t cn = n - c0 < step ? n - c0 : step;
         const int last = c0 + cn == n;
         int64_t out0 = all_rows ? 0 : last ? cn - 1 : cn;
         rc = eval_chunk(r, tokens + c0, cn, r->n_past + c0, c0, out0, logits ? logits + (all_rows ? c0 * V : 0) : NULL,
@@ -1418,7 +1437,7 @@ int k_runner_eval_hidden(k_runner *r, const int32_t *tokens, int64_t n, int all_
         r->ver_n = 0;
         /* the head wrote the last chunk's output rows from row 0: all of
          * them (all_rows), else only the last */
-        r->last_row = all_rows ? (n - 1) % ROWS : 0;
+        r->last_row = all_rows ? (n - 1) % OUT_ROWS : 0;
     }
     return rc;
 }
@@ -1451,7 +1470,7 @@ int k_runner_verify(k_runner *r, const int32_t *tokens, int64_t n, float *logits
     r->ver_n = n;
     r->ver_pos = r->n_past;
     r->n_past += n;
-    r->last_row = n - 1; /* n <= K_RUNNER_VERIFY_MAX <= ROWS: one chunk */
+    r->last_row = n - 1; /* n <= K_RUNNER_VERIFY_MAX <= OUT_ROWS: one chunk */
     return 0;
 }
 

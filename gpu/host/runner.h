@@ -6,7 +6,8 @@
  * (CI), so the loop a GPU runs is the loop CI checks.
  *
  * Now (docs/gpu.md §7): dense and routed-MoE trunks; eval of any number of
- * rows (prefill in chunks of K_RUNNER_CHUNK rows through the GEMM, each GDN
+ * rows (prompts in chunks of K_RUNNER_PREFILL_CHUNK rows, all-rows evals in
+ * chunks of K_RUNNER_CHUNK, through the GEMM; each GDN
  * layer's recurrence over a chunk in one gdn_seq launch), logits of the
  * last or every row, on-device argmax, verify/accept with exact rollback;
  * driven by gpu/tests/test_gpu_model.c and, through gpu/host/plugin.c, by

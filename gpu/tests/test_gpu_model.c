@@ -6,6 +6,8 @@
  *
  *   test_gpu_model MODEL TOKENS.i32 OUT_PREFIX [N_GREEDY]
  *     OUT_PREFIX.prefill.f32  logits of every row, all tokens in one eval
+ *     OUT_PREFIX.last.f32     the last row's logits from a prompt eval (only
+ *                             that row wanted: the prefill chunks)
  *     OUT_PREFIX.decode.f32   logits of every row, one eval per token
  *     OUT_PREFIX.greedy.i32   N_GREEDY tokens decoded greedily after the
  *                             prompt with the on-device argmax (no logits
@@ -267,6 +269,15 @@ int main(int argc, char **argv) {
         return 1;
     }
     const int64_t prefill_launches = k_runner_launches(r);
+    k_runner_close(r);
+    /* the same tokens as a prompt (only the last row's logits wanted): the
+     * runner's prefill chunks (K_RUNNER_PREFILL_CHUNK rows, not the
+     * all-rows eval's K_RUNNER_CHUNK), which must not change the bits */
+    if (k_runner_open(gm, n + n_greedy + 1, &r, &err) || k_runner_eval(r, toks, n, 0, NULL, NULL, &err) ||
+        k_runner_last_logits(r, lg, &err) || write_file(argv[3], "last.f32", lg, sizeof(float) * (size_t)c.n_vocab)) {
+        fprintf(stderr, "prompt eval: %s\n", err.message);
+        return 1;
+    }
     k_runner_close(r);
     if (k_runner_open(gm, n + n_greedy + 1, &r, &err)) return 1;
     for (int64_t t = 0; t < n; t++)
