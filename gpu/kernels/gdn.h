@@ -159,12 +159,14 @@ K_KERNEL(gdn_delta) {
 #define K_GDN_SEQ_COLS 4
 #endif
 
-/* gdn_conv + gdn_delta for n_tok tokens of one value head per threadgroup
- * (table.h gdn_seq). Per token: the conv of the 3d channels this head
- * reads (q and k of k head j % n_k, v of head j; the q/k channels are
- * computed by every head that reads them: the same bits), then gdn_delta's
- * body verbatim, with the state row in registers instead of device
- * memory. The conv window of token t is [the state rows, half cur of
+/* gdn_conv + gdn_delta for n_tok tokens of one value head, or of d / split
+ * of its state rows, per threadgroup (table.h gdn_seq). Per token: the conv
+ * of the channels this threadgroup reads (q and k of k head j % n_k, the v
+ * of its rows of head j; the q/k channels are computed by every
+ * threadgroup that reads them: the same bits), then gdn_delta's body
+ * verbatim on its rows, with the state rows in registers instead of device
+ * memory, and (split 1) the gated norm; split > 1 stores the raw rows for
+ * gdn_norm. The conv window of token t is [the state rows, half cur of
  * conv ; in rows 0..t]: read, never shifted in place; the new state goes
  * to the other half. Bit-identity with the single-token kernels
  * is tested (test_gpu_emul gdnseq). */

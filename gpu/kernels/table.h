@@ -534,9 +534,11 @@ typedef struct {
  * alpha at ab_off] (the runner's projection rows). The conv state is two
  * halves of `conv`: read from half `cur`, the shifted state written to half
  * 1 - cur (the q/k channels of a k head are read by every value head that
- * uses it, so an in-place update would race across threadgroups). One threadgroup per
- * value head; n_v >= n_k (each k head's conv state written by value head
- * kh). */
+ * uses it, so an in-place update would race across threadgroups). split
+ * threadgroups per value head (K_GX = head * split + part), each taking
+ * d / split state rows; with split > 1 the gated norm is left to gdn_norm
+ * (o gets the raw rows). n_v >= n_k (each k head's conv state written by
+ * value head kh's first part). */
 #ifndef K_GDN_SEQ_MAX_TG
 #define K_GDN_SEQ_MAX_TG 256 /* threads per threadgroup, at most (CUDA register cap) */
 #endif
