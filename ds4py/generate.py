@@ -453,7 +453,7 @@ def _run(model, prompt, max_tokens, sampling, kw, stop, chat, system, enable_thi
         parser = OutputParser(starts_in_thinking=prompt_ends_in_thinking(shown), tools=tools)
     if sampler is not None and params.penalties_on:
         sampler.accept_many(ids[-params.repeat_last_n:])
-    if on_gpu(model):  # the GPU session cannot draft yet (ds4py.gpu_backend says why)
+    if on_gpu(model):  # what a GPU session can draft with (ds4py.gpu_backend says)
         plan = gpu_draft_plan(model, kw, cache)
     else:
         plan = draft_plan(model, kw.get("draft"), kw.get("draft_depth"),
@@ -804,7 +804,7 @@ def _spec_loop(model, ids, text, session, own, max_tokens, params, sampler, matc
             content=parser.content if parser is not None else None,
             tool_calls=parser.tool_calls if parser is not None else [],
             logprobs=lps, prompt=text, prompt_ids=list(ids), prompt_logits=prompt_logits,
-            cached_tokens=n_cached, draft=stats)
+            cached_tokens=n_cached, draft=stats, backend=backend_of(model))
         gen.total_s = time.perf_counter() - t_call
         yield _chunk(piece, token, tokens, now - t_prev, ttft, n_prompt, prompt_tps,
                      gen.generation_tps, events, lp if token is not None else None,

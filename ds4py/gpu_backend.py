@@ -33,13 +33,17 @@ logprobs and stop strings are the CPU's Python code; snapshot / restore
 (GpuSnapshot: the whole state copied on the device, the CPU session's
 semantics) and so the prefix cache (``generate(..., cache=)``); the
 post-final-norm hidden state (``eval(..., return_hidden=True)``,
-``last_hidden()``). What it does not do yet, refused with a ModelError
-naming it: precision="exact", weight types other than Q8_0 / Q4_K / Q5_K /
-Q6_K / Q4_64A (Q4_64A: dense matrices only, not routed experts),
-layer taps (``hidden_layers``), ``verify(return_hidden=True)``, the
-nextn head and DFlash (so speculative drafting: ``generate``
-turns auto-drafting off and says why in ``Generation.draft``; an explicit
-drafting request raises).
+``last_hidden()``); the model's bundled nextn (MTP) head
+(gpu/host/runner_head.c: head priming, ``nextn_propose``), so ``generate``
+drafts with it as on the CPU -- greedy or the exact seeded sampling mode,
+the same adaptive policy and pairing classifier. What it does not do yet,
+refused with a ModelError naming it: precision="exact", weight types other
+than Q8_0 / Q4_K / Q5_K / Q6_K / Q4_64A (Q4_64A: dense matrices only, not
+routed experts), layer taps (``hidden_layers``),
+``verify(return_hidden=True)``, a draft_head sidecar, DFlash and rejection
+sampling (they need layer taps or the head's distributions on the host:
+``generate`` turns such drafting off and says why in ``Generation.draft``;
+an explicit request raises).
 
 Numerics: the GPU is not bit-identical to the CPU (docs/gpu.md section 7:
 float V accumulation in attention, 1-ulp differences flipping Q8 activation
@@ -67,7 +71,7 @@ __all__ = ["BACKENDS", "GpuModel", "GpuSession", "GpuSnapshot", "load", "backend
 BACKENDS = ("auto", "cpu", "cuda", "metal", "gpu-emul")
 # backend name -> plugin kind (gpu/tools/build_plugin.py KINDS)
 _KIND = {"cuda": "cuda", "gpu-emul": "emul"}
-ABI_VERSION = 2  # gpu/host/plugin.h DS4_GPU_ABI_VERSION this module calls
+ABI_VERSION = 3  # gpu/host/plugin.h DS4_GPU_ABI_VERSION this module calls
 _ERR_CAP = 1024
 # ds4_status codes (csrc/ds4.h) this module tells apart
 _ERR_ARG, _ERR_NOMEM, _ERR_UNSUPPORTED, _ERR_BAD_MODEL, _ERR_INTERNAL = 2, 3, 4, 5, 26
@@ -280,15 +284,28 @@ class GpuModel(Model):
             raise ModelError(f"model {self.path!r} is closed", _ERR_ARG)
         return self._gpu
 
+    @property
+    def nextn_on_gpu(self) -> bool:
+        """The model's nextn head runs on the device (it has one and the
+        GPU can run it)."""
+        return bool(self._plugin.lib.ds4_gpu_model_has_nextn(self._live_gpu()))
+
+    @property
+    def nextn_refusal(self) -> str:
+        """Why the file's nextn head does not run on the device ("" when it
+        does or the file has none)."""
+        p = self._plugin.lib.ds4_gpu_model_nextn_refusal(self._live_gpu())
+        return self._plugin.ffi.string(p).decode("utf-8", "replace") if p else ""
+
     def new_session(self, nextn_prime: bool = False) -> GpuSession:
+        s = GpuSession(self)
         if nextn_prime:
-            raise ModelError(f"nextn_prime: the nextn head does not run on the {self.backend} "
-                             f"backend yet", _ERR_UNSUPPORTED)
-        return GpuSession(self)
+            s.nextn_prime = True
+        return s
 
     def _session_ptr(self, session):
-        raise ModelError(f"the nextn head does not run on the {self.backend} backend yet",
-                         _ERR_UNSUPPORTED)
+        raise ModelError(f"this call needs a CPU session (the {self.backend} session drafts "
+                         f"through GpuSession.nextn_propose)", _ERR_UNSUPPORTED)
 
     def __repr__(self) -> str:
         state = "closed" if self._ptr is None else f"n_ctx={self.n_ctx}"
@@ -330,8 +347,6 @@ class GpuSnapshot(_DeviceHandle):
     garbage-collected or closed (:meth:`close`); the plugin keeps the device
     model alive until then, whatever is closed first."""
 
-    nextn_covered = False  # no nextn head on the GPU: never a drafting snapshot
-
     def __init__(self, session: GpuSession, ptr):
         lib, ffi = session._lib, session._ffi
         self.model = session.model
@@ -341,6 +356,9 @@ class GpuSnapshot(_DeviceHandle):
         self.n_past = int(lib.ds4_gpu_snapshot_n_past(ptr))
         self.nbytes = int(lib.ds4_gpu_snapshot_device_bytes(ptr))
         self.has_logits = bool(lib.ds4_gpu_snapshot_has_logits(ptr))
+        # it carries the nextn head's history (taken from a priming session
+        # with no verify pending): a priming session restores only these
+        self.nextn_covered = bool(lib.ds4_gpu_snapshot_nextn_covered(ptr))
 
     def __repr__(self) -> str:
         state = "closed" if self._ptr is None else f"n_past={self.n_past}"
@@ -353,7 +371,8 @@ class GpuSession(_DeviceHandle):
     lifetimes (read-only views, valid until the next eval, verify or restore
     on this session), and the post-norm hidden state (eval's
     ``return_hidden``, :meth:`last_hidden`). Layer taps, verify's
-    ``return_hidden`` and nextn priming raise ModelError (module doc). A
+    ``return_hidden`` raise ModelError (module doc). The nextn head:
+    :attr:`nextn_prime`, :attr:`nextn_covered`, :meth:`nextn_propose`. A
     device failure (not a bad argument) leaves the session unusable."""
 
     def __init__(self, model: GpuModel):
@@ -599,18 +618,44 @@ class GpuSession(_DeviceHandle):
     def counters(self) -> dict:
         raise _unsupported(self.backend, "counters() (host allocation counts)")
 
+    # -- the nextn head (gpu/host/runner_head.c) ---------------------------
     @property
     def nextn_prime(self) -> bool:
-        return False
+        """Head priming (:attr:`ds4py.Session.nextn_prime`): while on, every
+        committed row reaches the head's KV on the device in the same call.
+        Turning it on raises ModelError for a model without a GPU head or a
+        session holding rows the head never saw."""
+        return bool(self._lib.ds4_gpu_nextn_prime(self._live()))
 
     @nextn_prime.setter
     def nextn_prime(self, on: bool) -> None:
-        if on:
-            raise _unsupported(self.backend, "the nextn head (nextn_prime)")
+        ptr = self._live()
+        status = self._lib.ds4_gpu_set_nextn_prime(ptr, 1 if on else 0, self._err, _ERR_CAP)
+        if status:  # a refusal changes nothing
+            raise ModelError(f"nextn_prime: {self._plug.message(self._err)}", int(status))
 
     @property
     def nextn_covered(self) -> bool:
-        return False
+        """A draft at n_past can run: priming on, the head holding [1, n_past)."""
+        return bool(self._lib.ds4_gpu_nextn_covered(self._live()))
+
+    # the serial step of speculative rounds (ds4py.spec.runner): this session's own
+    @property
+    def stepper(self) -> GpuSession:
+        return self
+
+    def nextn_propose(self, last: int, k: int) -> list[int]:
+        """k chained greedy drafts of the head after ``last`` (the committed
+        token at n_past, not yet evaluated): ds4_spec_propose's rows, on the
+        device. ModelError (DS4_ERR_ARG) unless :attr:`nextn_covered`."""
+        ptr = self._live()
+        out = self._ffi.new(f"int32_t[{max(int(k), 1)}]")
+        status = self._lib.ds4_gpu_nextn_propose(ptr, int(last), int(k), out, self._err, _ERR_CAP)
+        if status == _ERR_ARG:
+            raise ModelError(f"{self.backend}: {self._plug.message(self._err)}", int(status))
+        self._check(status)
+        self._stats["launches"] = int(self._lib.ds4_gpu_launches(ptr))
+        return list(out[0:k])
 
     # -- lifetime (close / closed: _DeviceHandle) -------------------------
     def __enter__(self) -> GpuSession:
@@ -627,25 +672,34 @@ class GpuSession(_DeviceHandle):
 # ----------------------------------------------------------- generation --
 
 def gpu_draft_plan(model, kw: dict, cache):
-    """ds4py.generate's DraftPlan on a GPU backend: never drafting (the
-    drafters need the nextn head or layer taps, which the GPU session does
-    not have yet). Auto-drafting is turned off and the reason reported in
-    ``Generation.draft``; an explicit drafting request raises ModelError
-    (asked for, cannot be done: fail closed). A prefix cache (``cache``)
-    runs: the plain loop restores and takes GpuSnapshots."""
-    from .spec.plan import DraftPlan
+    """ds4py.generate's DraftPlan on a GPU backend: :func:`ds4py.spec.plan.
+    draft_plan`'s (the same policy, pairing classifier and nextn drafter,
+    the head running on the device: GpuSession.nextn_propose), except what
+    the GPU cannot do yet -- a file whose head the GPU cannot run, and
+    rejection sampling (it reads the head's distributions on the host).
+    Such drafting is turned off with the reason in ``Generation.draft``; an
+    explicit request for it raises ModelError (asked for, cannot be done:
+    fail closed). A caller's own ``drafter`` runs through verify/accept."""
+    from .spec.plan import DraftPlan, draft_plan
 
     backend = backend_of(model)
     depth = kw.get("draft_depth")
-    explicit = (kw.get("draft") is True or kw.get("drafter") is not None
-                or kw.get("draft_policy") is not None or bool(kw.get("force_draft"))
+    explicit = (kw.get("draft") is True or kw.get("draft_policy") is not None
+                or bool(kw.get("force_draft"))
                 or (depth is not None and not isinstance(depth, bool) and depth != 0))
-    if explicit and kw.get("draft") is not False:
-        raise _unsupported(backend, "speculative drafting (draft/draft_depth/drafter/"
-                                    "force_draft: the drafters need the nextn head or layer "
-                                    "taps)")
-    return DraftPlan(None, None, None, f"the {backend} backend does not draft yet (no nextn "
-                                       f"head or layer taps on the GPU)")
+    why = None
+    if kw.get("drafter") is None and kw.get("draft") is not False and depth != 0:
+        if model.nextn_refusal:
+            why = f"the nextn head does not run on the {backend} backend: {model.nextn_refusal}"
+        elif kw.get("spec_sampling") == "rejection":
+            why = (f"rejection sampling does not run on the {backend} backend yet (it needs "
+                   f"the head's distributions on the host); the exact sampling mode does")
+    if why is not None:
+        if explicit:
+            raise ModelError(why, _ERR_UNSUPPORTED)
+        return DraftPlan(None, None, None, why)
+    return draft_plan(model, kw.get("draft"), depth, bool(kw.get("force_draft")),
+                      kw.get("draft_policy"), kw.get("drafter"), sampling=kw.get("spec_sampling"))
 
 
 # ---------------------------------------------------------- ds4py.load --

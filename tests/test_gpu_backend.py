@@ -29,6 +29,7 @@ import pytest
 import ds4py
 from ds4py import gpu_backend
 from ds4py.sampling import Sampler, SamplingParams
+from ds4py.spec.drafter import DraftError, DraftState, NextnDrafter
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GOLDEN = os.path.join(ROOT, "tests", "golden")
@@ -205,7 +206,35 @@ def test_demo_model_greedy_equals_cpu(cache):
     g = ds4py.generate(model, "def main", max_tokens=2, temperature=0, chat=False)
     assert g.prompt_ids == ids
     assert g.tokens == want
-    assert g.draft["drafting"] is False and "does not draft" in g.draft["refused"]
+    # its nextn head runs on the device (gpu/host/runner_head.c): admitted
+    assert g.draft["drafting"] is True and g.draft["drafter"] == "nextn"
+
+
+def test_demo_head_drafting_equals_serial(cache):
+    """The nextn head on gpu-emul (head priming, on-device drafts): a greedy
+    generation at a forced depth equals the same generation without
+    drafting, token for token (exact speculation on one backend), with
+    drafts made, accepted and rejected; a prefix-cache hit restores the
+    head's history with the snapshot and drafts on. (Seeded sampling takes
+    the same rounds with the sampler's pick: ds4py.spec.runner, tested on
+    the CPU; the emulator's minutes are spent on the greedy path here.)"""
+    model = ds4py.load(DEMO, backend="gpu-emul")
+    assert model.nextn_on_gpu and model.nextn_refusal == ""
+    prompt = "def add(a, b):\n    return"
+    serial = ds4py.generate(model, prompt, max_tokens=8, temperature=0, chat=False, draft=False)
+    spec = ds4py.generate(model, prompt, max_tokens=8, temperature=0, chat=False, draft_depth=3)
+    assert spec.tokens == serial.tokens and spec.backend == "gpu-emul"
+    d = spec.draft
+    assert d["drafting"] is True and d["draft_rounds"] > 0 and d["drafted"] > 0, d
+    assert 0 < d["accepted"] < d["drafted"], d  # drafts kept and rolled back
+    # a cache hit: the snapshot carries the head's KV and hidden row
+    cache_ = ds4py.PrefixCache(model)
+    first = ds4py.generate(model, prompt, max_tokens=3, temperature=0, chat=False,
+                           draft_depth=2, cache=cache_)
+    again = ds4py.generate(model, prompt, max_tokens=3, temperature=0, chat=False,
+                           draft_depth=2, cache=cache_)
+    assert first.tokens == again.tokens == serial.tokens[:3]
+    assert again.cached_tokens > 0 and again.draft["drafting"] is True, again.draft
 
 
 def test_moe_model_runs(cache):
@@ -343,8 +372,6 @@ def test_session_refuses_what_it_lacks(dense_gpu):
             s.verify([1, 2], return_hidden=True)
         with pytest.raises(ds4py.ModelError, match="hidden_layers"):
             s.eval([1, 2], hidden_layers=[0])
-        with pytest.raises(ds4py.ModelError, match="nextn"):
-            s.nextn_prime = True
         # bad arguments are refused and leave the session usable
         with pytest.raises(ds4py.ModelError, match="outside the vocabulary"):
             s.eval([1, dense_gpu.config.vocab_size])
@@ -359,19 +386,44 @@ def test_session_refuses_what_it_lacks(dense_gpu):
         with pytest.raises(ds4py.ModelError, match="past the context"):
             s.eval([1] * dense_gpu.n_ctx)
         assert s.n_past == 1
+        # the head cannot take up a history it never saw (the CPU's rule)
+        with pytest.raises(ds4py.ModelError, match="never saw"):
+            s.nextn_prime = True
+        assert not s.nextn_prime and not s.nextn_covered
+        with pytest.raises(DraftError, match="not primed"):
+            NextnDrafter(dense_gpu).propose(DraftState(s, 1, 1, None), 1)
     with pytest.raises(ds4py.ModelError, match="closed"):
         s.eval([1])
-    with pytest.raises(ds4py.ModelError, match="nextn"):
-        dense_gpu.new_session(nextn_prime=True)
+    with dense_gpu.new_session(nextn_prime=True) as s:
+        assert s.nextn_prime and not s.nextn_covered  # nothing to draft from yet
+        with pytest.raises(ds4py.ModelError, match="needs the head primed"):
+            s.nextn_propose(1, 1)
+        s.eval([1, 2, 3])
+        assert s.nextn_covered
+        with pytest.raises(ds4py.ModelError, match="drafts asked"):
+            s.nextn_propose(1, 16)
+        assert len(s.nextn_propose(1, 3)) == 3
 
 
-def test_generate_refuses_explicit_drafting(dense_gpu):
-    # the prefix cache (cache=) runs on the GPU now: tests/test_gpu_snapshot.py
-    with pytest.raises(ds4py.ModelError, match="drafting"):
+def test_generate_drafting_what_the_gpu_cannot(dense_gpu, monkeypatch):
+    # the golden model's bundled head drafts on the GPU: the tokens of draft=False
+    ids = prompt_ids(6)
+    g = ds4py.generate(dense_gpu, ids, max_tokens=8, temperature=0, draft_depth=2)
+    assert g.draft["drafting"] is True and g.draft["drafted"] > 0, g.draft
+    serial = ds4py.generate(dense_gpu, ids, max_tokens=8, temperature=0, draft=False)
+    assert g.tokens == serial.tokens and serial.backend == "gpu-emul"
+    # rejection sampling reads the head's distributions on the host: off, said why
+    kw = dict(max_tokens=1, temperature=0.7, seed=3, spec_sampling="rejection")
+    g = ds4py.generate(dense_gpu, ids, **kw)
+    assert g.draft["drafting"] is False and "rejection sampling" in g.draft["refused"]
+    with pytest.raises(ds4py.ModelError, match="rejection sampling"):
+        ds4py.generate(dense_gpu, ids, draft_depth=2, **kw)
+    # a head the GPU cannot run: an explicit request raises, auto says why
+    monkeypatch.setattr(gpu_backend.GpuModel, "nextn_refusal", "nextn.eh_proj: type X (test)")
+    with pytest.raises(ds4py.ModelError, match=r"nextn head does not run.*type X \(test\)"):
         ds4py.generate(dense_gpu, [1, 2], max_tokens=1, draft_depth=2)
-    # draft=False is not a drafting request
-    g = ds4py.generate(dense_gpu, [1, 2], max_tokens=1, temperature=0, draft=False)
-    assert len(g.tokens) == 1 and g.backend == "gpu-emul"
+    g = ds4py.generate(dense_gpu, [1, 2], max_tokens=1, temperature=0)
+    assert g.draft["drafting"] is False and "type X (test)" in g.draft["refused"]
 
 
 def test_cuda_and_auto_without_a_gpu(monkeypatch):
@@ -402,7 +454,7 @@ def test_cli_json_and_paths_report(dense_gpu, cache):
                        capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
-    assert d["backend"] == "gpu-emul" and d["draft"]["drafting"] is False
+    assert d["backend"] == "gpu-emul" and d["draft"]["drafter"] == "nextn"
     want = ds4py.generate(dense_gpu, "Hello", max_tokens=3, temperature=0, chat=False)
     assert d["tokens"] == want.tokens
     assert "DS4PY_PATHS: backend gpu-emul" in r.stderr, r.stderr
@@ -439,8 +491,9 @@ def test_greedy_steps_choose_on_the_device(dense_gpu, monkeypatch):
         return real(self, token)
 
     monkeypatch.setattr(gpu_backend.GpuSession, "step_argmax", counting)
-    g = ds4py.generate(dense_gpu, ids, max_tokens=n, temperature=0)
+    # the plain loop (the speculative loop's plain steps copy their rows back)
+    g = ds4py.generate(dense_gpu, ids, max_tokens=n, temperature=0, draft=False)
     assert len(calls) == n - 1          # every decode step but the prefill's
-    lp = ds4py.generate(dense_gpu, ids, max_tokens=n, temperature=0, logprobs=2)
+    lp = ds4py.generate(dense_gpu, ids, max_tokens=n, temperature=0, logprobs=2, draft=False)
     assert len(calls) == n - 1          # logprobs need the logits: the host's argmax
     assert lp.tokens == g.tokens

@@ -200,20 +200,23 @@ def test_refusals_leave_the_session_unchanged(gpu, fresh_rows, snaps):
         cpu.close()
 
 
-def expected_nbytes(cfg, n_past):
+def expected_nbytes(cfg, n_past, head=False):
     """Device bytes a snapshot at n_past holds, from the model's shape (not
     from the code under test): per attention layer the K and V pages of
     [0, n_past) in F16, per GDN layer its conv state (conv_kernel - 1 rows
     of q, k and v channels) and its recurrent state (a d x d matrix per
     value head), in float; and the last logits and hidden rows when
-    n_past > 0."""
+    n_past > 0. ``head``: taken from a session priming the nextn head (one
+    attention layer's shape), which adds the head's K and V pages of
+    positions [1, n_past)."""
     kinds = cfg.layer_kinds[:cfg.n_layers]
-    pages = -(-n_past // PAGE)
-    kv = 2 * pages * cfg.n_kv_heads * PAGE * cfg.head_dim * 2
+    page = 2 * cfg.n_kv_heads * PAGE * cfg.head_dim * 2
+    kv = -(-n_past // PAGE) * page
     conv_dim = 2 * cfg.ssm_n_key_heads * cfg.ssm_state_size + cfg.ssm_inner_size
     gdn = 4 * ((cfg.conv_kernel - 1) * conv_dim
                + cfg.ssm_n_value_heads * cfg.ssm_state_size * cfg.ssm_state_size)
-    return (kinds.count("attn") * kv + kinds.count("gdn") * gdn
+    head_kv = -(-(n_past - 1) // PAGE) * page if head and n_past > 1 else 0
+    return (kinds.count("attn") * kv + kinds.count("gdn") * gdn + head_kv
             + (4 * (cfg.vocab_size + cfg.hidden_size) if n_past else 0))
 
 
@@ -263,10 +266,14 @@ def test_generate_with_a_prefix_cache(gpu):
     assert g1.cached_tokens == 0 and len(g1.tokens) == 3
     assert cache.stats.hits == 0 and cache.stats.inserted == 2   # prompt end, generation end
     # each entry is charged its snapshot's device bytes (KV pages included):
-    # a GPU snapshot shares no pages, so nothing else is charged
+    # a GPU snapshot shares no pages, so nothing else is charged. The golden
+    # model's nextn head drafts on the GPU (g1 drafted): its sessions prime
+    # the head, and their snapshots carry its pages too
+    assert g1.draft["drafting"] is True
     cfg = gpu.config
-    assert cache.entries() == [(n, expected_nbytes(cfg, n)) for n in (n1, n1 + 2)]
-    assert cache.nbytes == expected_nbytes(cfg, n1) + expected_nbytes(cfg, n1 + 2)
+    assert cache.entries() == [(n, expected_nbytes(cfg, n, head=True)) for n in (n1, n1 + 2)]
+    assert cache.nbytes == (expected_nbytes(cfg, n1, head=True)
+                            + expected_nbytes(cfg, n1 + 2, head=True))
     g2 = ds4py.generate(gpu, p2, max_tokens=3, temperature=0, cache=cache)
     plain = ds4py.generate(gpu, p2, max_tokens=3, temperature=0)
     assert cache.stats.hits == 1 and g2.cached_tokens == n1

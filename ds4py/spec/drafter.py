@@ -133,6 +133,17 @@ class NextnDrafter(Drafter):
 
     def propose(self, state: DraftState, k: int) -> list[int]:
         s = state.session
+        gpu = getattr(s, "nextn_propose", None)  # a GPU session: the head runs on the device
+        if gpu is not None:
+            if not self._in_core:
+                raise DraftError(f"{type(self).__name__} picks its own drafts: on a GPU session "
+                                 "the head's steps run on the device, greedy only")
+            if not s.nextn_covered:
+                raise DraftError(f"the nextn head is not primed: drafting at {state.position} "
+                                 f"needs rows 1..{state.position - 1}")
+            out = gpu(int(state.last_token), k)
+            self.draft_steps += k
+            return out
         if self._in_core:
             st = lib.ds4_spec_propose(self.model._live(), s._live(), int(state.last_token), k,
                                       self._out, self._err)

@@ -179,7 +179,9 @@ class SpecRunner:
         self._cold = False                   # the last round drafted (module doc "Cold steps")
         self._shadow: tuple[int, int] | None = None  # (draft, picked) of a shadow probe
         # the core's greedy round: drafts and row argmaxes in two calls
-        self._core = (self.greedy and isinstance(drafter, NextnDrafter) and drafter._in_core)
+        # (a CPU session's: a GPU session drafts through NextnDrafter.propose)
+        self._core = (self.greedy and isinstance(drafter, NextnDrafter) and drafter._in_core
+                      and not hasattr(session, "nextn_propose"))
         # a drafter reading the nextn head of this session (its rows are deferred)
         self._head = isinstance(drafter, NextnDrafter) and hasattr(session, "nextn_catch_up")
         self._buf = ffi.new(f"int32_t[{VERIFY_MAX}]")

@@ -305,3 +305,38 @@ DS4_GPU_API int64_t ds4_gpu_model_snapshots(const ds4_gpu_model *g) {
 DS4_GPU_API uint64_t ds4_gpu_model_snapshot_bytes(const ds4_gpu_model *g) {
     return g && g->gm ? k_gpu_model_snapshot_bytes(g->gm) : 0;
 }
+
+/* ------------------------------------------------ the nextn head -- */
+
+DS4_GPU_API int ds4_gpu_model_has_nextn(const ds4_gpu_model *g) { return g && g->gm && k_gpu_model_has_nextn(g->gm); }
+
+DS4_GPU_API const char *ds4_gpu_model_nextn_refusal(const ds4_gpu_model *g) {
+    return g && g->gm ? k_gpu_model_nextn_refusal(g->gm) : "";
+}
+
+DS4_GPU_API int ds4_gpu_set_nextn_prime(ds4_gpu_session *s, int on, char *err, size_t cap) {
+    if (!s) return fail(err, cap, DS4_ERR_ARG, "%s", "ds4_gpu_set_nextn_prime: session is NULL");
+    ds4_error e;
+    pthread_mutex_lock(&lock);
+    const int rc = k_runner_set_nextn_prime(s->r, on, &e);
+    pthread_mutex_unlock(&lock);
+    return rc ? pass_error(&e, err, cap) : DS4_OK;
+}
+
+DS4_GPU_API int ds4_gpu_nextn_prime(const ds4_gpu_session *s) { return s && k_runner_nextn_prime(s->r); }
+
+DS4_GPU_API int ds4_gpu_nextn_covered(const ds4_gpu_session *s) { return s && k_runner_nextn_covered(s->r); }
+
+DS4_GPU_API int ds4_gpu_nextn_propose(ds4_gpu_session *s, int32_t last, int64_t k, int32_t *out, char *err,
+                                      size_t cap) {
+    if (!s) return fail(err, cap, DS4_ERR_ARG, "%s", "ds4_gpu_nextn_propose: session is NULL");
+    ds4_error e;
+    pthread_mutex_lock(&lock);
+    const int rc = k_runner_nextn_propose(s->r, last, k, out, &e);
+    pthread_mutex_unlock(&lock);
+    return rc ? pass_error(&e, err, cap) : DS4_OK;
+}
+
+DS4_GPU_API int ds4_gpu_snapshot_nextn_covered(const ds4_gpu_snapshot *sn) {
+    return sn && k_snapshot_nextn_covered(sn->sn);
+}

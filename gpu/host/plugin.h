@@ -31,7 +31,7 @@
 
 /* Bumped whenever a signature below changes: Python refuses a plugin of
  * another version (a stale cache entry) instead of calling it wrong. */
-#define DS4_GPU_ABI_VERSION 2
+#define DS4_GPU_ABI_VERSION 3
 
 typedef struct ds4_gpu_model ds4_gpu_model;
 typedef struct ds4_gpu_session ds4_gpu_session;
@@ -98,5 +98,21 @@ int ds4_gpu_snapshot_has_logits(const ds4_gpu_snapshot *sn);
 /* Live snapshots of the model's sessions and the device bytes they hold. */
 int64_t ds4_gpu_model_snapshots(const ds4_gpu_model *g);
 uint64_t ds4_gpu_model_snapshot_bytes(const ds4_gpu_model *g);
+
+/* The nextn (MTP) head (runner.h): 1 when the model's head runs on the
+ * GPU; else 0, with the reason when the file has a head the GPU cannot
+ * run ("" otherwise). */
+int ds4_gpu_model_has_nextn(const ds4_gpu_model *g);
+const char *ds4_gpu_model_nextn_refusal(const ds4_gpu_model *g);
+/* Head priming: while on, every committed row reaches the head's KV
+ * (refused for a session holding rows the head never saw). */
+int ds4_gpu_set_nextn_prime(ds4_gpu_session *s, int on, char *err, size_t cap);
+int ds4_gpu_nextn_prime(const ds4_gpu_session *s);
+/* 1 when a draft at n_past can run (priming on, the head holding [1, n_past)). */
+int ds4_gpu_nextn_covered(const ds4_gpu_session *s);
+/* k chained greedy drafts after `last` (the token at n_past) into out[0..k). */
+int ds4_gpu_nextn_propose(ds4_gpu_session *s, int32_t last, int64_t k, int32_t *out, char *err, size_t cap);
+/* 1 when the snapshot carries the head's history. */
+int ds4_gpu_snapshot_nextn_covered(const ds4_gpu_snapshot *sn);
 
 #endif

@@ -25,15 +25,12 @@
  * double, the attention recipe, device exp); the model-level comparison is
  * tests/test_gpu_model.py.
  */
-#include "runner.h"
+#include "runner_int.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../csrc/error.h"
-#include "../../csrc/forward/forward.h"
-#include "../../csrc/model.h"
 #include "../kernels/attn_plan.h"
 
 #ifndef K_GDN_SEQ_TARGET_GROUPS
@@ -59,29 +56,6 @@
 #define K_MOE_LOGITS_SPLIT 16u
 #endif
 
-/* Rows per eval chunk: the GEMM (gemm.h) serves chunks wider than the
- * matvecs' K_MATVEC_MAX_ROWS with every value's bits unchanged, so the
- * chunk size is a speed and memory knob only. K_RUNNER_CHUNK rows when
- * every row's logits come back (verify, logprobs, the tests' all-rows
- * evals: the logits scratch is K_RUNNER_CHUNK x vocabulary, 64 MB at a
- * 248k vocabulary); K_RUNNER_PREFILL_CHUNK rows when only the last row's
- * are wanted (prefill), so the GEMM reads each weight once per 256 rows
- * instead of 64 (H200, 2026-11-29: 128 / 256-row chunks +5% / +8% prefill
- * on the 27B-like shape). The other scratch scales with the larger;
- * K_RUNNER_PREFILL_CHUNK in the environment lowers it (tests, A/B); -D
- * overrides change the build. Attention runs its rows ATTN_ROWS at a time
- * (its partials buffer grows with rows x context). */
-#ifndef K_RUNNER_CHUNK
-#define K_RUNNER_CHUNK 64
-#endif
-#ifndef K_RUNNER_PREFILL_CHUNK
-#define K_RUNNER_PREFILL_CHUNK 256
-#endif
-#define ROWS (K_RUNNER_PREFILL_CHUNK > K_RUNNER_CHUNK ? K_RUNNER_PREFILL_CHUNK : K_RUNNER_CHUNK) /* scratch rows */
-#define OUT_ROWS K_RUNNER_CHUNK /* logits / argmax scratch rows */
-#define ATTN_ROWS K_MATVEC_MAX_ROWS
-typedef char k_runner_chunk_ok[K_RUNNER_CHUNK >= K_MATVEC_MAX_ROWS && K_RUNNER_CHUNK >= K_RUNNER_VERIFY_MAX ? 1 : -1];
-#define MATVEC_TG K_MATVEC_MAX_TG
 /* Threadgroups the split-K attention aims for (about two per SM of an
  * H200's 132; attn_plan.h): only speed depends on it. */
 #define ATTN_TARGET_GROUPS 256
@@ -94,130 +68,6 @@ typedef char k_runner_chunk_ok[K_RUNNER_CHUNK >= K_MATVEC_MAX_ROWS && K_RUNNER_C
 #define K_ATTN_TG 1024
 #endif
 
-typedef struct {
-    void *p;
-    int type;
-    int64_t n_in, n_out;
-    size_t bytes;
-} dev_mat;
-
-/* Consecutive matrices of one input group that share a type, as one
- * matrix (upload_group); `first`: the group index of its first member. */
-typedef struct {
-    dev_mat m;
-    int first;
-} mat_run;
-
-/* A qwen35moe layer's routed FFN on the device (gpu/kernels/moe.h): the
- * router (ffn_gate_inp, and ffn_gate_inp_shexp as one more row) in F32;
- * the experts' 3-D gate/up tensors and the shared expert's gate/up in one
- * buffer (wgu), the experts' down and the shared down in another (wdn), at
- * the byte offsets the kernels take (moe_gate_up / moe_down params). */
-typedef struct {
-    void *router;
-    int shgate;
-    void *wgu, *wdn;
-    uint32_t t_gate, t_up, t_down, t_sgate, t_sup, t_sdown;
-    uint32_t g_estride, u_base, u_estride, u_row0, sg_base, su_base, sd_base;
-    size_t gu_bytes, dn_bytes;
-    int64_t n_ff_sh; /* 0: no shared expert */
-    unsigned want;   /* what pre_norm writes for it: K_NQ_X (the router's float rows) | activation types */
-} dev_moe;
-
-typedef struct {
-    int kind;
-    void *attn_norm, *post_norm;
-    /* GDN */
-    dev_mat qkv, gate, beta, alpha, ssm_out;
-    mat_run gdn_in[4]; /* qkv, gate, beta, alpha in runs of one type, concatenated (upload_group) */
-    int n_gdn_in;
-    void *conv_w; /* F32 [conv_dim][K] */
-    void *hp;     /* F32 [ssm_a (n_v) | dt_bias (n_v) | ssm_norm (d)]: gdn_delta's hp */
-    /* gated attention */
-    dev_mat q, k, v, o;
-    mat_run attn_in[3]; /* q, k, v in runs of one type (decode: one row [q | k | v]) */
-    int n_attn_in;
-    void *q_norm, *k_norm; /* one buffer, q_norm then k_norm (qk_norm_rope's w) */
-    /* dense FFN */
-    dev_mat ffn_gate, ffn_up, ffn_down;
-    mat_run ffn_in[2]; /* ffn_gate, ffn_up: one run when their types agree */
-    int n_ffn_in;
-    /* routed MoE (qwen35moe): moe_layer instead of ffn_layer */
-    int is_moe;
-    dev_moe moe;
-} dev_layer;
-
-/* A session's device state of one layer. */
-typedef struct {
-    void *conv_state, *ssm;   /* GDN: the recurrent state (conv: two halves, conv_cur holds it) */
-    int conv_cur;             /* GDN: 0/1, the half of conv_state in use (gdn_seq writes the other) */
-    void *conv_bak, *ssm_bak; /* GDN: the state before the last verify */
-    float *cap_in;            /* GDN: a verify's input rows [qkv | z | ab] (accept replays them) */
-    void *kpool, *vpool;      /* attention: F16 KV pages */
-} dev_state;
-
-/* Device allocations of one owner, released together. */
-typedef struct {
-    void **p;
-    int64_t n, cap;
-    uint64_t bytes;
-} k_allocs;
-
-/* The weights on the device: uploaded once, shared by every session. */
-struct k_gpu_model {
-    k_device *dev;
-    const ds4_model *m;
-    ds4_model_config c;
-    int isa;
-    uint32_t gdn_tg; /* gdn_delta's threadgroup: SIMD-groups of rows (gdn.h) */
-    k_allocs mem;
-    dev_layer *L;
-    dev_mat head;
-    void *output_norm;
-    int64_t n_snaps;     /* live snapshots (k_runner_snapshot): freed before the model */
-    uint64_t snap_bytes; /* device bytes they hold */
-};
-
-struct k_runner {
-    /* copied from the model, for the layer code's brevity */
-    k_device *dev;
-    const ds4_model *m;
-    ds4_model_config c;
-    int isa;
-    uint32_t gdn_tg;
-    dev_layer *L;
-    const dev_mat *head;
-    void *output_norm;
-    /* this session */
-    k_gpu_model *gm;
-    k_allocs mem;
-    dev_state *S;
-    int64_t n_ctx, n_pages, n_past, launches;
-    int fuse;               /* fused glue kernels (fused.h); K_RUNNER_FUSE=0: the unfused sequence */
-    int gemm;               /* prefill GEMM for chunks > 16 rows: 2 gemm_mma.h, 1 gemm.h, 0 (K_RUNNER_GEMM=0) matvecs */
-    uint32_t moe_split;     /* SIMD-groups per router row (moe_logits); K_RUNNER_MOE_SPLIT overrides */
-    uint32_t gdn_split;     /* gdn_seq threadgroups per value head (long runs); K_RUNNER_GDN_SPLIT overrides */
-    int64_t prefill_chunk;  /* rows per chunk when only the last row's outputs are wanted (<= ROWS) */
-    uint32_t attn_tg;       /* attn_partials threads: K_ATTN_TG on CUDA, else 256 */
-    int capturing;          /* inside a verify: GDN layers keep their rows */
-    int64_t ver_n, ver_pos; /* the last verify's rows and first position (0: none) */
-    int64_t last_row;       /* the row of `logits` holding position n_past - 1 (-1: none) */
-    void *pages; /* u32 page table: identity (one sequence, no sharing yet) */
-    /* scratch, ROWS rows each */
-    float *h, *x, *y, *gin, *cv, *o, *qf, *qn, *kraw, *kn, *vv, *arow, *attn, *g, *u, *gu, *logits;
-    float *part, *cs, *sn;
-    uint8_t *xq8, *xqk;
-    uint32_t *idx, *status;
-    size_t xq8_bytes, xqk_bytes, part_floats;
-    /* host staging */
-    float *h_stage, *h_cs, *h_sn;
-    uint32_t *h_idx;
-    /* routed MoE scratch, ROWS token rows (open_moe_scratch; qwen35moe only) */
-    float *moe_logits, *moe_wt, *moe_h;
-    uint32_t *moe_sel;
-    uint8_t *moe_hq8, *moe_hqk;
-    size_t moe_hq8_bytes, moe_hqk_bytes;
-};
 
 /* ---------------------------------------------------------- memory -- */
 
@@ -248,7 +98,7 @@ static void mem_release(k_device *d, k_allocs *a) {
     memset(a, 0, sizeof *a);
 }
 
-static void *mem_upload(k_device *d, k_allocs *a, const void *src, size_t bytes, ds4_error *err) {
+void *kr_mem_upload(k_device *d, k_allocs *a, const void *src, size_t bytes, ds4_error *err) {
     void *p = mem_alloc(d, a, bytes, err);
     if (!p) return NULL;
     if (d->upload(d, p, src, bytes)) {
@@ -259,9 +109,9 @@ static void *mem_upload(k_device *d, k_allocs *a, const void *src, size_t bytes,
 }
 
 /* Session memory. */
-static void *dalloc(k_runner *r, size_t bytes, ds4_error *err) { return mem_alloc(r->dev, &r->mem, bytes, err); }
+void *kr_dalloc(k_runner *r, size_t bytes, ds4_error *err) { return mem_alloc(r->dev, &r->mem, bytes, err); }
 static void *upload(k_runner *r, const void *src, size_t bytes, ds4_error *err) {
-    return mem_upload(r->dev, &r->mem, src, bytes, err);
+    return kr_mem_upload(r->dev, &r->mem, src, bytes, err);
 }
 
 /* Dense matrix types with a GPU matvec (Q4_64A: quant_q4_64a.h, dense
@@ -271,7 +121,7 @@ static int mat_type_ok(int type) {
            type == DS4_TYPE_Q6_K || type == DS4_TYPE_Q4_64A;
 }
 
-static int upload_mat(k_gpu_model *r, const ds4_tensor *t, dev_mat *out, ds4_error *err) {
+int kr_upload_mat(k_gpu_model *r, const ds4_tensor *t, dev_mat *out, ds4_error *err) {
     if (!mat_type_ok(t->type)) {
         ds4_type_info ti;
         ds4_error e2;
@@ -285,7 +135,7 @@ static int upload_mat(k_gpu_model *r, const ds4_tensor *t, dev_mat *out, ds4_err
     out->n_in = t->ne[0];
     out->n_out = t->ne[1];
     out->bytes = t->row_bytes * (size_t)t->ne[1];
-    out->p = mem_upload(r->dev, &r->mem, t->data, out->bytes, err);
+    out->p = kr_mem_upload(r->dev, &r->mem, t->data, out->bytes, err);
     return out->p ? 0 : err->code;
 }
 
@@ -299,7 +149,7 @@ static int upload_mat(k_gpu_model *r, const ds4_tensor *t, dev_mat *out, ds4_err
  * inside its run (offsets are whole matrices of one type: 144/176-byte
  * K-quant blocks stay 16-aligned, 34/210-byte ones 2-aligned) for the
  * unfused path (K_RUNNER_FUSE=0). *n_runs runs land in runs[]. */
-static int upload_group(k_gpu_model *r, const ds4_tensor *const *t, dev_mat *const *out, int k, mat_run *runs,
+int kr_upload_group(k_gpu_model *r, const ds4_tensor *const *t, dev_mat *const *out, int k, mat_run *runs,
                         int *n_runs, ds4_error *err) {
     int rc;
     *n_runs = 0;
@@ -310,7 +160,7 @@ static int upload_group(k_gpu_model *r, const ds4_tensor *const *t, dev_mat *con
         mat_run *run = &runs[(*n_runs)++];
         run->first = i0;
         if (i1 - i0 == 1) {
-            if ((rc = upload_mat(r, t[i0], out[i0], err))) return rc;
+            if ((rc = kr_upload_mat(r, t[i0], out[i0], err))) return rc;
             run->m = *out[i0];
             i0 = i1;
             continue;
@@ -324,7 +174,7 @@ static int upload_group(k_gpu_model *r, const ds4_tensor *const *t, dev_mat *con
             memcpy(host + off, t[i]->data, bytes);
             off += bytes;
         }
-        dev = mem_upload(r->dev, &r->mem, host, total, err);
+        dev = kr_mem_upload(r->dev, &r->mem, host, total, err);
         free(host);
         if (!dev) return err->code;
         run->m = (dev_mat){dev, t[i0]->type, t[i0]->ne[0], 0, total};
@@ -338,17 +188,17 @@ static int upload_group(k_gpu_model *r, const ds4_tensor *const *t, dev_mat *con
     return 0;
 }
 
-static void *upload_f32(k_gpu_model *r, const ds4_tensor *t, int64_t n, ds4_error *err) {
+void *kr_upload_f32(k_gpu_model *r, const ds4_tensor *t, int64_t n, ds4_error *err) {
     if (t->type != DS4_TYPE_F32) {
         ds4_fail(err, DS4_ERR_UNSUPPORTED, "%s: tensor %s must be F32 on the GPU", r->dev->name, t->name);
         return NULL;
     }
-    return mem_upload(r->dev, &r->mem, t->data, (size_t)n * sizeof(float), err);
+    return kr_mem_upload(r->dev, &r->mem, t->data, (size_t)n * sizeof(float), err);
 }
 
 /* --------------------------------------------------------- launches -- */
 
-static int launch(k_runner *r, int id, uint32_t gx, uint32_t gy, uint32_t gz, uint32_t tg,
+int kr_launch(k_runner *r, int id, uint32_t gx, uint32_t gy, uint32_t gz, uint32_t tg,
                   const k_binding *b, int nb, ds4_error *err) {
     const uint32_t grid[3] = {gx ? gx : 1, gy ? gy : 1, gz ? gz : 1};
     r->launches++;
@@ -360,37 +210,31 @@ static int launch(k_runner *r, int id, uint32_t gx, uint32_t gy, uint32_t gz, ui
     return 0;
 }
 
-#define STATUS_BIND(K) K_BIND(K, status, r->status, 8)
-#define F4(n) ((size_t)(n) * sizeof(float))
 
 /* Threads for a one-threadgroup-per-row reduction over n elements: fixed
  * per n (a row's float sum order depends on it, never on the row count). */
-static uint32_t row_tg(int64_t n) {
+uint32_t kr_row_tg(int64_t n) {
     if (n >= 4096) return 1024; /* 27B-like E 5120: one SM per row, so use it all */
     if (n >= 256) return 256;
     return (uint32_t)((n + 31) / 32 * 32);
 }
 
-/* y_row = rmsnorm(x_row) * w for n_rows rows `stride` floats apart (rmsnorm.h). */
-static int rmsnorm(k_runner *r, const float *x, const void *w, float *y, int64_t n, int64_t n_rows,
-                   int64_t stride, ds4_error *err) {
+/* y_row = rmsnorm(x_row) * w for n_rows rows, `stride` floats apart in x
+ * and `ystride` in y (rmsnorm.h). */
+int kr_rmsnorm(k_runner *r, const float *x, const void *w, float *y, int64_t n, int64_t n_rows, int64_t stride,
+               int64_t ystride, ds4_error *err) {
     k_rmsnorm_params p = {K_TAG_OF(rmsnorm), (uint32_t)n, (uint32_t)n_rows, (uint32_t)stride,
-                          r->c.rms_eps, 1};
-    const size_t span = F4((n_rows - 1) * stride + n);
-    k_binding b[] = {STATUS_BIND(rmsnorm), K_BIND(rmsnorm, p, &p, sizeof p), K_BIND(rmsnorm, x, x, span),
-                     K_BIND(rmsnorm, w, w, F4(n)), K_BIND(rmsnorm, y, y, span)};
-    return launch(r, K_ID_rmsnorm, (uint32_t)n_rows, 1, 1, row_tg(n), b, 5, err);
+                          r->c.rms_eps, 1, (uint32_t)ystride};
+    k_binding b[] = {STATUS_BIND(rmsnorm), K_BIND(rmsnorm, p, &p, sizeof p),
+                     K_BIND(rmsnorm, x, x, F4((n_rows - 1) * stride + n)), K_BIND(rmsnorm, w, w, F4(n)),
+                     K_BIND(rmsnorm, y, y, F4((n_rows - 1) * ystride + n))};
+    return kr_launch(r, K_ID_rmsnorm, (uint32_t)n_rows, 1, 1, kr_row_tg(n), b, 5, err);
 }
 
-typedef struct {
-    const dev_mat *w;
-    float *y;
-    int64_t y_stride;
-} mm_job;
 
 /* The activation type a matrix's matvec reads (K_NQ_Q8_0 for Q8_0
  * weights, K_NQ_Q8_K for the K-quants: the CPU's fast precision pairs). */
-static unsigned act_flag(const dev_mat *w) {
+unsigned kr_act_flag(const dev_mat *w) {
     return w->type == DS4_TYPE_Q8_0 || w->type == DS4_TYPE_Q4_64A ? K_NQ_Q8_0 : K_NQ_Q8_K; /* Q4_64A x Q8_0: traits.c */
 }
 
@@ -412,7 +256,7 @@ static int mm_rows_q4_64a(k_runner *r, const mm_job *job, int64_t n_rows, ds4_er
                          K_BIND(matvec_q4_64a, w, w->p, w->bytes),
                          K_BIND(matvec_q4_64a, xq, r->xq8 + r0 * xrow, (size_t)nr * xrow),
                          K_BIND(matvec_q4_64a, y, job->y + r0 * ys, F4((nr - 1) * ys + w->n_out))};
-        rc = launch(r, id, K_MATVEC_Q4_64A_GROUPS((uint32_t)nr, (uint32_t)w->n_out, MATVEC_TG / 32), 1, 1,
+        rc = kr_launch(r, id, K_MATVEC_Q4_64A_GROUPS((uint32_t)nr, (uint32_t)w->n_out, MATVEC_TG / 32), 1, 1,
                     MATVEC_TG, b, 5, err);
     }
     return rc;
@@ -442,7 +286,7 @@ static int mm_rows(k_runner *r, const mm_job *job, int64_t n_rows, ds4_error *er
                          q8 ? K_BIND(gemm_q8_0_mma, p, &p8, sizeof p8) : K_BIND(gemm_kq_mma, p, &p, sizeof p),
                          K_BIND(gemm_kq_mma, w, w->p, w->bytes), K_BIND(gemm_kq_mma, xq, xq, (size_t)n_rows * xrow),
                          K_BIND(gemm_kq_mma, y, job->y, F4((n_rows - 1) * ys + w->n_out))};
-        return launch(r, q8 ? K_ID_gemm_q8_0_mma : K_ID_gemm_kq_mma, K_MMA_GROUPS_X((uint32_t)n_rows),
+        return kr_launch(r, q8 ? K_ID_gemm_q8_0_mma : K_ID_gemm_kq_mma, K_MMA_GROUPS_X((uint32_t)n_rows),
                       K_MMA_GROUPS_Y((uint32_t)w->n_out), 1, K_MMA_TG, b, 5, err);
     }
 #endif
@@ -456,7 +300,7 @@ static int mm_rows(k_runner *r, const mm_job *job, int64_t n_rows, ds4_error *er
         k_binding b[] = {STATUS_BIND(gemm_kq), q8 ? K_BIND(gemm_q8_0, p, &p8, sizeof p8) : K_BIND(gemm_kq, p, &p, sizeof p),
                          K_BIND(gemm_kq, w, w->p, w->bytes), K_BIND(gemm_kq, xq, xq, (size_t)n_rows * xrow),
                          K_BIND(gemm_kq, y, job->y, F4((n_rows - 1) * ys + w->n_out))};
-        return launch(r, q8 ? K_ID_gemm_q8_0 : K_ID_gemm_kq, K_GEMM_GROUPS_X((uint32_t)n_rows),
+        return kr_launch(r, q8 ? K_ID_gemm_q8_0 : K_ID_gemm_kq, K_GEMM_GROUPS_X((uint32_t)n_rows),
                       K_GEMM_GROUPS_Y((uint32_t)w->n_out), 1, K_GEMM_TG, b, 5, err);
     }
     int rc = 0;
@@ -471,7 +315,7 @@ static int mm_rows(k_runner *r, const mm_job *job, int64_t n_rows, ds4_error *er
                              K_BIND(matvec_q8_0, w, w->p, w->bytes),
                              K_BIND(matvec_q8_0, xq, xq + r0 * xrow, (size_t)nr * xrow),
                              K_BIND(matvec_q8_0, y, y, ybytes)};
-            rc = launch(r, K_ID_matvec_q8_0, K_MATVEC_GROUPS((uint32_t)w->n_out, MATVEC_TG / 32), 1, 1,
+            rc = kr_launch(r, K_ID_matvec_q8_0, K_MATVEC_GROUPS((uint32_t)w->n_out, MATVEC_TG / 32), 1, 1,
                         MATVEC_TG, b, 5, err);
         } else {
             const int id = K_MATVEC_KQ_KERNEL((uint32_t)nr);
@@ -481,7 +325,7 @@ static int mm_rows(k_runner *r, const mm_job *job, int64_t n_rows, ds4_error *er
                              K_BIND(matvec_kq, w, w->p, w->bytes),
                              K_BIND(matvec_kq, xq, xq + r0 * xrow, (size_t)nr * xrow),
                              K_BIND(matvec_kq, y, y, ybytes)};
-            rc = launch(r, id, K_MATVEC_KQ_GROUPS((uint32_t)nr, (uint32_t)w->n_out, MATVEC_TG / 32), 1, 1,
+            rc = kr_launch(r, id, K_MATVEC_KQ_GROUPS((uint32_t)nr, (uint32_t)w->n_out, MATVEC_TG / 32), 1, 1,
                         MATVEC_TG, b, 5, err);
         }
     }
@@ -492,13 +336,13 @@ static int mm_rows(k_runner *r, const mm_job *job, int64_t n_rows, ds4_error *er
  * quant_kq.h) unless `ready` says a fused kernel already wrote them into
  * r->xq8 / r->xqk (K_NQ_Q8_0 / K_NQ_Q8_K), then each job over all rows
  * (mm_rows: the matvec or the prefill GEMM). */
-static int matmul(k_runner *r, const float *x, int64_t x_stride, int64_t n_rows, const mm_job *jobs,
+int kr_matmul(k_runner *r, const float *x, int64_t x_stride, int64_t n_rows, const mm_job *jobs,
                   int n_jobs, unsigned ready, ds4_error *err) {
     const int64_t n_in = jobs[0].w->n_in;
     int have8 = (ready & K_NQ_Q8_0) != 0, havek = (ready & K_NQ_Q8_K) != 0, rc;
     for (int j = 0; j < n_jobs; j++) {
         const dev_mat *w = jobs[j].w;
-        if (act_flag(w) == K_NQ_Q8_0) { /* Q8_0 and Q4_64A weights */
+        if (kr_act_flag(w) == K_NQ_Q8_0) { /* Q8_0 and Q4_64A weights */
             if (!have8) {
                 k_quantize_q8_0_params p = {K_TAG_OF(quantize_q8_0), (uint32_t)n_in, (uint32_t)n_rows,
                                             (uint32_t)x_stride};
@@ -506,7 +350,7 @@ static int matmul(k_runner *r, const float *x, int64_t x_stride, int64_t n_rows,
                 k_binding b[] = {STATUS_BIND(quantize_q8_0), K_BIND(quantize_q8_0, p, &p, sizeof p),
                                  K_BIND(quantize_q8_0, x, x, F4((n_rows - 1) * x_stride + n_in)),
                                  K_BIND(quantize_q8_0, q, r->xq8, (size_t)blocks * 34)};
-                if ((rc = launch(r, K_ID_quantize_q8_0, (blocks + 3) / 4, 1, 1, 128, b, 4, err))) return rc;
+                if ((rc = kr_launch(r, K_ID_quantize_q8_0, (blocks + 3) / 4, 1, 1, 128, b, 4, err))) return rc;
                 have8 = 1;
             }
         } else if (!havek) {
@@ -516,7 +360,7 @@ static int matmul(k_runner *r, const float *x, int64_t x_stride, int64_t n_rows,
             k_binding b[] = {STATUS_BIND(quantize_q8_K), K_BIND(quantize_q8_K, p, &p, sizeof p),
                              K_BIND(quantize_q8_K, x, x, F4((n_rows - 1) * x_stride + n_in)),
                              K_BIND(quantize_q8_K, q, r->xqk, (size_t)blocks * 292)};
-            if ((rc = launch(r, K_ID_quantize_q8_K, (blocks + 3) / 4, 1, 1, 128, b, 4, err))) return rc;
+            if ((rc = kr_launch(r, K_ID_quantize_q8_K, (blocks + 3) / 4, 1, 1, 128, b, 4, err))) return rc;
             havek = 1;
         }
         if ((rc = mm_rows(r, &jobs[j], n_rows, err))) return rc;
@@ -528,7 +372,7 @@ static int add_rows(k_runner *r, const float *x, float *y, int64_t n, ds4_error 
     k_add_rows_params p = {K_TAG_OF(add_rows), (uint32_t)n};
     k_binding b[] = {STATUS_BIND(add_rows), K_BIND(add_rows, p, &p, sizeof p), K_BIND(add_rows, x, x, F4(n)),
                      K_BIND(add_rows, y, y, F4(n))};
-    return launch(r, K_ID_add_rows, (uint32_t)((n + 255) / 256), 1, 1, 256, b, 4, err);
+    return kr_launch(r, K_ID_add_rows, (uint32_t)((n + 255) / 256), 1, 1, 256, b, 4, err);
 }
 
 /* Before a layer's matvecs (and the LM head): h += y over rows [row0, row0 +
@@ -538,14 +382,14 @@ static int add_rows(k_runner *r, const float *x, float *y, int64_t n, ds4_error 
  * only matvecs read it), or, unfused (K_RUNNER_FUSE=0, or a row wider than
  * K_NQ_MAX_N), add_rows + rmsnorm and *ready = 0 (the matvecs quantize).
  * Either way the same bits (gpu/tests/test_gpu_emul.c suite fused). */
-static int pre_norm(k_runner *r, int add, int64_t row0, int64_t n_rows, const void *w, unsigned want,
+int kr_pre_norm(k_runner *r, int add, int64_t row0, int64_t n_rows, const void *w, unsigned want,
                     unsigned *ready, ds4_error *err) {
     const int64_t E = r->c.n_embd;
     float *h = r->h + row0 * E, *y = r->y + row0 * E;
     *ready = 0;
     if (!r->fuse || E > K_NQ_MAX_N) {
         int rc = add ? add_rows(r, y, h, n_rows * E, err) : 0;
-        return rc ? rc : rmsnorm(r, h, w, r->x, E, n_rows, E, err);
+        return rc ? rc : kr_rmsnorm(r, h, w, r->x, E, n_rows, E, E, err);
     }
     k_norm_quant_params p = {K_TAG_OF(norm_quant), (uint32_t)E, (uint32_t)n_rows, (uint32_t)E, r->c.rms_eps,
                              (add ? K_NQ_ADD : 0u) | want};
@@ -554,7 +398,7 @@ static int pre_norm(k_runner *r, int add, int64_t row0, int64_t n_rows, const vo
                      K_BIND(norm_quant, h, h, span), K_BIND(norm_quant, w, w, F4(E)),
                      K_BIND(norm_quant, x, r->x, F4(ROWS * E)), K_BIND(norm_quant, q8, r->xq8, r->xq8_bytes),
                      K_BIND(norm_quant, qk, r->xqk, r->xqk_bytes)};
-    int rc = launch(r, K_ID_norm_quant, (uint32_t)n_rows, 1, 1, row_tg(E), b, 8, err);
+    int rc = kr_launch(r, K_ID_norm_quant, (uint32_t)n_rows, 1, 1, kr_row_tg(E), b, 8, err);
     if (!rc) *ready = want;
     return rc;
 }
@@ -594,7 +438,7 @@ static int gdn_seq(k_runner *r, const dev_layer *L, dev_state *S, const float *i
                      K_BIND(gdn_seq, conv, S->conv_state, F4(2 * (K - 1) * cd)),
                      K_BIND(gdn_seq, hp, L->hp, F4(2 * nv + d)), K_BIND(gdn_seq, s, S->ssm, F4(nv * d * d)),
                      K_BIND(gdn_seq, o, o, F4((n - 1) * vd + vd))};
-    int rc = launch(r, K_ID_gdn_seq, (uint32_t)nv * G, 1, 1, r->gdn_tg, b, 8, err);
+    int rc = kr_launch(r, K_ID_gdn_seq, (uint32_t)nv * G, 1, 1, r->gdn_tg, b, 8, err);
     if (!rc) S->conv_cur ^= 1;
     if (!rc && G > 1u) { /* the gated norm of every (head, token) over the raw rows */
         k_gdn_norm_params pn = {K_TAG_OF(gdn_norm), (uint32_t)nv, (uint32_t)d, (uint32_t)n, (uint32_t)W, (uint32_t)cd,
@@ -602,7 +446,7 @@ static int gdn_seq(k_runner *r, const dev_layer *L, dev_state *S, const float *i
         k_binding bn[] = {STATUS_BIND(gdn_norm), K_BIND(gdn_norm, p, &pn, sizeof pn),
                           K_BIND(gdn_norm, in, in, F4((n - 1) * W + cd + vd)), K_BIND(gdn_norm, hp, L->hp, F4(2 * nv + d)),
                           K_BIND(gdn_norm, o, o, F4((n - 1) * vd + vd))};
-        rc = launch(r, K_ID_gdn_norm, (uint32_t)nv, (uint32_t)n, 1, r->gdn_tg, bn, 5, err);
+        rc = kr_launch(r, K_ID_gdn_norm, (uint32_t)nv, (uint32_t)n, 1, r->gdn_tg, bn, 5, err);
     }
     return rc;
 }
@@ -620,17 +464,17 @@ static int gdn_token(k_runner *r, const dev_layer *L, dev_state *S, const float 
                       K_BIND(gdn_conv, x, qkv, F4(cd)), K_BIND(gdn_conv, cw, L->conv_w, F4(cd * K)),
                       K_BIND(gdn_conv, state, conv_now(S, c), F4((K - 1) * cd)),
                       K_BIND(gdn_conv, out, r->cv, F4(cd))};
-    int rc = launch(r, K_ID_gdn_conv, (uint32_t)((cd + 127) / 128), 1, 1, 128, bc, 6, err);
+    int rc = kr_launch(r, K_ID_gdn_conv, (uint32_t)((cd + 127) / 128), 1, 1, 128, bc, 6, err);
     if (rc) return rc;
     k_gdn_delta_params pd = {K_TAG_OF(gdn_delta), (uint32_t)c->ssm_n_k, (uint32_t)nv, (uint32_t)d, c->rms_eps};
     k_binding bd[] = {STATUS_BIND(gdn_delta), K_BIND(gdn_delta, p, &pd, sizeof pd),
                       K_BIND(gdn_delta, cv, r->cv, F4(cd)), K_BIND(gdn_delta, z, z, F4(vd)),
                       K_BIND(gdn_delta, ab, ab, F4(2 * nv)), K_BIND(gdn_delta, hp, L->hp, F4(2 * nv + d)),
                       K_BIND(gdn_delta, s, S->ssm, F4(nv * d * d)), K_BIND(gdn_delta, o, o, F4(vd))};
-    return launch(r, K_ID_gdn_delta, (uint32_t)nv, 1, 1, r->gdn_tg, bd, 8, err);
+    return kr_launch(r, K_ID_gdn_delta, (uint32_t)nv, 1, 1, r->gdn_tg, bd, 8, err);
 }
 
-static int copy_dev(k_runner *r, void *dst, const void *src, size_t bytes, ds4_error *err) {
+int kr_copy_dev(k_runner *r, void *dst, const void *src, size_t bytes, ds4_error *err) {
     if (r->dev->copy(r->dev, dst, src, bytes))
         return ds4_fail(err, DS4_ERR_INTERNAL, "%s copy: %s", r->dev->name, r->dev->err);
     return 0;
@@ -651,22 +495,22 @@ static int gdn_layer(k_runner *r, dev_layer *L, dev_state *S, int64_t n, int64_t
                     {&L->alpha, r->gin + cd + vd + nv, W}};
     mm_job runs[4];
     for (int i = 0; i < L->n_gdn_in; i++) runs[i] = (mm_job){&L->gdn_in[i].m, in[L->gdn_in[i].first].y, W};
-    int rc = r->fuse ? matmul(r, r->x, E, n, runs, L->n_gdn_in, ready, err) : matmul(r, r->x, E, n, in, 4, ready, err);
-    if (!rc && r->capturing) rc = copy_dev(r, S->cap_in + row0 * W, r->gin, F4(n * W), err);
+    int rc = r->fuse ? kr_matmul(r, r->x, E, n, runs, L->n_gdn_in, ready, err) : kr_matmul(r, r->x, E, n, in, 4, ready, err);
+    if (!rc && r->capturing) rc = kr_copy_dev(r, S->cap_in + row0 * W, r->gin, F4(n * W), err);
     if (!rc && r->fuse) rc = gdn_seq(r, L, S, r->gin, n, r->o, err); /* all n tokens, one launch */
     for (int64_t t = 0; t < n && !rc && !r->fuse; t++)
         rc = gdn_token(r, L, S, r->gin + t * W, r->gin + t * W + cd, r->gin + t * W + cd + vd, r->o + t * vd, err);
     if (rc) return rc;
     mm_job out = {&L->ssm_out, r->y, E};
-    return matmul(r, r->o, vd, n, &out, 1, 0, err);
+    return kr_matmul(r, r->o, vd, n, &out, 1, 0, err);
 }
 
 /* attention.c ds4_attn_block: q (+ gate), k, v projections; per-head
  * RMSNorm of q and k; RoPE; the new K/V rows into the F16 pages; split-K
  * attention over positions [0, pos0 + t]; the sigmoid output gate; the
  * output projection. */
-static int attn_layer(k_runner *r, dev_layer *L, dev_state *S, int64_t n, int64_t pos0, unsigned ready,
-                      ds4_error *err) {
+int kr_attn_layer(k_runner *r, dev_layer *L, dev_state *S, int64_t n, int64_t pos0, unsigned ready, int kv_only,
+                  ds4_error *err) {
     const ds4_model_config *c = &r->c;
     const int64_t E = c->n_embd, dh = c->head_dim, nh = c->n_head, nkv = c->n_head_kv;
     const int64_t qf_dim = 2 * nh * dh, kv_dim = nkv * dh, half = c->n_rot / 2;
@@ -682,10 +526,10 @@ static int attn_layer(k_runner *r, dev_layer *L, dev_state *S, int64_t n, int64_
         mm_job runs[3];
         for (int i = 0; i < L->n_attn_in; i++)
             runs[i] = (mm_job){&L->attn_in[i].m, y0[L->attn_in[i].first], qf_dim + 2 * kv_dim};
-        if ((rc = matmul(r, r->x, E, n, runs, L->n_attn_in, ready, err))) return rc;
+        if ((rc = kr_matmul(r, r->x, E, n, runs, L->n_attn_in, ready, err))) return rc;
     } else {
         mm_job in[3] = {{&L->q, qf, qf_dim}, {&L->k, kraw, kv_dim}, {&L->v, vv, kv_dim}};
-        if ((rc = matmul(r, r->x, E, n, in, 3, ready, err))) return rc;
+        if ((rc = kr_matmul(r, r->x, E, n, in, 3, ready, err))) return rc;
     }
     /* q heads sit 2*dh apart in qf (each followed by its gate). Fused:
      * normed and rotated in place (qk_norm_rope, fused.h: the bits of the
@@ -701,10 +545,10 @@ static int attn_layer(k_runner *r, dev_layer *L, dev_state *S, int64_t n, int64_
                          K_BIND(qk_norm_rope, w, L->q_norm, F4(2 * dh)),
                          K_BIND(qk_norm_rope, cs, r->cs, F4(half > 0 ? n * half : 1)),
                          K_BIND(qk_norm_rope, sn, r->sn, F4(half > 0 ? n * half : 1))};
-        if ((rc = launch(r, K_ID_qk_norm_rope, (uint32_t)(nh + nkv), (uint32_t)n, 1, row_tg(dh), b, 7, err))) return rc;
+        if ((rc = kr_launch(r, K_ID_qk_norm_rope, (uint32_t)(nh + nkv), (uint32_t)n, 1, kr_row_tg(dh), b, 7, err))) return rc;
     } else {
-        if ((rc = rmsnorm(r, qf, L->q_norm, r->qn, dh, n * nh, 2 * dh, err)) ||
-            (rc = rmsnorm(r, kraw, L->k_norm, r->kn, dh, n * nkv, dh, err)))
+        if ((rc = kr_rmsnorm(r, qf, L->q_norm, r->qn, dh, n * nh, 2 * dh, 2 * dh, err)) ||
+            (rc = kr_rmsnorm(r, kraw, L->k_norm, r->kn, dh, n * nkv, dh, dh, err)))
             return rc;
         for (int pass = 0; pass < 2 && half > 0; pass++) {
             float *xr = pass ? r->kn : r->qn;
@@ -715,7 +559,7 @@ static int attn_layer(k_runner *r, dev_layer *L, dev_state *S, int64_t n, int64_
             k_binding b[] = {STATUS_BIND(rope_neox), K_BIND(rope_neox, p, &p, sizeof p),
                              K_BIND(rope_neox, x, xr, F4((n - 1) * rs + (heads - 1) * hs + dh)),
                              K_BIND(rope_neox, cs, r->cs, F4(n * half)), K_BIND(rope_neox, sn, r->sn, F4(n * half))};
-            if ((rc = launch(r, K_ID_rope_neox, (uint32_t)((items + 63) / 64), 1, 1, 64, b, 5, err))) return rc;
+            if ((rc = kr_launch(r, K_ID_rope_neox, (uint32_t)((items + 63) / 64), 1, 1, 64, b, 5, err))) return rc;
         }
     }
     const size_t pool = (size_t)r->n_pages * (size_t)nkv * K_ATTN_BLOCK * (size_t)dh * 2;
@@ -727,8 +571,9 @@ static int attn_layer(k_runner *r, dev_layer *L, dev_state *S, int64_t n, int64_
                          K_BIND(kv_store, k, kn, F4(n * kv_dim)), K_BIND(kv_store, v, vv, F4(n * kv_dim)),
                          K_BIND(kv_store, pages, r->pages, 4 * (size_t)r->n_pages),
                          K_BIND(kv_store, kpool, S->kpool, pool), K_BIND(kv_store, vpool, S->vpool, pool)};
-        if ((rc = launch(r, K_ID_kv_store, (uint32_t)((items + 127) / 128), 1, 1, 128, b, 7, err))) return rc;
+        if ((rc = kr_launch(r, K_ID_kv_store, (uint32_t)((items + 127) / 128), 1, 1, 128, b, 7, err))) return rc;
     }
+    if (kv_only) return 0; /* the nextn head's priming: a row's K/V need nothing below */
     /* split-K attention, ATTN_ROWS query rows per launch pair (a row's
      * result never depends on its batch: attn.h), so the partials buffer
      * stays ATTN_ROWS x context whatever the chunk */
@@ -749,7 +594,7 @@ static int attn_layer(k_runner *r, dev_layer *L, dev_state *S, int64_t n, int64_
         /* 256 threads: at short contexts only n_head_kv x rows threadgroups
          * exist, so each needs its own latency hiding (no effect on the bits:
          * attn.h's per-position and per-element work is placed by position) */
-        if ((rc = launch(r, K_ID_attn_partials, (uint32_t)nkv, k_attn_n_splits(nb, bps), (uint32_t)an, r->attn_tg, bp, 7,
+        if ((rc = kr_launch(r, K_ID_attn_partials, (uint32_t)nkv, k_attn_n_splits(nb, bps), (uint32_t)an, r->attn_tg, bp, 7,
                          err)))
             return rc;
         k_attn_merge_params pm = {K_TAG_OF(attn_merge), (uint32_t)nh, (uint32_t)dh, (uint32_t)an, (uint32_t)apos,
@@ -757,11 +602,11 @@ static int attn_layer(k_runner *r, dev_layer *L, dev_state *S, int64_t n, int64_
         k_binding bm[] = {STATUS_BIND(attn_merge), K_BIND(attn_merge, p, &pm, sizeof pm),
                           K_BIND(attn_merge, part, r->part, part),
                           K_BIND(attn_merge, out, r->attn + t0 * nh * dh, F4(an * nh * dh))};
-        if ((rc = launch(r, K_ID_attn_merge, (uint32_t)nh, (uint32_t)an, 1, k_attn_merge_threads((uint32_t)dh), bm, 4, err))) return rc;
+        if ((rc = kr_launch(r, K_ID_attn_merge, (uint32_t)nh, (uint32_t)an, 1, k_attn_merge_threads((uint32_t)dh), bm, 4, err))) return rc;
     }
     mm_job out = {&L->o, r->y, E};
     if (r->fuse) { /* the output gate and the o projection's quantizer in one launch (attn_gate_quant) */
-        const unsigned q = act_flag(&L->o);
+        const unsigned q = kr_act_flag(&L->o);
         k_attn_gate_quant_params p = {K_TAG_OF(attn_gate_quant), (uint32_t)n, (uint32_t)nh, (uint32_t)dh,
                                       (uint32_t)qf_dim, q};
         k_binding b[] = {STATUS_BIND(attn_gate_quant), K_BIND(attn_gate_quant, p, &p, sizeof p),
@@ -769,16 +614,16 @@ static int attn_layer(k_runner *r, dev_layer *L, dev_state *S, int64_t n, int64_
                          K_BIND(attn_gate_quant, a, r->attn, F4(n * nh * dh)),
                          K_BIND(attn_gate_quant, q8, r->xq8, r->xq8_bytes),
                          K_BIND(attn_gate_quant, qk, r->xqk, r->xqk_bytes)};
-        if ((rc = launch(r, K_ID_attn_gate_quant, (K_ATTN_GATE_QUANT_UNITS(p) + 3) / 4, 1, 1, 128, b, 6, err)))
+        if ((rc = kr_launch(r, K_ID_attn_gate_quant, (K_ATTN_GATE_QUANT_UNITS(p) + 3) / 4, 1, 1, 128, b, 6, err)))
             return rc;
-        return matmul(r, NULL, nh * dh, n, &out, 1, q, err);
+        return kr_matmul(r, NULL, nh * dh, n, &out, 1, q, err);
     }
     k_attn_gate_params pg = {K_TAG_OF(attn_gate), (uint32_t)n, (uint32_t)nh, (uint32_t)dh, (uint32_t)qf_dim};
     k_binding bg[] = {STATUS_BIND(attn_gate), K_BIND(attn_gate, p, &pg, sizeof pg),
                       K_BIND(attn_gate, qf, qf, F4(n * qf_dim)), K_BIND(attn_gate, a, r->attn, F4(n * nh * dh))};
-    if ((rc = launch(r, K_ID_attn_gate, (uint32_t)((n * nh * dh + 127) / 128), 1, 1, 128, bg, 4, err)))
+    if ((rc = kr_launch(r, K_ID_attn_gate, (uint32_t)((n * nh * dh + 127) / 128), 1, 1, 128, bg, 4, err)))
         return rc;
-    return matmul(r, r->attn, nh * dh, n, &out, 1, 0, err);
+    return kr_matmul(r, r->attn, nh * dh, n, &out, 1, 0, err);
 }
 
 /* ffn.c ds4_ffn_dense: down(SiLU(gate x) * up x). Fused: gate and up
@@ -786,7 +631,7 @@ static int attn_layer(k_runner *r, dev_layer *L, dev_state *S, int64_t n, int64_
  * when their types agree, else two into the same places), and swiglu_quant (fused.h) computes the
  * SwiGLU and quantizes it for the down projection: the bits of swiglu +
  * quantize; the float rows are not stored. */
-static int ffn_layer(k_runner *r, dev_layer *L, int64_t n, unsigned ready, ds4_error *err) {
+int kr_ffn_layer(k_runner *r, dev_layer *L, int64_t n, unsigned ready, ds4_error *err) {
     const int64_t E = r->c.n_embd, F = r->c.n_ff;
     mm_job out = {&L->ffn_down, r->y, E};
     int rc;
@@ -794,23 +639,23 @@ static int ffn_layer(k_runner *r, dev_layer *L, int64_t n, unsigned ready, ds4_e
         mm_job in[2] = {{&L->ffn_gate, r->gu, 2 * F}, {&L->ffn_up, r->gu + F, 2 * F}};
         mm_job runs[2];
         for (int i = 0; i < L->n_ffn_in; i++) runs[i] = (mm_job){&L->ffn_in[i].m, in[L->ffn_in[i].first].y, 2 * F};
-        if ((rc = matmul(r, r->x, E, n, runs, L->n_ffn_in, ready, err))) return rc;
-        const unsigned q = act_flag(&L->ffn_down);
+        if ((rc = kr_matmul(r, r->x, E, n, runs, L->n_ffn_in, ready, err))) return rc;
+        const unsigned q = kr_act_flag(&L->ffn_down);
         k_swiglu_quant_params p = {K_TAG_OF(swiglu_quant), (uint32_t)F, (uint32_t)n, (uint32_t)(2 * F), (uint32_t)F, q};
         k_binding b[] = {STATUS_BIND(swiglu_quant), K_BIND(swiglu_quant, p, &p, sizeof p),
                          K_BIND(swiglu_quant, gu, r->gu, F4(n * 2 * F)),
                          K_BIND(swiglu_quant, q8, r->xq8, r->xq8_bytes), K_BIND(swiglu_quant, qk, r->xqk, r->xqk_bytes)};
         /* 4 SIMD-groups a threadgroup, one per unit (no effect on the bits) */
-        if ((rc = launch(r, K_ID_swiglu_quant, (K_SWIGLU_QUANT_UNITS(p) + 3) / 4, 1, 1, 128, b, 5, err))) return rc;
-        return matmul(r, NULL, F, n, &out, 1, q, err);
+        if ((rc = kr_launch(r, K_ID_swiglu_quant, (K_SWIGLU_QUANT_UNITS(p) + 3) / 4, 1, 1, 128, b, 5, err))) return rc;
+        return kr_matmul(r, NULL, F, n, &out, 1, q, err);
     }
     mm_job in[2] = {{&L->ffn_gate, r->g, F}, {&L->ffn_up, r->u, F}};
-    if ((rc = matmul(r, r->x, E, n, in, 2, ready, err))) return rc;
+    if ((rc = kr_matmul(r, r->x, E, n, in, 2, ready, err))) return rc;
     k_swiglu_params p = {K_TAG_OF(swiglu), (uint32_t)(n * F)};
     k_binding b[] = {STATUS_BIND(swiglu), K_BIND(swiglu, p, &p, sizeof p), K_BIND(swiglu, up, r->u, F4(n * F)),
                      K_BIND(swiglu, gate, r->g, F4(n * F))};
-    if ((rc = launch(r, K_ID_swiglu, (uint32_t)((n * F + 255) / 256), 1, 1, 256, b, 4, err))) return rc;
-    return matmul(r, r->g, F, n, &out, 1, 0, err);
+    if ((rc = kr_launch(r, K_ID_swiglu, (uint32_t)((n * F + 255) / 256), 1, 1, 256, b, 4, err))) return rc;
+    return kr_matmul(r, r->g, F, n, &out, 1, 0, err);
 }
 
 /* ------------------------------------------------------- routed MoE -- */
@@ -826,13 +671,13 @@ static int moe_quant(k_runner *r, const float *x, int64_t x_stride, int64_t n, i
         const uint32_t blocks = (uint32_t)(rows * n / 32);
         k_binding b[] = {STATUS_BIND(quantize_q8_0), K_BIND(quantize_q8_0, p, &p, sizeof p),
                          K_BIND(quantize_q8_0, x, x, xs), K_BIND(quantize_q8_0, q, q, q_bytes)};
-        return launch(r, K_ID_quantize_q8_0, (blocks + 3) / 4, 1, 1, 128, b, 4, err);
+        return kr_launch(r, K_ID_quantize_q8_0, (blocks + 3) / 4, 1, 1, 128, b, 4, err);
     }
     k_quantize_q8_K_params p = {K_TAG_OF(quantize_q8_K), (uint32_t)n, (uint32_t)rows, (uint32_t)x_stride};
     const uint32_t blocks = (uint32_t)(rows * n / 256);
     k_binding b[] = {STATUS_BIND(quantize_q8_K), K_BIND(quantize_q8_K, p, &p, sizeof p),
                      K_BIND(quantize_q8_K, x, x, xs), K_BIND(quantize_q8_K, q, q, q_bytes)};
-    return launch(r, K_ID_quantize_q8_K, (blocks + 3) / 4, 1, 1, 128, b, 4, err);
+    return kr_launch(r, K_ID_quantize_q8_K, (blocks + 3) / 4, 1, 1, 128, b, 4, err);
 }
 
 /* moe.c ds4_ffn_moe on the device (gpu/kernels/moe.h): the router logits
@@ -843,7 +688,7 @@ static int moe_quant(k_runner *r, const float *x, int64_t x_stride, int64_t n, i
  * projections weighted and summed in slot order + the gated shared expert
  * (moe_down) into y. Decode: 5 launches (+ x's quantizers when norm_quant
  * did not write them: the unfused path). */
-static int moe_layer(k_runner *r, dev_layer *L, int64_t n, unsigned ready, ds4_error *err) {
+int kr_moe_layer(k_runner *r, dev_layer *L, int64_t n, unsigned ready, ds4_error *err) {
     const ds4_model_config *c = &r->c;
     const dev_moe *M = &L->moe;
     const int64_t E = c->n_embd, ne = c->n_expert, k = c->n_expert_used, F = c->n_ff_exp, Fs = M->n_ff_sh;
@@ -865,7 +710,7 @@ static int moe_layer(k_runner *r, dev_layer *L, int64_t n, unsigned ready, ds4_e
         /* one threadgroup per router row, K_MOE_LOGITS_SPLIT SIMD-groups
          * splitting it (gpu/kernels/moe.h): the same split for every width,
          * so a row's logits never depend on how many token rows share it */
-        if ((rc = launch(r, K_ID_moe_logits, (uint32_t)nl, 1, 1, 32u * r->moe_split, b, 5, err))) return rc;
+        if ((rc = kr_launch(r, K_ID_moe_logits, (uint32_t)nl, 1, 1, 32u * r->moe_split, b, 5, err))) return rc;
     }
     {
         k_moe_route_params p = {K_TAG_OF(moe_route), (uint32_t)ne, (uint32_t)k, (uint32_t)n, (uint32_t)ls,
@@ -874,7 +719,7 @@ static int moe_layer(k_runner *r, dev_layer *L, int64_t n, unsigned ready, ds4_e
                          K_BIND(moe_route, logits, r->moe_logits, F4(n * ls)),
                          K_BIND(moe_route, sel, r->moe_sel, 4 * (size_t)(n * k)),
                          K_BIND(moe_route, wt, r->moe_wt, F4(n * (k + 1)))};
-        if ((rc = launch(r, K_ID_moe_route, (uint32_t)((n + 3) / 4), 1, 1, 128, b, 5, err))) return rc;
+        if ((rc = kr_launch(r, K_ID_moe_route, (uint32_t)((n + 3) / 4), 1, 1, 128, b, 5, err))) return rc;
     }
     {
         k_moe_gate_up_params p = {K_TAG_OF(moe_gate_up), (uint32_t)E, (uint32_t)F, (uint32_t)Fs, (uint32_t)k,
@@ -888,7 +733,7 @@ static int moe_layer(k_runner *r, dev_layer *L, int64_t n, unsigned ready, ds4_e
                          K_BIND(moe_gate_up, h, r->moe_h, F4(pairs * nf))};
         /* one SIMD-group per (pair, output row): decode of a 35B-A3B-like
          * layer is 9 pairs x 512 rows = 4608 SIMD-groups */
-        if ((rc = launch(r, K_ID_moe_gate_up, (uint32_t)((nf + 3) / 4), (uint32_t)pairs, 1, 128, b, 7, err)))
+        if ((rc = kr_launch(r, K_ID_moe_gate_up, (uint32_t)((nf + 3) / 4), (uint32_t)pairs, 1, 128, b, 7, err)))
             return rc;
     }
     /* the SwiGLU rows quantized as moe_down reads them: the routed pairs'
@@ -913,7 +758,7 @@ static int moe_layer(k_runner *r, dev_layer *L, int64_t n, unsigned ready, ds4_e
                      K_BIND(moe_down, wt, r->moe_wt, F4(n * (k + 1))),
                      K_BIND(moe_down, hq8, r->moe_hq8, r->moe_hq8_bytes), K_BIND(moe_down, hqk, r->moe_hqk, r->moe_hqk_bytes),
                      K_BIND(moe_down, w, M->wdn, M->dn_bytes), K_BIND(moe_down, out, r->y, F4(n * E))};
-    return launch(r, K_ID_moe_down, (uint32_t)((E + 3) / 4), (uint32_t)n, 1, 128, b, 8, err);
+    return kr_launch(r, K_ID_moe_down, (uint32_t)((E + 3) / 4), (uint32_t)n, 1, 128, b, 8, err);
 }
 
 /* Uploads `bytes` of src at byte `off` of the device buffer dst. */
@@ -942,7 +787,7 @@ static int moe_type(const k_gpu_model *g, const ds4_tensor *t, uint32_t *out, ds
  * the experts' 3-D tensors and the shared expert's matrices at the offsets
  * moe.h's kernels take. Offsets are 32-bit in the kernels: a layer whose
  * gate/up or down buffer reaches 4 GiB is refused. */
-static int open_moe(k_gpu_model *g, const ds4_layer *T, dev_layer *L, ds4_error *err) {
+int kr_open_moe(k_gpu_model *g, const ds4_layer *T, dev_layer *L, ds4_error *err) {
     const ds4_model_config *c = &g->c;
     dev_moe *M = &L->moe;
     const int64_t E = c->n_embd, ne = c->n_expert, k = c->n_expert_used, F = c->n_ff_exp;
@@ -1007,7 +852,7 @@ static int open_moe(k_gpu_model *g, const ds4_layer *T, dev_layer *L, ds4_error 
     if (!rt) return ds4_fail(err, DS4_ERR_NOMEM, "out of host memory");
     memcpy(rt, T->ffn_gate_inp.data, F4(ne * E));
     if (M->shgate) memcpy(rt + ne * E, T->ffn_gate_inp_shexp.data, F4(E));
-    M->router = mem_upload(g->dev, &g->mem, rt, F4((ne + M->shgate) * E), err);
+    M->router = kr_mem_upload(g->dev, &g->mem, rt, F4((ne + M->shgate) * E), err);
     free(rt);
     if (!M->router) return err->code;
     M->want = K_NQ_X;
@@ -1026,70 +871,80 @@ static int open_moe_scratch(k_runner *r, ds4_error *err) {
                        (size_t)ROWS * K_MOE_ACT_BYTES(K_TYPE_Q8_0, (uint32_t)Fs) + 16;
     r->moe_hqk_bytes = (size_t)(ROWS * k) * K_MOE_ACT_BYTES(K_TYPE_Q4_K, (uint32_t)F) +
                        (size_t)ROWS * K_MOE_ACT_BYTES(K_TYPE_Q4_K, (uint32_t)Fs) + 16;
-    if (!(r->moe_logits = dalloc(r, F4(ROWS * (ne + 1)), err)) || !(r->moe_wt = dalloc(r, F4(ROWS * (k + 1)), err)) ||
-        !(r->moe_sel = dalloc(r, 4 * (size_t)(ROWS * k), err)) ||
-        !(r->moe_h = dalloc(r, F4(ROWS * (k + 1) * nf), err)) || !(r->moe_hq8 = dalloc(r, r->moe_hq8_bytes, err)) ||
-        !(r->moe_hqk = dalloc(r, r->moe_hqk_bytes, err)))
+    if (!(r->moe_logits = kr_dalloc(r, F4(ROWS * (ne + 1)), err)) || !(r->moe_wt = kr_dalloc(r, F4(ROWS * (k + 1)), err)) ||
+        !(r->moe_sel = kr_dalloc(r, 4 * (size_t)(ROWS * k), err)) ||
+        !(r->moe_h = kr_dalloc(r, F4(ROWS * (k + 1) * nf), err)) || !(r->moe_hq8 = kr_dalloc(r, r->moe_hq8_bytes, err)) ||
+        !(r->moe_hqk = kr_dalloc(r, r->moe_hqk_bytes, err)))
         return err->code;
     return 0;
 }
 
 /* ------------------------------------------------------------ open -- */
 
+/* A gated-attention block's projections and q/k norms (a trunk layer or
+ * the nextn head's block). */
+int kr_open_attn(k_gpu_model *r, const ds4_layer *T, dev_layer *L, ds4_error *err) {
+    const ds4_tensor *in[3] = {&T->attn_q, &T->attn_k, &T->attn_v};
+    dev_mat *const din[3] = {&L->q, &L->k, &L->v};
+    int rc;
+    if ((rc = kr_upload_group(r, in, din, 3, L->attn_in, &L->n_attn_in, err)) ||
+        (rc = kr_upload_mat(r, &T->attn_output, &L->o, err)))
+        return rc;
+    if (T->attn_q_norm.type != DS4_TYPE_F32 || T->attn_k_norm.type != DS4_TYPE_F32)
+        return ds4_fail(err, DS4_ERR_UNSUPPORTED, "%s: attention q/k norms must be F32 on the GPU", r->dev->name);
+    float *qk = malloc(F4(2 * r->c.head_dim));
+    if (!qk) return ds4_fail(err, DS4_ERR_NOMEM, "out of host memory");
+    memcpy(qk, T->attn_q_norm.data, F4(r->c.head_dim));
+    memcpy(qk + r->c.head_dim, T->attn_k_norm.data, F4(r->c.head_dim));
+    L->q_norm = kr_mem_upload(r->dev, &r->mem, qk, F4(2 * r->c.head_dim), err);
+    free(qk);
+    if (!L->q_norm) return err->code;
+    L->k_norm = (float *)L->q_norm + r->c.head_dim;
+    return 0;
+}
+
+/* A block's norms and its FFN: the routed MoE of a qwen35moe model, else
+ * the dense SwiGLU. */
+int kr_open_ffn(k_gpu_model *r, const ds4_layer *T, dev_layer *L, ds4_error *err) {
+    const int64_t E = r->c.n_embd;
+    if (!(L->attn_norm = kr_upload_f32(r, &T->attn_norm, E, err)) ||
+        !(L->post_norm = kr_upload_f32(r, &T->post_attention_norm, E, err)))
+        return err->code;
+    if (r->c.arch == DS4_ARCH_QWEN35MOE) return kr_open_moe(r, T, L, err);
+    const ds4_tensor *fin[2] = {&T->ffn_gate, &T->ffn_up};
+    dev_mat *const dfin[2] = {&L->ffn_gate, &L->ffn_up};
+    int rc = kr_upload_group(r, fin, dfin, 2, L->ffn_in, &L->n_ffn_in, err);
+    return rc ? rc : kr_upload_mat(r, &T->ffn_down, &L->ffn_down, err);
+}
+
 static int open_layers(k_gpu_model *r, ds4_error *err) {
     const ds4_model_config *c = &r->c;
     const ds4_model *m = r->m;
-    const int64_t E = c->n_embd, cd = conv_dim(c), nv = c->ssm_n_v, d = c->ssm_d_state;
+    const int64_t cd = conv_dim(c), nv = c->ssm_n_v, d = c->ssm_d_state;
     for (int64_t il = 0; il < c->n_main; il++) {
         const ds4_layer *T = &m->layers[il];
         dev_layer *L = &r->L[il];
         L->kind = T->kind;
-        if (!(L->attn_norm = upload_f32(r, &T->attn_norm, E, err)) ||
-            !(L->post_norm = upload_f32(r, &T->post_attention_norm, E, err)))
-            return err->code;
         int rc;
         if (T->kind == DS4_LAYER_GDN) {
             const ds4_tensor *in[4] = {&T->attn_qkv, &T->attn_gate, &T->ssm_beta, &T->ssm_alpha};
             dev_mat *const din[4] = {&L->qkv, &L->gate, &L->beta, &L->alpha};
-            if ((rc = upload_group(r, in, din, 4, L->gdn_in, &L->n_gdn_in, err)) ||
-                (rc = upload_mat(r, &T->ssm_out, &L->ssm_out, err)))
+            if ((rc = kr_upload_group(r, in, din, 4, L->gdn_in, &L->n_gdn_in, err)) ||
+                (rc = kr_upload_mat(r, &T->ssm_out, &L->ssm_out, err)))
                 return rc;
-            if (!(L->conv_w = upload_f32(r, &T->ssm_conv1d, cd * c->ssm_conv_kernel, err))) return err->code;
+            if (!(L->conv_w = kr_upload_f32(r, &T->ssm_conv1d, cd * c->ssm_conv_kernel, err))) return err->code;
             float *hp = malloc(F4(2 * nv + d));
             if (!hp) return ds4_fail(err, DS4_ERR_NOMEM, "out of host memory");
             memcpy(hp, T->ssm_a.data, F4(nv));
             memcpy(hp + nv, T->ssm_dt_bias.data, F4(nv));
             memcpy(hp + 2 * nv, T->ssm_norm.data, F4(d));
-            L->hp = mem_upload(r->dev, &r->mem, hp, F4(2 * nv + d), err);
+            L->hp = kr_mem_upload(r->dev, &r->mem, hp, F4(2 * nv + d), err);
             free(hp);
             if (!L->hp) return err->code;
-        } else {
-            const ds4_tensor *in[3] = {&T->attn_q, &T->attn_k, &T->attn_v};
-            dev_mat *const din[3] = {&L->q, &L->k, &L->v};
-            if ((rc = upload_group(r, in, din, 3, L->attn_in, &L->n_attn_in, err)) ||
-                (rc = upload_mat(r, &T->attn_output, &L->o, err)))
-                return rc;
-            if (T->attn_q_norm.type != DS4_TYPE_F32 || T->attn_k_norm.type != DS4_TYPE_F32)
-                return ds4_fail(err, DS4_ERR_UNSUPPORTED, "%s: attention q/k norms must be F32 on the GPU",
-                                r->dev->name);
-            float *qk = malloc(F4(2 * c->head_dim));
-            if (!qk) return ds4_fail(err, DS4_ERR_NOMEM, "out of host memory");
-            memcpy(qk, T->attn_q_norm.data, F4(c->head_dim));
-            memcpy(qk + c->head_dim, T->attn_k_norm.data, F4(c->head_dim));
-            L->q_norm = mem_upload(r->dev, &r->mem, qk, F4(2 * c->head_dim), err);
-            free(qk);
-            if (!L->q_norm) return err->code;
-            L->k_norm = (float *)L->q_norm + c->head_dim;
-        }
-        if (c->arch == DS4_ARCH_QWEN35MOE) {
-            if ((rc = open_moe(r, T, L, err))) return rc;
-            continue;
-        }
-        const ds4_tensor *fin[2] = {&T->ffn_gate, &T->ffn_up};
-        dev_mat *const dfin[2] = {&L->ffn_gate, &L->ffn_up};
-        if ((rc = upload_group(r, fin, dfin, 2, L->ffn_in, &L->n_ffn_in, err)) ||
-            (rc = upload_mat(r, &T->ffn_down, &L->ffn_down, err)))
+        } else if ((rc = kr_open_attn(r, T, L, err))) {
             return rc;
+        }
+        if ((rc = kr_open_ffn(r, T, L, err))) return rc;
     }
     return 0;
 }
@@ -1104,11 +959,11 @@ static int open_state(k_runner *r, ds4_error *err) {
     for (int64_t il = 0; il < c->n_main; il++) {
         dev_state *S = &r->S[il];
         if (r->L[il].kind == DS4_LAYER_GDN) {
-            if (!(S->conv_state = dalloc(r, 2 * conv, err)) || !(S->ssm = dalloc(r, ssm, err)) ||
-                !(S->conv_bak = dalloc(r, conv, err)) || !(S->ssm_bak = dalloc(r, ssm, err)) ||
-                !(S->cap_in = dalloc(r, F4(K_RUNNER_VERIFY_MAX * (cd + vd + 2 * nv)), err)))
+            if (!(S->conv_state = kr_dalloc(r, 2 * conv, err)) || !(S->ssm = kr_dalloc(r, ssm, err)) ||
+                !(S->conv_bak = kr_dalloc(r, conv, err)) || !(S->ssm_bak = kr_dalloc(r, ssm, err)) ||
+                !(S->cap_in = kr_dalloc(r, F4(K_RUNNER_VERIFY_MAX * (cd + vd + 2 * nv)), err)))
                 return err->code;
-        } else if (!(S->kpool = dalloc(r, pool, err)) || !(S->vpool = dalloc(r, pool, err))) {
+        } else if (!(S->kpool = kr_dalloc(r, pool, err)) || !(S->vpool = kr_dalloc(r, pool, err))) {
             return err->code;
         }
     }
@@ -1125,6 +980,7 @@ static int open_scratch(k_runner *r, ds4_error *err) {
     if (vd > w) w = vd;
     if (c->n_head * c->head_dim > w) w = c->n_head * c->head_dim;
     if (c->n_ff > w) w = c->n_ff;
+    if (r->nh && 2 * E > w) w = 2 * E; /* the head's eh_proj reads [e ; g] */
     r->xq8_bytes = (size_t)(ROWS * w / 32) * 34;
     r->xqk_bytes = (size_t)(ROWS * w / 256 + 1) * 292;
     r->part_floats = (size_t)ATTN_ROWS * (size_t)c->n_head * (size_t)r->n_pages * (size_t)(2 + c->head_dim);
@@ -1138,10 +994,10 @@ static int open_scratch(k_runner *r, ds4_error *err) {
               {&r->g, c->n_ff}, {&r->u, c->n_ff},  {&r->gu, 2 * c->n_ff},
               {&r->cs, half},   {&r->sn, half}};
     for (size_t i = 0; i < sizeof fl / sizeof fl[0]; i++)
-        if (!(*fl[i].p = dalloc(r, F4(ROWS * (fl[i].n > 0 ? fl[i].n : 1)), err))) return err->code;
-    if (!(r->logits = dalloc(r, F4(OUT_ROWS * c->n_vocab), err)) || !(r->part = dalloc(r, F4(r->part_floats), err)) ||
-        !(r->xq8 = dalloc(r, r->xq8_bytes, err)) || !(r->xqk = dalloc(r, r->xqk_bytes, err)) ||
-        !(r->idx = dalloc(r, 4 * (size_t)OUT_ROWS * (1 + K_TOPK_MAX), err)) || !(r->status = dalloc(r, 8, err)))
+        if (!(*fl[i].p = kr_dalloc(r, F4(ROWS * (fl[i].n > 0 ? fl[i].n : 1)), err))) return err->code;
+    if (!(r->logits = kr_dalloc(r, F4(OUT_ROWS * c->n_vocab), err)) || !(r->part = kr_dalloc(r, F4(r->part_floats), err)) ||
+        !(r->xq8 = kr_dalloc(r, r->xq8_bytes, err)) || !(r->xqk = kr_dalloc(r, r->xqk_bytes, err)) ||
+        !(r->idx = kr_dalloc(r, 4 * (size_t)OUT_ROWS * (1 + K_TOPK_MAX), err)) || !(r->status = kr_dalloc(r, 8, err)))
         return err->code;
     uint32_t *pg = malloc(4 * (size_t)r->n_pages);
     if (!pg) return ds4_fail(err, DS4_ERR_NOMEM, "out of host memory");
@@ -1183,8 +1039,14 @@ int k_gpu_model_open(k_device *d, const ds4_model *m, k_gpu_model **out, ds4_err
     g->L = calloc((size_t)c->n_main, sizeof *g->L);
     int rc = g->L ? 0 : ds4_fail(err, DS4_ERR_NOMEM, "out of host memory");
     if (!rc) rc = open_layers(g, err);
-    if (!rc) rc = upload_mat(g, ds4_model_head(m), &g->head, err);
-    if (!rc && !(g->output_norm = upload_f32(g, &m->output_norm, c->n_embd, err))) rc = err->code;
+    if (!rc) rc = kr_upload_mat(g, ds4_model_head(m), &g->head, err);
+    if (!rc && !(g->output_norm = kr_upload_f32(g, &m->output_norm, c->n_embd, err))) rc = err->code;
+    if (!rc && c->n_nextn > 0) {
+        /* a head the GPU cannot run leaves the trunk running: drafting is
+         * then refused with this reason (k_gpu_model_nextn_refusal) */
+        ds4_error herr = {0};
+        if (kr_head_open(g, &herr)) snprintf(g->nh_why, sizeof g->nh_why, "%s", herr.message);
+    }
     if (rc) {
         k_gpu_model_close(g);
         return rc;
@@ -1196,6 +1058,7 @@ int k_gpu_model_open(k_device *d, const ds4_model *m, k_gpu_model **out, ds4_err
 void k_gpu_model_close(k_gpu_model *g) {
     if (!g) return;
     mem_release(g->dev, &g->mem);
+    free(g->nh);
     free(g->L);
     free(g);
 }
@@ -1217,6 +1080,7 @@ int k_runner_open(k_gpu_model *g, int64_t n_ctx, k_runner **out, ds4_error *err)
     r->L = g->L;
     r->head = &g->head;
     r->output_norm = g->output_norm;
+    r->nh = g->nh;
     r->n_ctx = n_ctx;
     r->n_pages = (n_ctx + K_ATTN_BLOCK - 1) / K_ATTN_BLOCK;
     r->last_row = -1;
@@ -1312,18 +1176,24 @@ static int eval_chunk(k_runner *r, const int32_t *tokens, int64_t n, int64_t pos
     rc = chunk_launches(r, n, pos0, row0, out0, argmax != NULL, err);
     if (r->dev->step_end && r->dev->step_end(r->dev) && !rc)
         rc = ds4_fail(err, DS4_ERR_INTERNAL, "%s step: %s", r->dev->name, r->dev->err);
-    if (rc || out0 >= n) return rc;
-    const int64_t n_out = n - out0;
-    if (argmax) {
-        if (r->dev->download(r->dev, r->h_idx, r->idx, 4 * (size_t)n_out * (1 + K_TOPK_MAX)))
+    if (rc) return rc;
+    const int priming = r->prime && !r->capturing; /* x holds every row then (chunk_launches) */
+    if (out0 < n) {
+        const int64_t n_out = n - out0;
+        if (argmax) {
+            if (r->dev->download(r->dev, r->h_idx, r->idx, 4 * (size_t)n_out * (1 + K_TOPK_MAX)))
+                return ds4_fail(err, DS4_ERR_INTERNAL, "%s download: %s", r->dev->name, r->dev->err);
+            for (int64_t t = 0; t < n_out; t++) argmax[t] = (int32_t)r->h_idx[t * (1 + K_TOPK_MAX)];
+        }
+        if (logits && r->dev->download(r->dev, logits, r->logits, F4(n_out * V)))
             return ds4_fail(err, DS4_ERR_INTERNAL, "%s download: %s", r->dev->name, r->dev->err);
-        for (int64_t t = 0; t < n_out; t++) argmax[t] = (int32_t)r->h_idx[t * (1 + K_TOPK_MAX)];
+        if (hidden && r->dev->download(r->dev, hidden, r->x + (priming ? out0 : 0) * c->n_embd,
+                                       F4(n_out * c->n_embd)))
+            return ds4_fail(err, DS4_ERR_INTERNAL, "%s download: %s", r->dev->name, r->dev->err);
     }
-    if (logits && r->dev->download(r->dev, logits, r->logits, F4(n_out * V)))
-        return ds4_fail(err, DS4_ERR_INTERNAL, "%s download: %s", r->dev->name, r->dev->err);
-    if (hidden && r->dev->download(r->dev, hidden, r->x, F4(n_out * c->n_embd)))
-        return ds4_fail(err, DS4_ERR_INTERNAL, "%s download: %s", r->dev->name, r->dev->err);
-    return 0;
+    /* after the downloads: the head's launches overwrite x, and they run
+     * while the host samples */
+    return priming ? kr_head_prime_chunk(r, tokens, n, pos0, err) : 0;
 }
 
 /* eval_chunk's kernels: the layers, then for rows >= out0 the final norm,
@@ -1339,33 +1209,40 @@ static int chunk_launches(k_runner *r, int64_t n, int64_t pos0, int64_t row0, in
     for (int64_t il = 0; il < c->n_main; il++) {
         dev_layer *L = &r->L[il];
         const unsigned mix = L->kind == DS4_LAYER_GDN
-                                 ? act_flag(&L->qkv) | act_flag(&L->gate) | act_flag(&L->beta) | act_flag(&L->alpha)
-                                 : act_flag(&L->q) | act_flag(&L->k) | act_flag(&L->v);
-        const unsigned ffn = L->is_moe ? L->moe.want : act_flag(&L->ffn_gate) | act_flag(&L->ffn_up);
-        if ((rc = pre_norm(r, il > 0, 0, n, L->attn_norm, mix, &ready, err)) ||
+                                 ? kr_act_flag(&L->qkv) | kr_act_flag(&L->gate) | kr_act_flag(&L->beta) | kr_act_flag(&L->alpha)
+                                 : kr_act_flag(&L->q) | kr_act_flag(&L->k) | kr_act_flag(&L->v);
+        const unsigned ffn = L->is_moe ? L->moe.want : kr_act_flag(&L->ffn_gate) | kr_act_flag(&L->ffn_up);
+        if ((rc = kr_pre_norm(r, il > 0, 0, n, L->attn_norm, mix, &ready, err)) ||
             (rc = L->kind == DS4_LAYER_GDN ? gdn_layer(r, L, &r->S[il], n, row0, ready, err)
-                                           : attn_layer(r, L, &r->S[il], n, pos0, ready, err)) ||
-            (rc = pre_norm(r, 1, 0, n, L->post_norm, ffn, &ready, err)) ||
-            (rc = L->is_moe ? moe_layer(r, L, n, ready, err) : ffn_layer(r, L, n, ready, err)))
+                                           : kr_attn_layer(r, L, &r->S[il], n, pos0, ready, 0, err)) ||
+            (rc = kr_pre_norm(r, 1, 0, n, L->post_norm, ffn, &ready, err)) ||
+            (rc = L->is_moe ? kr_moe_layer(r, L, n, ready, err) : kr_ffn_layer(r, L, n, ready, err)))
             return rc;
     }
     const int64_t n_out = n - out0;
+    /* rows [nrm, n) get the final norm: the output rows, or every row when
+     * the nextn head primes from their hidden states (x row t - nrm holds
+     * row t) */
+    const int64_t nrm = r->prime && !r->capturing ? 0 : out0;
     mm_job head = {r->head, r->logits, V};
-    if (out0 < n && r->fuse && c->n_main > 0) {
-        /* only the output rows get the last add: h of rows below out0 is
+    if (nrm < n && r->fuse && c->n_main > 0) {
+        /* only these rows get the last add: h of rows below nrm is
          * not read again (the next chunk uploads its own embeddings); the
          * float rows are stored too (K_NQ_X: the post-norm hidden state the
-         * session hands out and snapshots keep; rows [0, n_out) of x, as
-         * the unfused rmsnorm below writes them, the same bits) */
-        if ((rc = pre_norm(r, 1, out0, n_out, r->output_norm, act_flag(r->head) | K_NQ_X, &ready, err)))
+         * session hands out and snapshots keep; as the unfused rmsnorm
+         * below writes them, the same bits) */
+        if ((rc = kr_pre_norm(r, 1, nrm, n - nrm, r->output_norm, kr_act_flag(r->head) | K_NQ_X, &ready, err)))
             return rc;
     } else {
         if (c->n_main > 0 && (rc = add_rows(r, r->y, r->h, n * E, err))) return rc;
-        if (out0 >= n) return 0;
+        if (nrm >= n) return 0;
         ready = 0;
-        if ((rc = rmsnorm(r, r->h + out0 * E, r->output_norm, r->x, E, n_out, E, err))) return rc;
+        if ((rc = kr_rmsnorm(r, r->h + nrm * E, r->output_norm, r->x, E, n - nrm, E, E, err))) return rc;
     }
-    if ((rc = matmul(r, r->x, E, n_out, &head, 1, ready, err))) return rc;
+    if (out0 >= n) return 0;
+    /* the LM head's rows start past the quantized ones: it quantizes its own (the same bits) */
+    if (out0 > nrm) ready = 0;
+    if ((rc = kr_matmul(r, r->x + (out0 - nrm) * E, E, n_out, &head, 1, ready, err))) return rc;
     if (want_argmax) {
         k_argmax_rows_params p = {K_TAG_OF(argmax_rows), (uint32_t)V, (uint32_t)n_out, (uint32_t)V, 0};
         k_binding b[] = {STATUS_BIND(argmax_rows), K_BIND(argmax_rows, p, &p, sizeof p),
@@ -1373,7 +1250,7 @@ static int chunk_launches(k_runner *r, int64_t n, int64_t pos0, int64_t row0, in
                          K_BIND(argmax_rows, idx, r->idx, 4 * (size_t)n_out * (1 + K_TOPK_MAX))};
         /* one threadgroup per row: the widest (1024) scans a 248k vocabulary
          * in ~55 us on the H200, 256 threads took 333 us */
-        if ((rc = launch(r, K_ID_argmax_rows, (uint32_t)n_out, 1, 1, 1024, b, 4, err))) return rc;
+        if ((rc = kr_launch(r, K_ID_argmax_rows, (uint32_t)n_out, 1, 1, 1024, b, 4, err))) return rc;
     }
     return 0;
 }
@@ -1391,7 +1268,7 @@ static int check_rows(const k_runner *r, const int32_t *tokens, int64_t n, ds4_e
 }
 
 /* Wait for the launches, then the status word every kernel raises into. */
-static int finish(k_runner *r, ds4_error *err) {
+int kr_finish(k_runner *r, ds4_error *err) {
     uint32_t st[2] = {0, 0};
     if (r->dev->sync(r->dev) || r->dev->download(r->dev, st, r->status, sizeof st))
         return ds4_fail(err, DS4_ERR_INTERNAL, "%s: %s", r->dev->name, r->dev->err);
@@ -1417,7 +1294,7 @@ static int run_rows(k_runner *r, const int32_t *tokens, int64_t n, int all_rows,
                         argmax ? argmax + (all_rows ? c0 : 0) : NULL,
                         hidden ? hidden + (all_rows ? c0 * r->c.n_embd : 0) : NULL, err);
     }
-    if (!rc) rc = finish(r, err);
+    if (!rc) rc = kr_finish(r, err);
     /* A failed call leaves device state part-written: the runner is then
      * only good for closing (the session layer will restore a snapshot). */
     return rc;
@@ -1431,10 +1308,16 @@ int k_runner_eval(k_runner *r, const int32_t *tokens, int64_t n, int all_rows, f
 int k_runner_eval_hidden(k_runner *r, const int32_t *tokens, int64_t n, int all_rows, float *logits,
                          int32_t *argmax, float *hidden, ds4_error *err) {
     int rc = check_rows(r, tokens, n, err);
+    /* an eval right after a verify keeps all its rows: the head gets them first */
+    if (!rc && r->ver_n && r->prime) {
+        r->launches = 0;
+        if (!(rc = kr_head_commit_verify(r, r->ver_n, err))) rc = kr_finish(r, err);
+    }
     if (!rc) rc = run_rows(r, tokens, n, all_rows, logits, argmax, hidden, err);
     if (!rc) {
         r->n_past += n;
         r->ver_n = 0;
+        r->carry_ok = r->prime; /* kr_head_prime_chunk kept the last row's hidden */
         /* the head wrote the last chunk's output rows from row 0: all of
          * them (all_rows), else only the last */
         r->last_row = all_rows ? (n - 1) % OUT_ROWS : 0;
@@ -1459,14 +1342,18 @@ int k_runner_verify(k_runner *r, const int32_t *tokens, int64_t n, float *logits
                  ssm = F4(c->ssm_n_v * c->ssm_d_state * c->ssm_d_state);
     for (int64_t il = 0; il < c->n_main && !rc; il++)
         if (r->L[il].kind == DS4_LAYER_GDN &&
-            ((rc = copy_dev(r, r->S[il].conv_bak, conv_now(&r->S[il], c), conv, err)) ||
-             (rc = copy_dev(r, r->S[il].ssm_bak, r->S[il].ssm, ssm, err))))
+            ((rc = kr_copy_dev(r, r->S[il].conv_bak, conv_now(&r->S[il], c), conv, err)) ||
+             (rc = kr_copy_dev(r, r->S[il].ssm_bak, r->S[il].ssm, ssm, err))))
             break;
     if (rc) return rc;
     r->capturing = 1;
     rc = run_rows(r, tokens, n, 1, logits, argmax, NULL, err);
     r->capturing = 0;
+    /* the rows reach the nextn head when accepted: keep their tokens and
+     * post-norm hidden rows (x rows [0, n)) after the carry in hrows */
+    if (!rc && r->prime) rc = kr_copy_dev(r, r->hrows + r->c.n_embd, r->x, F4(n * r->c.n_embd), err);
     if (rc) return rc;
+    memcpy(r->ver_tok, tokens, sizeof(int32_t) * (size_t)n);
     r->ver_n = n;
     r->ver_pos = r->n_past;
     r->n_past += n;
@@ -1481,16 +1368,16 @@ int k_runner_accept(k_runner *r, int64_t k, ds4_error *err) {
         return ds4_fail(err, DS4_ERR_ARG, "accept(%lld): k must be in 1..%lld, the rows of the last verify",
                         (long long)k, (long long)r->ver_n);
     int rc = 0;
+    r->launches = 0;
     if (k < r->ver_n) {
         const ds4_model_config *c = &r->c;
         const int64_t cd = conv_dim(c), vd = c->ssm_d_inner, nv = c->ssm_n_v, W = cd + vd + 2 * nv;
         const size_t conv = F4((c->ssm_conv_kernel - 1) * cd), ssm = F4(nv * c->ssm_d_state * c->ssm_d_state);
-        r->launches = 0;
         for (int64_t il = 0; il < c->n_main && !rc; il++) {
             dev_state *S = &r->S[il];
             if (r->L[il].kind != DS4_LAYER_GDN) continue;
-            if ((rc = copy_dev(r, conv_now(S, c), S->conv_bak, conv, err)) ||
-                (rc = copy_dev(r, S->ssm, S->ssm_bak, ssm, err)))
+            if ((rc = kr_copy_dev(r, conv_now(S, c), S->conv_bak, conv, err)) ||
+                (rc = kr_copy_dev(r, S->ssm, S->ssm_bak, ssm, err)))
                 break;
 #ifndef PLANT_ACCEPT_NO_REPLAY /* planted fault (tests must turn red): keep the pre-verify state */
             if (r->fuse) /* the k kept rows in one gdn_seq launch: the bits of k gdn_token calls */
@@ -1500,9 +1387,11 @@ int k_runner_accept(k_runner *r, int64_t k, ds4_error *err) {
                                r->o, err);
 #endif
         }
-        if (!rc) rc = finish(r, err);
     }
+    if (!rc && r->prime) rc = kr_head_commit_verify(r, k, err); /* the k kept rows reach the head */
+    if (!rc && r->launches) rc = kr_finish(r, err);
     if (rc) return rc;
+    r->carry_ok = r->prime;
     r->n_past = r->ver_pos + k;
     r->ver_n = 0;
     r->last_row = k - 1; /* the replay writes no logits: the verify's row k-1 is still there */
@@ -1535,6 +1424,8 @@ struct k_snapshot {
     uint64_t bytes;
     int64_t n_past, np;
     int has_row; /* the logits and hidden rows of position n_past - 1 are kept */
+    int head;    /* the nextn head's KV of positions [1, n_past) is kept (runner_head.c) */
+    int64_t hnp; /* its pages */
 };
 
 static size_t kv_page_bytes(const ds4_model_config *c) {
@@ -1544,20 +1435,20 @@ static size_t kv_page_bytes(const ds4_model_config *c) {
 static size_t gdn_conv_bytes(const ds4_model_config *c) { return F4((c->ssm_conv_kernel - 1) * conv_dim(c)); }
 static size_t gdn_ssm_bytes(const ds4_model_config *c) { return F4(c->ssm_n_v * c->ssm_d_state * c->ssm_d_state); }
 
-static uint64_t snap_bytes(const k_gpu_model *g, int64_t np, int has_row) {
+static uint64_t snap_bytes(const k_gpu_model *g, const k_snapshot *sn) {
     const ds4_model_config *c = &g->c;
     uint64_t b = 0;
     for (int64_t il = 0; il < c->n_main; il++)
         b += g->L[il].kind == DS4_LAYER_GDN ? gdn_conv_bytes(c) + gdn_ssm_bytes(c)
-                                            : 2 * (uint64_t)np * kv_page_bytes(c);
-    return b + (has_row ? F4(c->n_vocab + c->n_embd) : 0);
+                                            : 2 * (uint64_t)sn->np * kv_page_bytes(c);
+    return b + (sn->has_row ? F4(c->n_vocab + c->n_embd) : 0) + 2 * (uint64_t)sn->hnp * kv_page_bytes(c);
 }
 
 /* One copy between the session and the snapshot: save copies the session's
  * bytes into the snapshot, else back. */
 static int snap_xfer(k_runner *r, int save, void *snap, void *state, size_t bytes, ds4_error *err) {
     if (!bytes) return 0;
-    return save ? copy_dev(r, snap, state, bytes, err) : copy_dev(r, state, snap, bytes, err);
+    return save ? kr_copy_dev(r, snap, state, bytes, err) : kr_copy_dev(r, state, snap, bytes, err);
 }
 
 /* Both directions walk the layout here, so snapshot and restore cannot
@@ -1587,8 +1478,16 @@ static int snap_walk(k_runner *r, const k_snapshot *sn, int save, ds4_error *err
     }
     if (!rc && sn->has_row) {
         const int64_t row = save ? r->last_row : 0;
+        float *hid = save ? kr_hidden_row(r) : r->x;
         if (!(rc = snap_xfer(r, save, p, r->logits + row * c->n_vocab, F4(c->n_vocab), err)))
-            rc = snap_xfer(r, save, p + F4(c->n_vocab), r->x + row * c->n_embd, F4(c->n_embd), err);
+            rc = snap_xfer(r, save, p + F4(c->n_vocab), hid, F4(c->n_embd), err);
+        /* the head's carry is the same row */
+        if (!rc && !save && sn->head) rc = snap_xfer(r, 0, p + F4(c->n_vocab), r->hrows, F4(c->n_embd), err);
+        p += F4(c->n_vocab + c->n_embd);
+    }
+    if (!rc && sn->head) {
+        const size_t hkv = (size_t)sn->hnp * kv_page_bytes(c);
+        if (!(rc = snap_xfer(r, save, p, r->hS.kpool, hkv, err))) rc = snap_xfer(r, save, p + hkv, r->hS.vpool, hkv, err);
     }
     if (!rc && r->dev->sync(r->dev)) rc = ds4_fail(err, DS4_ERR_INTERNAL, "%s: %s", r->dev->name, r->dev->err);
     return rc;
@@ -1604,7 +1503,11 @@ int k_runner_snapshot(k_runner *r, k_snapshot **out, ds4_error *err) {
     sn->n_past = r->n_past;
     sn->np = (r->n_past + K_ATTN_BLOCK - 1) / K_ATTN_BLOCK;
     sn->has_row = r->n_past > 0 && r->last_row >= 0;
-    sn->bytes = snap_bytes(r->gm, sn->np, sn->has_row);
+    /* the head's history when it is complete (a verify not yet accepted
+     * has rows the head has not seen: then the snapshot has none) */
+    sn->head = sn->has_row && r->carry_ok && !r->ver_n && r->h_next >= r->n_past;
+    sn->hnp = sn->head ? (r->n_past - 1 + K_ATTN_BLOCK - 1) / K_ATTN_BLOCK : 0;
+    sn->bytes = snap_bytes(r->gm, sn);
     sn->buf = r->dev->alloc(r->dev, (size_t)sn->bytes);
     if (!sn->buf) {
         const unsigned long long want = (unsigned long long)sn->bytes;
@@ -1633,11 +1536,18 @@ int k_runner_restore(k_runner *r, const k_snapshot *sn, ds4_error *err) {
     if (sn->n_past > r->n_ctx)
         return ds4_fail(err, DS4_ERR_ARG, "the snapshot holds %lld positions, more than this session's context (%lld)",
                         (long long)sn->n_past, (long long)r->n_ctx);
-    const int rc = snap_walk(r, sn, 0, err);
+    if (r->prime && sn->n_past > 0 && !sn->head)
+        return ds4_fail(err, DS4_ERR_ARG,
+                        "the snapshot has no nextn head history; a session whose head is primed restores only "
+                        "snapshots taken with the head caught up");
+    int rc = sn->head ? kr_head_session(r, err) : 0;
+    if (!rc) rc = snap_walk(r, sn, 0, err);
     if (rc) return rc; /* device state part-written: the session is only good for closing */
     r->n_past = sn->n_past;
     r->ver_n = 0; /* a pending verify belongs to the old state: accept now refuses */
     r->last_row = sn->has_row ? 0 : -1;
+    r->carry_ok = sn->head;
+    r->h_next = sn->head ? sn->n_past : 0;
     return 0;
 }
 
@@ -1652,6 +1562,7 @@ void k_snapshot_free(k_snapshot *sn) {
 int64_t k_snapshot_n_past(const k_snapshot *sn) { return sn ? sn->n_past : 0; }
 uint64_t k_snapshot_device_bytes(const k_snapshot *sn) { return sn ? sn->bytes : 0; }
 int k_snapshot_has_logits(const k_snapshot *sn) { return sn ? sn->has_row : 0; }
+int k_snapshot_nextn_covered(const k_snapshot *sn) { return sn ? sn->head || sn->n_past == 0 : 0; }
 uint64_t k_gpu_model_snapshot_bytes(const k_gpu_model *g) { return g ? g->snap_bytes : 0; }
 int64_t k_gpu_model_snapshots(const k_gpu_model *g) { return g ? g->n_snaps : 0; }
 
@@ -1660,7 +1571,7 @@ static int last_row_out(k_runner *r, int hidden, float *out, ds4_error *err) {
     if (!r || !out) return ds4_fail(err, DS4_ERR_ARG, "k_runner_last_logits/hidden: session or out is NULL");
     if (r->last_row < 0) return ds4_fail(err, DS4_ERR_ARG, "no evaluated row: the session holds no last row");
     const int64_t w = hidden ? r->c.n_embd : r->c.n_vocab;
-    if (r->dev->download(r->dev, out, (hidden ? r->x : r->logits) + r->last_row * w, F4(w)))
+    if (r->dev->download(r->dev, out, hidden ? kr_hidden_row(r) : r->logits + r->last_row * w, F4(w)))
         return ds4_fail(err, DS4_ERR_INTERNAL, "%s download: %s", r->dev->name, r->dev->err);
     return 0;
 }

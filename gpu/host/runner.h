@@ -12,7 +12,9 @@
  * last or every row, on-device argmax, verify/accept with exact rollback;
  * driven by gpu/tests/test_gpu_model.c and, through gpu/host/plugin.c, by
  * ds4py.load(backend=...); snapshot/restore (device copies of the whole
- * state); the post-norm hidden state. Not yet: layer taps, the nextn head.
+ * state); the post-norm hidden state; the nextn (MTP) head with its own KV,
+ * primed from committed rows, and chained greedy drafts (runner_head.c).
+ * Not yet: layer taps.
  */
 #ifndef K_RUNNER_H
 #define K_RUNNER_H
@@ -98,5 +100,36 @@ int k_snapshot_has_logits(const k_snapshot *sn);
 /* Live snapshots of g's sessions, and the device bytes they hold. */
 int64_t k_gpu_model_snapshots(const k_gpu_model *g);
 uint64_t k_gpu_model_snapshot_bytes(const k_gpu_model *g);
+
+/* The nextn (MTP) head (runner_head.c; the CPU's is csrc/forward/nextn.c,
+ * the same rows and positions). 1 when g runs the model's head; 0 when the
+ * model has none or the GPU cannot run it (the reason, else ""). */
+int k_gpu_model_has_nextn(const k_gpu_model *g);
+const char *k_gpu_model_nextn_refusal(const k_gpu_model *g);
+/* Head priming (the CPU's ds4_session_set_nextn_prime): while on, every
+ * row the trunk commits -- an eval's rows, a verify's accepted rows at
+ * accept(k), or all of them at an eval right after the verify -- reaches
+ * the head's KV in the same call, batched and KV-only (row p pairs token p
+ * with the trunk's post-norm hidden of p - 1; position 0 has none).
+ * Turning it on refuses (DS4_ERR_ARG) a session holding rows the head
+ * never saw: it needs n_past == 0 or a restored snapshot that carries the
+ * head's history (k_snapshot_nextn_covered). A priming session restores
+ * only such snapshots. Off: nothing runs for the head. */
+int k_runner_set_nextn_prime(k_runner *r, int on, ds4_error *err);
+int k_runner_nextn_prime(const k_runner *r);
+/* 1 when a draft at n_past can run: priming on, n_past >= 1, the head
+ * holding [1, n_past) and no verify waiting for its accept. */
+int k_runner_nextn_covered(const k_runner *r);
+/* k (1 <= k < K_RUNNER_VERIFY_MAX) chained greedy drafts after `last`, the
+ * token at n_past not yet evaluated (ds4_spec_propose's rows): step 1 is
+ * (last, the trunk's hidden of n_past - 1) at n_past, step j > 1 (draft
+ * j-1, the head's own output hidden of step j-1) at n_past + j - 1; each
+ * draft is the argmax of the head's logits (ties: the lowest id). The
+ * head's KV rows past n_past are replaced when the committed rows reach
+ * it. DS4_ERR_ARG unless k_runner_nextn_covered. */
+int k_runner_nextn_propose(k_runner *r, int32_t last, int64_t k, int32_t *out, ds4_error *err);
+/* 1 when the snapshot carries the head's history of [1, n_past) (or holds
+ * no position). */
+int k_snapshot_nextn_covered(const k_snapshot *sn);
 
 #endif

@@ -15,7 +15,7 @@ K_KERNEL(rmsnorm) {
     const k_u32 row = K_GX;
     if (row >= p.n_rows) return; /* a whole threadgroup: no barrier is left waiting */
     K_DEV_IN float *xr = x + row * p.stride;
-    K_DEV float *yr = y + row * p.stride;
+    K_DEV float *yr = y + row * K_RMSNORM_YSTRIDE(p);
     float s = 0.0f;
     for (k_u32 i = K_TID; i < p.n; i += K_TG_SIZE) {
         const float v = K_LD(xr, i);

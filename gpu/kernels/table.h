@@ -106,16 +106,18 @@ typedef struct {
     k_u32 tag;
     k_u32 n;        /* elements per row */
     k_u32 n_rows;
-    k_u32 stride;   /* elements between rows of x and y */
+    k_u32 stride;   /* elements between rows of x (and of y when ystride is 0) */
     float eps;
     k_u32 has_w;    /* 0: no weight (w still bound, may be 1 element) */
+    k_u32 ystride;  /* elements between rows of y; 0: stride */
 } k_rmsnorm_params;
+#define K_RMSNORM_YSTRIDE(p) ((p).ystride ? (p).ystride : (p).stride)
 #define K_ARGS_rmsnorm(X, K)                                              \
     X(K, 0, status, k_u32, K_STATUS, 2)                                   \
     X(K, 1, p, k_rmsnorm_params, K_PARAMS, 1)                             \
     X(K, 2, x, float, K_IN, (p.n_rows - 1) * p.stride + p.n)              \
     X(K, 3, w, float, K_IN, p.has_w ? p.n : 1)                            \
-    X(K, 4, y, float, K_OUT, (p.n_rows - 1) * p.stride + p.n)
+    X(K, 4, y, float, K_OUT, (p.n_rows - 1) * K_RMSNORM_YSTRIDE(p) + p.n)
 
 /* ------------------------------------------------------ quantize_q8_0 -- */
 /* Activation rows -> Q8_0 blocks (34 bytes: fp16 d, 32 int8), exactly as

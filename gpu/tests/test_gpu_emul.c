@@ -128,7 +128,7 @@ static void suite_tables(void) {
           err);
     /* The checker itself must refuse each kind of wrong binding. */
     const k_kernel_desc *d = k_kernel_desc_of(K_ID_rmsnorm);
-    k_rmsnorm_params p = {K_TAG_OF(rmsnorm), 10, 2, 12, 1e-6f, 1};
+    k_rmsnorm_params p = {K_TAG_OF(rmsnorm), 10, 2, 12, 1e-6f, 1, 0};
     float x[24], w[10], y[24];
     k_binding ok[] = {K_BIND(rmsnorm, status, status, 8), K_BIND(rmsnorm, p, &p, sizeof p),
                       K_BIND(rmsnorm, x, x, sizeof x), K_BIND(rmsnorm, w, w, sizeof w),
@@ -193,7 +193,7 @@ static void suite_rmsnorm(void) {
             for (uint32_t i = 0; i < rows * stride; i++) x[i] = frand(-3, 3) * (i % 5 ? 1.0f : 40.0f);
             for (uint32_t i = 0; i < n; i++) w[i] = frand(0.5f, 1.5f);
             fill_nan(y, rows * stride);
-            k_rmsnorm_params p = {K_TAG_OF(rmsnorm), n, rows, stride, 1e-6f, 1};
+            k_rmsnorm_params p = {K_TAG_OF(rmsnorm), n, rows, stride, 1e-6f, 1, 0};
             k_binding b[] = {K_BIND(rmsnorm, status, status, 8), K_BIND(rmsnorm, p, &p, sizeof p),
                              K_BIND(rmsnorm, x, x, sizeof(float) * rows * stride),
                              K_BIND(rmsnorm, w, w, sizeof(float) * n),
@@ -223,8 +223,27 @@ static void suite_rmsnorm(void) {
             b[2] = K_BIND(rmsnorm, x, x + stride, sizeof(float) * stride);
             b[4] = K_BIND(rmsnorm, y, y1, sizeof(float) * stride);
             if (launch(K_ID_rmsnorm, 1, 1, 1, tg, b, 5, EMUL_FORWARD, "rmsnorm one row")) goto next;
+            /* Rows written ystride apart (the nextn head's [e ; g] rows): the
+             * same bits per row, nothing between the rows touched. */
+            const uint32_t ys = 2 * stride + 1;
+            float *yw = malloc(sizeof(float) * rows * ys);
+            fill_nan(yw, rows * ys);
+            p.n_rows = rows, p.ystride = ys;
+            b[2] = K_BIND(rmsnorm, x, x, sizeof(float) * rows * stride);
+            b[4] = K_BIND(rmsnorm, y, yw, sizeof(float) * ((rows - 1) * ys + n));
+            if (launch(K_ID_rmsnorm, rows, 1, 1, tg, b, 5, EMUL_FORWARD, "rmsnorm ystride")) {
+                free(yw);
+                goto next;
+            }
+            for (uint32_t r = 0; r < rows; r++) {
+                if (memcmp(yw + r * ys, y + r * stride, sizeof(float) * n)) ok = 0;
+                for (uint32_t i = n; r + 1 < rows && i < ys; i++)
+                    if (yw[r * ys + i] == yw[r * ys + i]) ok = 0; /* the gap stays NaN */
+            }
+            free(yw);
             check(ok && !memcmp(y1, y + stride, sizeof(float) * n),
-                  "n=%u tg=%u rows=%u: within %.1f ulp-scaled bound (worst %.2f of it), row alone bit-identical",
+                  "n=%u tg=%u rows=%u: within %.1f ulp-scaled bound (worst %.2f of it), row alone and rows "
+                  "ystride apart bit-identical",
                   n, tg, rows, rel / U, worst);
         next:
             free(x), free(w), free(y), free(y1), free(ref);
@@ -584,7 +603,7 @@ static int nq_unfused(uint32_t n, uint32_t rows, uint32_t stride, uint32_t fl, c
                               K_BIND(add_rows, y, h + r * stride, sizeof(float) * n)};
             if (launch(K_ID_add_rows, (n + 63) / 64, 1, 1, 64, ba, 4, EMUL_FORWARD, "unfused add_rows")) return -1;
         }
-    k_rmsnorm_params pn = {K_TAG_OF(rmsnorm), n, rows, stride, 1e-6f, 1};
+    k_rmsnorm_params pn = {K_TAG_OF(rmsnorm), n, rows, stride, 1e-6f, 1, 0};
     k_binding bn[] = {K_BIND(rmsnorm, status, status, 8), K_BIND(rmsnorm, p, &pn, sizeof pn),
                       K_BIND(rmsnorm, x, h, sizeof(float) * span), K_BIND(rmsnorm, w, w, sizeof(float) * n),
                       K_BIND(rmsnorm, y, x, sizeof(float) * span)};
@@ -648,7 +667,7 @@ static void fused_qk_norm_rope(void) {
             for (int pass = 0; pass < 2 && !bad; pass++) {
                 const uint32_t nrow = pass ? nkv : nh, st = pass ? dh : 2 * dh, o = t * (pass ? ks : qs);
                 const size_t span = (size_t)(nrow - 1) * st + dh;
-                k_rmsnorm_params pn = {K_TAG_OF(rmsnorm), dh, nrow, st, 1e-6f, 1};
+                k_rmsnorm_params pn = {K_TAG_OF(rmsnorm), dh, nrow, st, 1e-6f, 1, 0};
                 k_binding bn[] = {K_BIND(rmsnorm, status, status, 8), K_BIND(rmsnorm, p, &pn, sizeof pn),
                                   K_BIND(rmsnorm, x, (pass ? k : q) + o, sizeof(float) * span),
                                   K_BIND(rmsnorm, w, pass ? kw : qw, sizeof(float) * dh),

@@ -18,6 +18,18 @@
  *     against serial decoding on the same device, N tokens: one "SPEC"
  *     line; exit 1 unless every kept row's logits are the serial ones,
  *     bit for bit
+ *   test_gpu_model --head MODEL TOKENS.i32 N OUT_PREFIX
+ *     the nextn head (runner_head.c): greedy speculative decoding with the
+ *     head's drafts (depths cycling 1..4) against serial decoding, N
+ *     tokens; OUT_PREFIX.drafts.i32 holds one row per round (position,
+ *     depth, 4 drafts, unused ones -1); the head primed in evals of
+ *     1, 2, 3, ... rows drafts what it drafts primed in one eval; one
+ *     "HEAD" line, exit 1
+ *     unless the tokens are the serial ones and the drafts agree
+ *   test_gpu_model --head-bench MODEL TOKENS.i32 N
+ *     tok/s of serial greedy decoding and of speculative rounds at fixed
+ *     depths 1..4 with the head's drafts, N tokens each after the prompt;
+ *     one "HEADBENCH" line per depth
  *   test_gpu_model --bench MODEL CTX[,CTX...] STEPS
  *     per context: prefill CTX tokens, then STEPS greedy decode steps
  *     timed (argmax on device); one "BENCH" line per context.
@@ -239,9 +251,126 @@ fail:
     return 1;
 }
 
+/* Greedy speculative decoding with the head's drafts from the prompt
+ * toks[0..n) for n_gen tokens at `depth` (0: cycling 1..4) into got[];
+ * drafts (6 int32 per round) into rec unless NULL. Returns rounds, or -1. */
+static int head_decode(k_runner *r, const int32_t *toks, int64_t n, int n_gen, int depth, int32_t *got,
+                       int32_t *rec, int *accepted, ds4_error *err) {
+    int32_t am[K_RUNNER_VERIFY_MAX], block[K_RUNNER_VERIFY_MAX];
+    if (k_runner_set_nextn_prime(r, 1, err) || k_runner_eval(r, toks, n, 0, NULL, am, err)) return -1;
+    int have = 0, rounds = 0;
+    *accepted = 0;
+    got[0] = am[0];
+    while (have < n_gen) {
+        int d = depth ? depth : 1 + rounds % 4;
+        if (d > n_gen - have) d = n_gen - have;
+        block[0] = got[have];
+        if (k_runner_nextn_propose(r, block[0], d, block + 1, err) || k_runner_verify(r, block, d + 1, NULL, am, err))
+            return -1;
+        if (rec) {
+            int32_t *row = rec + 6 * rounds;
+            row[0] = (int32_t)k_runner_n_past(r) - (d + 1);
+            row[1] = d;
+            for (int j = 0; j < 4; j++) row[2 + j] = j < d ? block[1 + j] : -1;
+        }
+        int keep = 1;
+        while (keep <= d && am[keep - 1] == block[keep]) keep++;
+        if (k_runner_accept(r, keep, err)) return -1;
+        for (int j = 0; j < keep && have + 1 + j <= n_gen; j++) got[have + 1 + j] = am[j];
+        *accepted += keep - 1;
+        have += keep;
+        rounds++;
+    }
+    return rounds;
+}
+
+static int head(const char *path, const char *tok_path, int n_gen, const char *prefix, int bench_mode) {
+    int64_t n;
+    int32_t *toks = read_tokens(tok_path, &n);
+    if (!toks || n <= 0 || n_gen < 1) return 2;
+    ds4_model *m;
+    k_device *d;
+    k_runner *r;
+    const int64_t n_ctx = n + n_gen + K_RUNNER_VERIFY_MAX + 1;
+    int rc = load(path, n_ctx, &m, &d, &r);
+    if (rc) return rc;
+    ds4_error err;
+    if (!k_gpu_model_has_nextn(gm)) {
+        printf("REFUSED: no nextn head on the GPU: %s\n", k_gpu_model_nextn_refusal(gm));
+        return 3;
+    }
+    int32_t *want = malloc(sizeof(int32_t) * (size_t)(n + n_gen + 1));
+    int32_t *got = malloc(sizeof(int32_t) * (size_t)(n_gen + 1));
+    int32_t *rec = calloc((size_t)(6 * (n_gen + 1)), sizeof(int32_t));
+    int accepted = 0, rounds = 0, mismatches = 0, variant = 0;
+    /* serial greedy: want[0..n_gen] after the prompt */
+    double t0 = now_s();
+    if (k_runner_eval(r, toks, n, 0, NULL, want, &err)) goto fail;
+    const double t1 = now_s();
+    for (int i = 0; i < n_gen; i++)
+        if (k_runner_eval(r, &want[i], 1, 0, NULL, &want[i + 1], &err)) goto fail;
+    const double serial_s = now_s() - t1;
+    if (bench_mode) {
+        printf("HEADBENCH device=%s depth=0 tok_s=%.1f prefill_s=%.4f\n", d->name, n_gen / serial_s, t1 - t0);
+        for (int depth = 1; depth <= 4; depth++) {
+            k_runner_close(r);
+            if (k_runner_open(gm, n_ctx, &r, &err)) goto fail;
+            t0 = now_s();
+            rounds = head_decode(r, toks, n, n_gen, depth, got, NULL, &accepted, &err);
+            if (rounds < 0) goto fail;
+            const double s = now_s() - t0;
+            for (int i = 0; i <= n_gen; i++) mismatches += got[i] != want[i];
+            printf("HEADBENCH device=%s depth=%d tok_s=%.1f (incl. prefill) rounds=%d accepted=%d "
+                   "acceptance=%.3f mismatches=%d\n", d->name, depth, n_gen / s, rounds, accepted,
+                   accepted / (double)(rounds * depth), mismatches);
+            fflush(stdout);
+        }
+    } else {
+        k_runner_close(r);
+        if (k_runner_open(gm, n_ctx, &r, &err)) goto fail;
+        rounds = head_decode(r, toks, n, n_gen, 0, got, rec, &accepted, &err);
+        if (rounds < 0) goto fail;
+        for (int i = 0; i <= n_gen; i++) mismatches += got[i] != want[i];
+        if (write_file(prefix, "drafts.i32", rec, sizeof(int32_t) * (size_t)(6 * rounds))) goto fail;
+        /* priming batch invariance: the whole history in one eval, and token
+         * by token, then the same drafts */
+        int32_t dr[2][4];
+        for (int pass = 0; pass < 2; pass++) {
+            k_runner_close(r);
+            if (k_runner_open(gm, n_ctx, &r, &err) || k_runner_set_nextn_prime(r, 1, &err)) goto fail;
+            int32_t *all = malloc(sizeof(int32_t) * (size_t)(n + n_gen));
+            memcpy(all, toks, sizeof(int32_t) * (size_t)n);
+            memcpy(all + n, want, sizeof(int32_t) * (size_t)(n_gen));
+            /* pass 0: one eval; pass 1: evals of 1, 2, 3, ... rows (one-row
+             * matvecs and multi-row GEMMs, chunks starting anywhere) */
+            for (int64_t i = 0, w = pass ? 1 : n + n_gen; i < n + n_gen; i += w, w++)
+                if (k_runner_eval(r, all + i, i + w <= n + n_gen ? w : n + n_gen - i, 0, NULL, NULL, &err)) goto fail;
+            free(all);
+            if (k_runner_nextn_propose(r, want[n_gen], 4, dr[pass], &err)) goto fail;
+        }
+        variant = memcmp(dr[0], dr[1], sizeof dr[0]) != 0;
+        printf("HEAD device=%s rounds=%d accepted_drafts=%d mismatches=%d priming_variant=%d\n", d->name, rounds,
+               accepted, mismatches, variant);
+    }
+    k_runner_close(r);
+    k_gpu_model_close(gm);
+    d->close(d);
+    ds4_model_free(m);
+    free(want);
+    free(got);
+    free(rec);
+    free(toks);
+    return mismatches || variant ? 1 : 0;
+fail:
+    fprintf(stderr, "head: %s\n", err.message);
+    return 1;
+}
+
 int main(int argc, char **argv) {
     if (argc >= 5 && !strcmp(argv[1], "--bench")) return bench(argv[2], argv[3], atoi(argv[4]));
     if (argc >= 5 && !strcmp(argv[1], "--spec")) return spec(argv[2], argv[3], atoi(argv[4]));
+    if (argc >= 6 && !strcmp(argv[1], "--head")) return head(argv[2], argv[3], atoi(argv[4]), argv[5], 0);
+    if (argc >= 5 && !strcmp(argv[1], "--head-bench")) return head(argv[2], argv[3], atoi(argv[4]), NULL, 1);
     if (argc < 4) {
         fprintf(stderr, "usage: test_gpu_model MODEL TOKENS.i32 OUT_PREFIX [N_GREEDY] | --bench MODEL CTXS STEPS\n");
         return 2;

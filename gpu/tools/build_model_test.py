@@ -34,7 +34,8 @@ except ImportError:
 
 import build_core  # noqa: E402
 
-GPU_C = ["gpu/host/runner.c", "gpu/host/bind.c", "gpu/tests/test_gpu_model.c"]
+GPU_C = ["gpu/host/runner.c", "gpu/host/runner_head.c", "gpu/host/bind.c",
+         "gpu/tests/test_gpu_model.c"]
 EMUL_C = ["gpu/emul/emul.c", "gpu/emul/kernels_emul.c", "gpu/emul/device_emul.c"]
 CUDA_CU = ["cuda/kernels.cu", "cuda/host.cu", "cuda/device.cu"]
 

@@ -43,7 +43,8 @@ RECIPE = 1
 # Directories (relative to the source root) whose files can change a plugin.
 SOURCE_DIRS = ("csrc", "gpu/host", "gpu/emul", "gpu/kernels", "gpu/dialect", "cuda", "metal")
 SOURCE_EXTS = (".c", ".h", ".cu")
-PLUGIN_C = ["gpu/host/plugin.c", "gpu/host/runner.c", "gpu/host/bind.c", "metal/metal_stub.c"]
+PLUGIN_C = ["gpu/host/plugin.c", "gpu/host/runner.c", "gpu/host/runner_head.c", "gpu/host/bind.c",
+            "metal/metal_stub.c"]
 EMUL_C = ["gpu/emul/emul.c", "gpu/emul/kernels_emul.c", "gpu/emul/device_emul.c"]
 CUDA_CU = ["cuda/kernels.cu", "cuda/host.cu", "cuda/device.cu"]
 

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# device_head.sh — the nextn head on the CUDA machine (gpu/host/runner_head.c),
+# in one command:
+#
+#   bash gpu/tools/device_head.sh          (from the repository root; wheels in .whl/)
+#
+#  1. builds build/gpu-model-cuda/test_gpu_model (make cuda-model);
+#  2. correctness: test_gpu_model --head on the demo model (48 tokens): greedy
+#     speculative decoding with the head's drafts == serial, priming in evals
+#     of 1, 2, 3, ... rows drafts what one eval's priming drafts; the rounds'
+#     drafts land in $OUT/head.drafts.i32 for a CPU comparison on the
+#     development machine (tests/test_gpu_model.py test_nextn_head_drafts'
+#     check);
+#  3. speed of the C loop: test_gpu_model --head-bench (serial, depths 1..4;
+#     REPS times);
+#  4. with the wheels of device_backend.sh in .whl/: ds4py.generate on
+#     backend="cuda", serial (draft=False) against the adaptive policy and
+#     forced depths, on code / prose / math / chat prompts, REPS repetitions
+#     with the order reversed on alternate ones: tokens compared (must be
+#     equal), tok/s min / median / max, the draft statistics.
+# Everything lands in $OUT/device_head.log as well.
+set -u
+cd "$(dirname "$0")/../.."
+OUT="${OUT:-build/device_head}"
+mkdir -p "$OUT"
+LOG="$OUT/device_head.log"
+BIN=build/gpu-model-cuda/test_gpu_model
+DEMO=ds4py/models/demo-q8_0.gguf
+REPS="${REPS:-3}"
+export DS4PY_CACHE_DIR="${DS4PY_CACHE_DIR:-$PWD/build/ds4py-cache}"
+
+step() { echo "=== $* ($(date +%T))"; }
+main() {
+step build
+make -s cuda-model || { echo "BUILD FAILED"; return 1; }
+step "head: speculative == serial, priming invariance, drafts for the CPU comparison"
+timeout 120 $BIN --head $DEMO gpu/bench/demo_tokens.i32 48 "$OUT/head" || echo "HEAD CHECK FAILED rc=$?"
+step "head-bench (C loop, demo model, 256 tokens)"
+for i in $(seq "$REPS"); do timeout 120 $BIN --head-bench $DEMO gpu/bench/demo_tokens.i32 256; done
+
+[ -d .whl ] || { step "no .whl/: the Python part is skipped"; return 0; }
+step "python: install wheels, build the extension and the CUDA plugin"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || { echo "WHEEL INSTALL FAILED"; return 1; }
+export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+python3 setup.py -q build_ext --inplace > "$OUT/build_ext.log" 2>&1 \
+    || { tail -20 "$OUT/build_ext.log"; echo "EXTENSION BUILD FAILED"; return 1; }
+timeout 400 python3 gpu/tools/build_plugin.py cuda --cache "$DS4PY_CACHE_DIR/gpu" \
+    || { echo "PLUGIN BUILD FAILED"; return 1; }
+step "python: generate on cuda, serial vs drafting"
+REPS="$REPS" timeout 400 python3 - <<'PY' || echo "PYTHON PART FAILED rc=$?"
+import os, statistics, time
+import ds4py
+
+reps = int(os.environ["REPS"])
+m = ds4py.load("ds4py/models/demo-q8_0.gguf", backend="cuda")
+print("nextn on gpu:", m.nextn_on_gpu, repr(m.nextn_refusal))
+prompts = {
+    "code": "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "prose": "Once upon a time, in a small village by the sea,",
+    "math": "Question: what is 17 * 23? Answer step by step.\n",
+    "chat": None,
+}
+variants = {"serial": dict(draft=False), "adaptive": {}, "depth2": dict(draft_depth=2),
+            "depth3": dict(draft_depth=3)}
+for name, p in prompts.items():
+    kw = dict(max_tokens=128, temperature=0)
+    if p is None:
+        p = [{"role": "user", "content": "Write a short poem about the sea."}]
+    else:
+        kw["chat"] = False
+    ds4py.generate(m, p, **{**kw, "max_tokens": 8})  # warm-up
+    tps = {v: [] for v in variants}
+    toks, stats = {}, {}
+    for r in range(reps):
+        order = list(variants) if r % 2 == 0 else list(reversed(variants))
+        for v in order:
+            g = ds4py.generate(m, p, **kw, **variants[v])
+            tps[v].append(g.generation_tps)
+            toks[v], stats[v] = g.tokens, g.draft
+    base = statistics.median(tps["serial"])
+    for v in variants:
+        t = sorted(tps[v])
+        d = stats[v]
+        print(f"GEN {name:5s} {v:8s} tok/s min/med/max {t[0]:7.1f} {statistics.median(t):7.1f} "
+              f"{t[-1]:7.1f}  x{statistics.median(t) / base:.2f}  tokens_equal={toks[v] == toks['serial']} "
+              f"n={len(toks[v])} rounds={d.get('draft_rounds')} drafted={d.get('drafted')} "
+              f"accepted={d.get('accepted')} refused={d.get('refused')!r}", flush=True)
+PY
+}
+main 2>&1 | tee "$LOG"
