@@ -733,6 +733,10 @@ def _spec_loop(model, ids, text, session, own, max_tokens, params, sampler, matc
         hist = run.generated     # the drafter's view of the committed tokens
         plain_times = run.quiet_times
         step = run.stepper.step
+        # greedy on a GPU without logprobs: a promised plain stretch takes the
+        # device's argmax, as the plain loop does (4 bytes back, not the row)
+        step_argmax = (s.step_argmax if greedy and lps is None and isinstance(s, GpuSession)
+                       else None)
         clock = time.perf_counter
         t = None
         if budget <= 0:
@@ -749,15 +753,18 @@ def _spec_loop(model, ids, text, session, own, max_tokens, params, sampler, matc
                 quiet -= 1
                 hist.append(t)
                 t0 = clock()
-                row = step(t)
-                t = int(row.argmax()) if greedy else pick(row, s.n_past)
+                if step_argmax is not None:
+                    t, row = step_argmax(t), None  # a NaN row raises there
+                else:
+                    row = step(t)
+                    t = int(row.argmax()) if greedy else pick(row, s.n_past)
                 plain_times.append(clock() - t0)
             else:
                 block = run.round(t, budget - len(tokens))
                 pos = 0
                 quiet = run.take_quiet()
                 continue
-            if greedy and row[t] != row[t]:
+            if greedy and row is not None and row[t] != row[t]:
                 raise ModelError("the model produced NaN logits", lib.DS4_ERR_BAD_MODEL)
             lp = _token_logprobs(row, t, n_logprobs) if lps is not None else None
             if not tokens and ttft == 0.0:

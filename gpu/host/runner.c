@@ -1132,6 +1132,7 @@ int k_runner_open(k_gpu_model *g, int64_t n_ctx, k_runner **out, ds4_error *err)
 void k_runner_close(k_runner *r) {
     if (!r) return;
     mem_release(r->dev, &r->mem);
+    free(r->pend_tok);
     free(r->S);
     free(r->h_stage);
     free(r->h_cs);
@@ -1156,6 +1157,7 @@ static int eval_chunk(k_runner *r, const int32_t *tokens, int64_t n, int64_t pos
     const ds4_model *m = r->m;
     const int64_t E = c->n_embd, V = c->n_vocab, half = c->n_rot / 2;
     int rc;
+    if (r->prime && (rc = kr_head_chunk_start(r, n, err))) return rc;
     for (int64_t t = 0; t < n; t++)
         if ((rc = ds4_dequantize_row(r->isa, m->token_embd.type,
                                      m->token_embd.data + (size_t)tokens[t] * m->token_embd.row_bytes,
@@ -1169,6 +1171,9 @@ static int eval_chunk(k_runner *r, const int32_t *tokens, int64_t n, int64_t pos
             r->dev->upload(r->dev, r->sn, r->h_sn, F4(n * half)))
             return ds4_fail(err, DS4_ERR_INTERNAL, "%s upload: %s", r->dev->name, r->dev->err);
     }
+    /* a priming session keeps the rows' embeddings for the head (runner_head.c
+     * "Deferred rows"): giving it the rows then uploads nothing */
+    if (r->prime && (rc = kr_head_keep_embeddings(r, n, pos0, err))) return rc;
     /* the chunk's launches are one device step (device.h: a CUDA graph
      * with K_CUDA_GRAPH=1), between the uploads above and the downloads */
     if (r->dev->step_begin && r->dev->step_begin(r->dev))
@@ -1337,6 +1342,9 @@ int k_runner_verify(k_runner *r, const int32_t *tokens, int64_t n, float *logits
         return ds4_fail(err, DS4_ERR_ARG, "verify takes 1 to %d tokens (got %lld)", K_RUNNER_VERIFY_MAX,
                         (long long)n);
     int rc = check_rows(r, tokens, n, err);
+    /* the verify's rows sit right after the carry in hrows: the deferred
+     * rows go to the head first */
+    if (!rc && r->prime) rc = kr_head_flush(r, err);
     const ds4_model_config *c = &r->c;
     const size_t conv = F4((c->ssm_conv_kernel - 1) * conv_dim(c)),
                  ssm = F4(c->ssm_n_v * c->ssm_d_state * c->ssm_d_state);
@@ -1497,6 +1505,8 @@ int k_runner_snapshot(k_runner *r, k_snapshot **out, ds4_error *err) {
     if (!out) return ds4_fail(err, DS4_ERR_ARG, "k_runner_snapshot: out is NULL");
     *out = NULL;
     if (!r) return ds4_fail(err, DS4_ERR_ARG, "k_runner_snapshot: session is NULL");
+    int rc0 = r->h_pend ? kr_head_flush(r, err) : 0; /* the head caught up: its KV is what a snapshot keeps */
+    if (rc0) return rc0;
     k_snapshot *sn = calloc(1, sizeof *sn);
     if (!sn) return ds4_fail(err, DS4_ERR_NOMEM, "out of host memory");
     sn->gm = r->gm;
@@ -1548,6 +1558,7 @@ int k_runner_restore(k_runner *r, const k_snapshot *sn, ds4_error *err) {
     r->last_row = sn->has_row ? 0 : -1;
     r->carry_ok = sn->head;
     r->h_next = sn->head ? sn->n_past : 0;
+    r->h_pend = 0;
     return 0;
 }
 

@@ -20,9 +20,19 @@
  * nothing after it (the attention, FFN and LM head), which is why the CPU
  * skips them too.
  *
- * The carry. hrows row 0 holds the trunk's post-norm hidden of n_past - 1
- * (the h of the next row); a chunk's or a verify's hidden rows follow it,
- * so row t of the head's input is hrows row t.
+ * The carry. hrows row 0 holds the trunk's post-norm hidden before the
+ * rows waiting for the head (the h of the first of them); their hidden rows
+ * follow it, so row t of the head's input is hrows row t.
+ *
+ * Deferred rows (the CPU's session.c does the same). A priming session's
+ * committed eval rows are not given to the head one step at a time: each
+ * chunk's hidden rows, embedding rows (hemb) and RoPE rows (hcs/hsn) are
+ * kept on the device with device copies, and the head gets all of them in
+ * one batched KV-only call when it is needed -- before a draft, a verify
+ * or a snapshot, when priming is turned off, or when a chunk would not fit
+ * beside them (ROWS). A plain decode step then pays four device copies for
+ * the head instead of its launches (H200, demo model: ~50 us a step). A
+ * verify's rows reach the head at accept(k) (commit_rows).
  */
 #include "runner_int.h"
 
@@ -83,22 +93,27 @@ int kr_head_session(k_runner *r, ds4_error *err) {
     const size_t pool = (size_t)r->n_pages * (size_t)c->n_head_kv * K_ATTN_BLOCK * (size_t)c->head_dim * 2;
     if (!(r->hS.kpool = kr_dalloc(r, pool, err)) || !(r->hS.vpool = kr_dalloc(r, pool, err)) ||
         !(r->hin = kr_dalloc(r, F4(ROWS * 2 * E), err)) || !(r->hlog = kr_dalloc(r, F4(c->n_vocab), err)) ||
-        !(r->hidx = kr_dalloc(r, 4 * (size_t)(1 + K_TOPK_MAX), err)) ||
+        !(r->hidx = kr_dalloc(r, 4 * (size_t)(1 + K_TOPK_MAX), err)) || !(r->hemb = kr_dalloc(r, F4(ROWS * E), err)) ||
+        !(r->hcs = kr_dalloc(r, F4(ROWS * (c->n_rot / 2 > 0 ? c->n_rot / 2 : 1)), err)) ||
+        !(r->hsn = kr_dalloc(r, F4(ROWS * (c->n_rot / 2 > 0 ? c->n_rot / 2 : 1)), err)) ||
         !(r->hrows = kr_dalloc(r, F4((ROWS + 1) * E), err)))
         return err->code;
+    if (!(r->pend_tok = malloc(sizeof(int32_t) * ROWS))) return ds4_fail(err, DS4_ERR_NOMEM, "out of host memory");
+    r->hemb_ok = r->nh->embd == &r->m->token_embd;
     return 0;
 }
 
-/* The launches of n head rows at positions p0.. (embeddings already in
- * r->h, RoPE rows in cs/sn); hsrc: their h rows, n_embd floats apart. */
-static int head_launches(k_runner *r, const float *hsrc, int64_t n, int64_t p0, int full, ds4_error *err) {
+/* The launches of n head rows at positions p0.. (embedding rows in emb,
+ * RoPE rows in cs/sn); hsrc: their h rows, n_embd floats apart. */
+static int head_launches(k_runner *r, const float *emb, const float *hsrc, int64_t n, int64_t p0, int full,
+                         ds4_error *err) {
     const dev_head *H = r->nh;
     dev_layer *L = (dev_layer *)&H->L; /* the layer helpers take it mutable; they do not write it */
     const int64_t E = r->c.n_embd, V = r->c.n_vocab;
     unsigned ready;
     int rc;
     mm_job eh = {&H->eh, r->h, E};
-    if ((rc = kr_rmsnorm(r, r->h, H->enorm, r->hin, E, n, E, 2 * E, err)) ||
+    if ((rc = kr_rmsnorm(r, emb, H->enorm, r->hin, E, n, E, 2 * E, err)) ||
         (rc = kr_rmsnorm(r, hsrc, H->hnorm, r->hin + E, E, n, E, 2 * E, err)) ||
         (rc = kr_matmul(r, r->hin, 2 * E, n, &eh, 1, 0, err)))
         return rc;
@@ -122,20 +137,22 @@ static int head_launches(k_runner *r, const float *hsrc, int64_t n, int64_t p0, 
 
 /* n head rows (tokens, h rows hsrc) at positions p0 >= 1: their K/V into
  * slots p0 - 1.., and with `full` (n == 1) the logits, the argmax (hidx)
- * and the output hidden (x row 0). */
-static int head_rows(k_runner *r, const int32_t *tokens, const float *hsrc, int64_t n, int64_t p0, int full,
-                     ds4_error *err) {
+ * and the output hidden (x row 0). emb: the rows' embeddings already on
+ * the device with their RoPE rows in cs/sn (committed rows, hemb), or NULL:
+ * dequantized here and uploaded with the RoPE rows. */
+static int head_rows(k_runner *r, const int32_t *tokens, const float *emb, const float *hsrc, int64_t n, int64_t p0,
+                     int full, ds4_error *err) {
     const ds4_model_config *c = &r->c;
     const ds4_tensor *embd = r->nh->embd;
     const int64_t E = c->n_embd, half = c->n_rot / 2;
     int rc;
-    for (int64_t t = 0; t < n; t++)
+    for (int64_t t = 0; t < n && !emb; t++)
         if ((rc = ds4_dequantize_row(r->isa, embd->type, embd->data + (size_t)tokens[t] * embd->row_bytes,
                                      r->h_stage + t * E, E, err)))
             return rc;
-    if (r->dev->upload(r->dev, r->h, r->h_stage, F4(n * E)))
+    if (!emb && r->dev->upload(r->dev, r->h, r->h_stage, F4(n * E)))
         return ds4_fail(err, DS4_ERR_INTERNAL, "%s upload: %s", r->dev->name, r->dev->err);
-    if (half > 0) {
+    if (!emb && half > 0) {
         ds4_rope_fill(c->n_rot, c->rope_base, 1, n, p0, r->h_cs, r->h_sn);
         if (r->dev->upload(r->dev, r->cs, r->h_cs, F4(n * half)) ||
             r->dev->upload(r->dev, r->sn, r->h_sn, F4(n * half)))
@@ -143,20 +160,24 @@ static int head_rows(k_runner *r, const int32_t *tokens, const float *hsrc, int6
     }
     if (r->dev->step_begin && r->dev->step_begin(r->dev))
         return ds4_fail(err, DS4_ERR_INTERNAL, "%s step: %s", r->dev->name, r->dev->err);
-    rc = head_launches(r, hsrc, n, p0, full, err);
+    rc = head_launches(r, emb ? emb : r->h, hsrc, n, p0, full, err);
     if (r->dev->step_end && r->dev->step_end(r->dev) && !rc)
         rc = ds4_fail(err, DS4_ERR_INTERNAL, "%s step: %s", r->dev->name, r->dev->err);
     return rc;
 }
 
-/* Committed rows at positions p0 .. p0 + n - 1 (h rows: hrows [0, n)) into
- * the head's KV, then the carry moves to hrows row n. Position 0 has no h
- * and is skipped. Rows must continue or rewrite the head's history; past
- * a gap the head is marked empty (never covered again until a restore). */
-static int commit_rows(k_runner *r, const int32_t *tokens, int64_t n, int64_t p0, ds4_error *err) {
+/* Committed rows at positions p0 .. p0 + n - 1 (h rows: hrows [0, n);
+ * embeddings in hemb rows [0, n) when hemb_ok and `rope` says their RoPE
+ * rows are in cs/sn, else uploaded) into the head's KV, then the carry
+ * moves to hrows row n. Position 0 has no h and is skipped. Rows must
+ * continue or rewrite the head's history; past a gap the head is marked
+ * empty (never covered again until a restore). */
+static int commit_rows(k_runner *r, const int32_t *tokens, int64_t n, int64_t p0, int rope, ds4_error *err) {
     const int64_t E = r->c.n_embd, t0 = p0 == 0;
+    /* the first row skipped: the kept rows sit one row off, so upload */
+    const float *emb = r->hemb_ok && rope && !t0 ? r->hemb : NULL;
     int rc = 0;
-    if (n > t0) rc = head_rows(r, tokens + t0, r->hrows + t0 * E, n - t0, p0 + t0, 0, err);
+    if (n > t0) rc = head_rows(r, tokens + t0, emb, r->hrows + t0 * E, n - t0, p0 + t0, 0, err);
 #ifndef PLANT_HEAD_STALE_CARRY /* planted fault (test_nextn_head_drafts turns red): the carry never moves */
     if (!rc) rc = kr_copy_dev(r, r->hrows, r->hrows + n * E, F4(E), err);
 #endif
@@ -164,17 +185,49 @@ static int commit_rows(k_runner *r, const int32_t *tokens, int64_t n, int64_t p0
     return rc;
 }
 
+int kr_head_flush(k_runner *r, ds4_error *err) {
+    const int64_t n = r->h_pend, half = r->c.n_rot / 2;
+    if (!n) return 0;
+    int rc = 0;
+    if (r->hemb_ok && half > 0 && !(rc = kr_copy_dev(r, r->cs, r->hcs, F4(n * half), err)))
+        rc = kr_copy_dev(r, r->sn, r->hsn, F4(n * half), err);
+    if (!rc) rc = commit_rows(r, r->pend_tok, n, r->h_pos, 1, err);
+    if (!rc) r->h_pend = 0;
+    return rc;
+}
+
+int kr_head_chunk_start(k_runner *r, int64_t n, ds4_error *err) {
+    return !r->capturing && r->h_pend + n > ROWS ? kr_head_flush(r, err) : 0;
+}
+
+int kr_head_keep_embeddings(k_runner *r, int64_t n, int64_t pos0, ds4_error *err) {
+    const int64_t E = r->c.n_embd, skip = !r->capturing && pos0 == 0; /* position 0 never reaches the head */
+    if (!r->hemb_ok || n <= skip) return 0;
+    const int64_t at = r->capturing ? 0 : r->h_pend;
+    return kr_copy_dev(r, r->hemb + at * E, r->h + skip * E, F4((n - skip) * E), err);
+}
+
 int kr_head_prime_chunk(k_runner *r, const int32_t *tokens, int64_t n, int64_t pos0, ds4_error *err) {
-    const int rc = kr_copy_dev(r, r->hrows + r->c.n_embd, r->x, F4(n * r->c.n_embd), err);
-    return rc ? rc : commit_rows(r, tokens, n, pos0, err);
+    const int64_t E = r->c.n_embd, half = r->c.n_rot / 2, skip = pos0 == 0;
+    if (!r->h_pend) r->h_pos = pos0 + skip;
+    /* x row t is the h of position pos0 + t + 1: hrows row pos0 + t + 1 - h_pos */
+    int rc = kr_copy_dev(r, r->hrows + (r->h_pend + 1 - skip) * E, r->x, F4(n * E), err);
+    if (!rc && half > 0 && n > skip && !(rc = kr_copy_dev(r, r->hcs + r->h_pend * half, r->cs + skip * half,
+                                                          F4((n - skip) * half), err)))
+        rc = kr_copy_dev(r, r->hsn + r->h_pend * half, r->sn + skip * half, F4((n - skip) * half), err);
+    if (rc) return rc;
+    if (n > skip) memcpy(r->pend_tok + r->h_pend, tokens + skip, sizeof(int32_t) * (size_t)(n - skip));
+    r->h_pend += n - skip;
+    return 0;
 }
 
 int kr_head_commit_verify(k_runner *r, int64_t k, ds4_error *err) {
-    return commit_rows(r, r->ver_tok, k, r->ver_pos, err);
+    /* the verify's RoPE rows are still in cs/sn: nothing ran since but its accept */
+    return commit_rows(r, r->ver_tok, k, r->ver_pos, 1, err);
 }
 
 float *kr_hidden_row(k_runner *r) {
-    return r->carry_ok && !r->ver_n ? r->hrows : r->x + r->last_row * r->c.n_embd;
+    return r->carry_ok && !r->ver_n ? r->hrows + r->h_pend * r->c.n_embd : r->x + r->last_row * r->c.n_embd;
 }
 
 /* ------------------------------------------------------------- API -- */
@@ -182,6 +235,8 @@ float *kr_hidden_row(k_runner *r) {
 int k_runner_set_nextn_prime(k_runner *r, int on, ds4_error *err) {
     if (!r) return ds4_fail(err, DS4_ERR_ARG, "k_runner_set_nextn_prime: session is NULL");
     if (!on) {
+        const int rc = r->prime ? kr_head_flush(r, err) : 0; /* the head keeps what it was given */
+        if (rc) return rc;
         r->prime = 0;
         return ds4_ok(err);
     }
@@ -201,7 +256,10 @@ int k_runner_set_nextn_prime(k_runner *r, int on, ds4_error *err) {
 int k_runner_nextn_prime(const k_runner *r) { return r && r->prime; }
 
 int k_runner_nextn_covered(const k_runner *r) {
-    return r && r->prime && r->carry_ok && !r->ver_n && r->n_past >= 1 && r->h_next >= r->n_past;
+    if (!r || !r->prime || !r->carry_ok || r->ver_n || r->n_past < 1) return 0;
+    /* deferred rows count: they continue the head's history and reach it before a draft */
+    if (r->h_pend) return r->h_pos <= (r->h_next > 1 ? r->h_next : 1) && r->h_pos + r->h_pend >= r->n_past;
+    return r->h_next >= r->n_past;
 }
 
 int k_runner_nextn_propose(k_runner *r, int32_t last, int64_t k, int32_t *out, ds4_error *err) {
@@ -221,11 +279,11 @@ int k_runner_nextn_propose(k_runner *r, int32_t last, int64_t k, int32_t *out, d
                         (long long)P, (long long)r->n_ctx);
     r->launches = 0;
     int32_t tok = last;
-    int rc = 0;
+    int rc = kr_head_flush(r, err);
     for (int64_t j = 0; j < k && !rc; j++) {
         /* step 1's h is the carry; later steps chain the head's own output,
          * still in x (nothing writes x before the step's g norm reads it) */
-        rc = head_rows(r, &tok, j ? r->x : r->hrows, 1, P + j, 1, err);
+        rc = head_rows(r, &tok, NULL, j ? r->x : r->hrows, 1, P + j, 1, err);
         uint32_t idx;
         if (!rc && r->dev->download(r->dev, &idx, r->hidx, 4))
             rc = ds4_fail(err, DS4_ERR_INTERNAL, "%s download: %s", r->dev->name, r->dev->err);

@@ -173,6 +173,13 @@ struct k_runner {
     float *hrows; /* (ROWS + 1) x n_embd: row 0 the carry, then a chunk's or a verify's hidden rows */
     float *hin;   /* ROWS x 2 n_embd: the head's input rows [enorm(e) ; hnorm(h)] */
     float *hlog;  /* a draft step's logits (n_vocab) */
+    /* deferred rows (runner_head.c): committed rows at positions [h_pos, h_pos + h_pend) whose
+     * head KV is written in one batch when needed; their h rows are hrows [0, h_pend) */
+    int64_t h_pos, h_pend;
+    float *hemb;      /* ROWS x n_embd: their embedding rows, or a verify's (when the head reads token_embd) */
+    int hemb_ok;      /* the head reads token_embd: hemb is kept */
+    float *hcs, *hsn; /* ROWS x n_rot/2: their RoPE rows */
+    int32_t *pend_tok; /* host, ROWS: their tokens */
     uint32_t *hidx;
 };
 
@@ -224,8 +231,17 @@ int kr_moe_layer(k_runner *r, dev_layer *L, int64_t n, unsigned ready, ds4_error
 int kr_head_open(k_gpu_model *g, ds4_error *err);   /* the head's weights, when the model has one */
 int kr_head_session(k_runner *r, ds4_error *err);   /* its KV pools and scratch in a session (first use) */
 /* After a trunk chunk of n rows at pos0 whose post-norm hidden rows are in
- * x rows [0, n): the head's KV rows of those positions. */
+ * x rows [0, n) (embeddings kept by kr_head_chunk_start): the rows join the
+ * deferred ones. */
 int kr_head_prime_chunk(k_runner *r, const int32_t *tokens, int64_t n, int64_t pos0, ds4_error *err);
+/* Before a chunk of n rows at pos0 (nothing uploaded yet): the deferred rows
+ * go to the head if the chunk's would not fit beside them. */
+int kr_head_chunk_start(k_runner *r, int64_t n, ds4_error *err);
+/* After the chunk's uploads: its embedding rows into hemb (eval rows after
+ * the deferred ones; a verify's from row 0). */
+int kr_head_keep_embeddings(k_runner *r, int64_t n, int64_t pos0, ds4_error *err);
+/* The deferred rows reach the head's KV now, in one batched call. */
+int kr_head_flush(k_runner *r, ds4_error *err);
 /* The first k rows of the last verify (hidden rows in hrows [1, k]) reach the head. */
 int kr_head_commit_verify(k_runner *r, int64_t k, ds4_error *err);
 /* The device row holding the trunk's post-norm hidden of n_past - 1. */

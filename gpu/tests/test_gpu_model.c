@@ -27,9 +27,9 @@
  *     "HEAD" line, exit 1
  *     unless the tokens are the serial ones and the drafts agree
  *   test_gpu_model --head-bench MODEL TOKENS.i32 N
- *     tok/s of serial greedy decoding and of speculative rounds at fixed
- *     depths 1..4 with the head's drafts, N tokens each after the prompt;
- *     one "HEADBENCH" line per depth
+ *     tok/s of serial greedy decoding (also with the head primed) and of
+ *     speculative rounds at fixed depths 1..4 with the head's drafts, N
+ *     tokens each after the prompt; one "HEADBENCH" line each
  *   test_gpu_model --bench MODEL CTX[,CTX...] STEPS
  *     per context: prefill CTX tokens, then STEPS greedy decode steps
  *     timed (argmax on device); one "BENCH" line per context.
@@ -312,6 +312,19 @@ static int head(const char *path, const char *tok_path, int n_gen, const char *p
     const double serial_s = now_s() - t1;
     if (bench_mode) {
         printf("HEADBENCH device=%s depth=0 tok_s=%.1f prefill_s=%.4f\n", d->name, n_gen / serial_s, t1 - t0);
+        /* the same serial decoding with the head primed (what a drafting
+         * session's plain steps pay for the head) */
+        k_runner_close(r);
+        if (k_runner_open(gm, n_ctx, &r, &err) || k_runner_set_nextn_prime(r, 1, &err) ||
+            k_runner_eval(r, toks, n, 0, NULL, got, &err))
+            goto fail;
+        const double t2 = now_s();
+        for (int i = 0; i < n_gen; i++)
+            if (k_runner_eval(r, &got[i], 1, 0, NULL, &got[i + 1], &err)) goto fail;
+        const double primed_s = now_s() - t2;
+        for (int i = 0; i <= n_gen; i++) mismatches += got[i] != want[i];
+        printf("HEADBENCH device=%s depth=0 primed tok_s=%.1f (%.1f us a step for the head's rows)\n", d->name,
+               n_gen / primed_s, 1e6 * (primed_s - serial_s) / n_gen);
         for (int depth = 1; depth <= 4; depth++) {
             k_runner_close(r);
             if (k_runner_open(gm, n_ctx, &r, &err)) goto fail;

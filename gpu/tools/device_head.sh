@@ -17,7 +17,8 @@
 #     backend="cuda", serial (draft=False) against the adaptive policy and
 #     forced depths, on code / prose / math / chat prompts, REPS repetitions
 #     with the order reversed on alternate ones: tokens compared (must be
-#     equal), tok/s min / median / max, the draft statistics.
+#     equal), tok/s min / median / max, the draft statistics, and the
+#     adaptive policy's acceptance estimates and cost model (POLICY lines).
 # Everything lands in $OUT/device_head.log as well.
 set -u
 cd "$(dirname "$0")/../.."
@@ -86,6 +87,11 @@ for name, p in prompts.items():
               f"{t[-1]:7.1f}  x{statistics.median(t) / base:.2f}  tokens_equal={toks[v] == toks['serial']} "
               f"n={len(toks[v])} rounds={d.get('draft_rounds')} drafted={d.get('drafted')} "
               f"accepted={d.get('accepted')} refused={d.get('refused')!r}", flush=True)
+    pol = stats["adaptive"].get("policy", {})
+    costs = {k: (round(v * 1e3, 3) if isinstance(v, float) else v)
+             for k, v in pol.get("costs", {}).items() if k != "verify_s_per_width"}
+    print(f"POLICY {name:5s} p={pol.get('p')} observations={pol.get('observations')} "
+          f"chosen_drafting_rounds={pol.get('chosen_drafting_rounds')} costs_ms={costs}", flush=True)
 PY
 }
 main 2>&1 | tee "$LOG"
