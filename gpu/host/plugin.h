@@ -46,8 +46,10 @@ int ds4_gpu_probe(char *err, size_t cap);
 
 /* Load the GGUF at path (fast precision), open the device and upload the
  * trunk's weights once. Refuses (DS4_ERR_UNSUPPORTED, naming the tensor
- * or the feature) what the GPU layer loop cannot run: MoE, a weight type
- * other than Q8_0 / Q4_K / Q5_K / Q6_K. */
+ * or the feature) what the GPU layer loop cannot run: exact precision, a
+ * weight type other than Q8_0 / Q4_K / Q5_K / Q6_K / Q4_64A (Q4_64A not as
+ * routed experts). A nextn head the GPU cannot run leaves the trunk
+ * running (ds4_gpu_model_nextn_refusal says why). */
 int ds4_gpu_model_open(const char *path, ds4_gpu_model **out, char *err, size_t cap);
 void ds4_gpu_model_close(ds4_gpu_model *g);
 int64_t ds4_gpu_model_n_vocab(const ds4_gpu_model *g);

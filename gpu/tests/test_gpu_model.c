@@ -182,15 +182,23 @@ static int bench(const char *path, const char *ctx_list, int steps) {
  * (so accepts of every length happen), depths cycling 1..7; every kept
  * row's logits must equal the serial row's bit for bit, and the tokens
  * must be the serial tokens. */
+/* The prompt tokens of tok_path, and a session of the model at path with
+ * room for them, n_gen tokens more and one verify (--spec, --head). */
+static int load_run(const char *path, const char *tok_path, int n_gen, int32_t **toks, int64_t *n,
+                    int64_t *n_ctx, ds4_model **m, k_device **d, k_runner **r) {
+    *toks = read_tokens(tok_path, n);
+    if (!*toks || *n <= 0 || n_gen < 1) return 2;
+    *n_ctx = *n + n_gen + K_RUNNER_VERIFY_MAX + 1;
+    return load(path, *n_ctx, m, d, r);
+}
+
 static int spec(const char *path, const char *tok_path, int n_gen) {
-    int64_t n;
-    int32_t *toks = read_tokens(tok_path, &n);
-    if (!toks || n <= 0) return 2;
+    int64_t n, n_ctx;
+    int32_t *toks;
     ds4_model *m;
     k_device *d;
     k_runner *r;
-    const int64_t n_ctx = n + n_gen + K_RUNNER_VERIFY_MAX + 1;
-    int rc = load(path, n_ctx, &m, &d, &r);
+    int rc = load_run(path, tok_path, n_gen, &toks, &n, &n_ctx, &m, &d, &r);
     if (rc) return rc;
     ds4_model_config c;
     ds4_model_get_config(m, &c);
@@ -285,14 +293,12 @@ static int head_decode(k_runner *r, const int32_t *toks, int64_t n, int n_gen, i
 }
 
 static int head(const char *path, const char *tok_path, int n_gen, const char *prefix, int bench_mode) {
-    int64_t n;
-    int32_t *toks = read_tokens(tok_path, &n);
-    if (!toks || n <= 0 || n_gen < 1) return 2;
+    int64_t n, n_ctx;
+    int32_t *toks;
     ds4_model *m;
     k_device *d;
     k_runner *r;
-    const int64_t n_ctx = n + n_gen + K_RUNNER_VERIFY_MAX + 1;
-    int rc = load(path, n_ctx, &m, &d, &r);
+    int rc = load_run(path, tok_path, n_gen, &toks, &n, &n_ctx, &m, &d, &r);
     if (rc) return rc;
     ds4_error err;
     if (!k_gpu_model_has_nextn(gm)) {
