@@ -33,15 +33,16 @@ logprobs and stop strings are the CPU's Python code; snapshot / restore
 (GpuSnapshot: the whole state copied on the device, the CPU session's
 semantics) and so the prefix cache (``generate(..., cache=)``); the
 post-final-norm hidden state (``eval(..., return_hidden=True)``,
-``last_hidden()``); the model's bundled nextn (MTP) head
-(gpu/host/runner_head.c: head priming, ``nextn_propose``), so ``generate``
-drafts with it as on the CPU -- greedy or the exact seeded sampling mode,
-the same adaptive policy and pairing classifier. What it does not do yet,
+``last_hidden()``); the model's nextn (MTP) head, bundled or a
+``draft_head`` sidecar (gpu/host/runner_head.c: head priming,
+``nextn_propose``), so ``generate`` drafts with it as on the CPU -- greedy
+or the exact seeded sampling mode, the same adaptive policy and pairing
+classifier. What it does not do yet,
 refused with a ModelError naming it: precision="exact", weight types other
 than Q8_0 / Q4_K / Q5_K / Q6_K / Q4_64A (Q4_64A: dense matrices only, not
 routed experts), layer taps (``hidden_layers``),
-``verify(return_hidden=True)``, a draft_head sidecar, DFlash and rejection
-sampling (they need layer taps or the head's distributions on the host:
+``verify(return_hidden=True)``, DFlash and rejection sampling (they need
+layer taps or the head's distributions on the host:
 ``generate`` turns such drafting off and says why in ``Generation.draft``;
 an explicit request raises).
 
@@ -71,7 +72,7 @@ __all__ = ["BACKENDS", "GpuModel", "GpuSession", "GpuSnapshot", "load", "backend
 BACKENDS = ("auto", "cpu", "cuda", "metal", "gpu-emul")
 # backend name -> plugin kind (gpu/tools/build_plugin.py KINDS)
 _KIND = {"cuda": "cuda", "gpu-emul": "emul"}
-ABI_VERSION = 3  # gpu/host/plugin.h DS4_GPU_ABI_VERSION this module calls
+ABI_VERSION = 4  # gpu/host/plugin.h DS4_GPU_ABI_VERSION this module calls
 _ERR_CAP = 1024
 # ds4_status codes (csrc/ds4.h) this module tells apart
 _ERR_ARG, _ERR_NOMEM, _ERR_UNSUPPORTED, _ERR_BAD_MODEL, _ERR_INTERNAL = 2, 3, 4, 5, 26
@@ -252,12 +253,18 @@ class GpuModel(Model):
         return int(self._plugin.lib.ds4_gpu_model_snapshots(self._live_gpu()))
 
     @classmethod
-    def open(cls, path, backend: str, plug: _Plugin, n_threads, n_ctx) -> GpuModel:
-        model = super().load(path, n_threads=n_threads, n_ctx=n_ctx, precision="fast")
+    def open(cls, path, backend: str, plug: _Plugin, n_threads, n_ctx,
+             draft_head=None) -> GpuModel:
+        # The CPU side loads the draft_head too: its checks (a full model is
+        # not a head, shapes, settings) run once more in the plugin's own
+        # load, and model.draft_head / nextn_source feed the classifier.
+        model = super().load(path, n_threads=n_threads, n_ctx=n_ctx, precision="fast",
+                             draft_head=draft_head)
         try:
             pp = plug.ffi.new("ds4_gpu_model **")
             err = plug.err()
-            status = plug.lib.ds4_gpu_model_open(os.fsencode(model.path), pp, err, _ERR_CAP)
+            head = plug.ffi.NULL if model.draft_head is None else os.fsencode(model.draft_head)
+            status = plug.lib.ds4_gpu_model_open(os.fsencode(model.path), head, pp, err, _ERR_CAP)
             if status != 0:
                 raise ModelError(f"backend {backend!r} cannot run {model.path!r}: "
                                  f"{plug.message(err)}", int(status))
@@ -292,8 +299,9 @@ class GpuModel(Model):
 
     @property
     def nextn_refusal(self) -> str:
-        """Why the file's nextn head does not run on the device ("" when it
-        does or the file has none)."""
+        """Why the model's nextn head (its file's, or the draft_head it was
+        loaded with) does not run on the device ("" when it does or there
+        is none)."""
         p = self._plugin.lib.ds4_gpu_model_nextn_refusal(self._live_gpu())
         return self._plugin.ffi.string(p).decode("utf-8", "replace") if p else ""
 
@@ -750,13 +758,11 @@ def _check_name(backend) -> str:
     return backend
 
 
-def _gpu_refusal(backend: str, precision, draft_head, dflash) -> str | None:
+def _gpu_refusal(backend: str, precision, dflash) -> str | None:
     """Load options a GPU backend cannot honour, as a reason (None: none)."""
     if not (isinstance(precision, str) and precision.lower() == "fast"):
         return (f"precision={precision!r}: the GPU kernels implement the fast recipe only "
                 f"(exact is CPU-only)")
-    if draft_head is not None:
-        return "draft_head: the nextn head does not run on the GPU yet"
     if dflash is not None:
         return "dflash: DFlash drafting needs layer taps, which the GPU does not give yet"
     return None
@@ -780,11 +786,11 @@ def load(path, n_threads: int | None = None, n_ctx: int | None = None, precision
                          f"backend='cpu'", _ERR_UNSUPPORTED)
     note = ""
     if name == "auto":
-        why = _gpu_refusal("cuda", precision, draft_head, dflash)
+        why = _gpu_refusal("cuda", precision, dflash)
         if why is None:
             try:
                 plug = _open_plugin("cuda")
-                model = GpuModel.open(path, "cuda", plug, n_threads, n_ctx)
+                model = GpuModel.open(path, "cuda", plug, n_threads, n_ctx, draft_head)
                 model.backend_note = "auto: cuda"
                 _record(model, model.backend_note)
                 return model
@@ -799,9 +805,9 @@ def load(path, n_threads: int | None = None, n_ctx: int | None = None, precision
         model.backend_note = note
         _record(model, note)
         return model
-    why = _gpu_refusal(name, precision, draft_head, dflash)
+    why = _gpu_refusal(name, precision, dflash)
     if why is not None:
         raise ModelError(f"backend {name!r}: {why}", _ERR_UNSUPPORTED)
-    model = GpuModel.open(path, name, _open_plugin(name), n_threads, n_ctx)
+    model = GpuModel.open(path, name, _open_plugin(name), n_threads, n_ctx, draft_head)
     _record(model, "")
     return model

@@ -237,6 +237,55 @@ def test_demo_head_drafting_equals_serial(cache):
     assert again.cached_tokens > 0 and again.draft["drafting"] is True, again.draft
 
 
+def test_draft_head_sidecar_drafts_as_the_bundled_head(cache, tmp_path):
+    """A draft_head sidecar on gpu-emul: the golden model's trunk without
+    its head plus the head as a standalone file (the converter's layout,
+    with and without the global tensors) drafts exactly what the bundled
+    head drafts on the same backend -- the same weights through the same
+    kernels, so bit for bit: nextn_propose's drafts at every position of a
+    primed prompt, then (converter layout) a forced-depth generation whose
+    tokens equal draft=False's and whose draft counts equal the bundled
+    head's."""
+    sys.path.insert(0, os.path.dirname(__file__))
+    import nextn_files as NF
+
+    trunk = NF.trunk_file(tmp_path, "dense-q8_0")
+    ids = prompt_ids(8)
+
+    def drafts(model):
+        out = []
+        with model.new_session(nextn_prime=True) as s:
+            for i, t in enumerate(ids[:-1]):
+                s.eval([t])
+                if i:  # the head holds [1, n_past): a draft at n_past can run
+                    out.append(s.nextn_propose(ids[i + 1], 3))
+        return out
+
+    def run(model):
+        kw = dict(max_tokens=6, temperature=0)
+        spec = ds4py.generate(model, ids[:4], draft_depth=2, force_draft=True, **kw)
+        serial = ds4py.generate(model, ids[:4], draft=False, **kw)
+        assert spec.tokens == serial.tokens and spec.draft["drafting"] is True, spec.draft
+        return spec.tokens, {k: spec.draft[k] for k in ("draft_rounds", "drafted", "accepted")}
+
+    bundled = ds4py.load(DENSE, backend="gpu-emul")
+    want = (drafts(bundled), run(bundled))
+    for globals_ in (True, False):
+        head = NF.head_file(tmp_path, "dense-q8_0", globals_=globals_)
+        m = ds4py.load(trunk, backend="gpu-emul", draft_head=head)
+        assert m.nextn_source == "draft_head" and m.draft_head == head
+        assert m.nextn_on_gpu and m.nextn_refusal == ""
+        got = (drafts(m), run(m) if globals_ else want[1])
+        assert got == want, (globals_, got, want)
+        m.close()
+    assert want[1][1]["drafted"] > 0
+    # the trunk alone has no head: nothing to draft with, said so
+    m = ds4py.load(trunk, backend="gpu-emul")
+    assert m.nextn_source is None and not m.nextn_on_gpu
+    g = ds4py.generate(m, ids[:4], max_tokens=1, temperature=0)
+    assert g.draft["drafting"] is False and "no nextn head" in g.draft["refused"]
+
+
 def test_moe_model_runs(cache):
     """A qwen35moe model on gpu-emul (the routed experts on the device,
     gpu/kernels/moe.h): logits within the dense tolerances of the CPU's
@@ -361,7 +410,9 @@ def test_refuses_backends_and_options(cache):
         ds4py.load(DENSE, backend="metal")
     with pytest.raises(ds4py.ModelError, match="precision='exact'.*fast"):
         ds4py.load(DENSE, backend="gpu-emul", precision="exact")
-    with pytest.raises(ds4py.ModelError, match="draft_head.*nextn"):
+    # a full model is not a head: the core's structural check refuses it on
+    # the GPU as on the CPU (tests/test_nextn_sidecar.py)
+    with pytest.raises(ds4py.ModelError, match="draft head.*not a standalone head"):
         ds4py.load(DENSE, backend="gpu-emul", draft_head=DENSE)
 
 

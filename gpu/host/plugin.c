@@ -100,7 +100,8 @@ DS4_GPU_API int ds4_gpu_probe(char *err, size_t cap) {
     return d ? DS4_OK : DS4_ERR_UNSUPPORTED;
 }
 
-DS4_GPU_API int ds4_gpu_model_open(const char *path, ds4_gpu_model **out, char *err, size_t cap) {
+DS4_GPU_API int ds4_gpu_model_open(const char *path, const char *draft_head, ds4_gpu_model **out, char *err,
+                                   size_t cap) {
     if (!out) return fail(err, cap, DS4_ERR_ARG, "%s", "ds4_gpu_model_open: out is NULL");
     *out = NULL;
     if (!path) return fail(err, cap, DS4_ERR_ARG, "%s", "ds4_gpu_model_open: path is NULL");
@@ -110,7 +111,7 @@ DS4_GPU_API int ds4_gpu_model_open(const char *path, ds4_gpu_model **out, char *
     /* One host thread: the runner uses the core only to dequantize
      * embedding rows and fill RoPE tables; the math runs on the device.
      * n_ctx here only sizes CPU sessions, which this model never makes. */
-    ds4_model_params mp = {DS4_PRECISION_FAST, 1, 0, NULL};
+    ds4_model_params mp = {DS4_PRECISION_FAST, 1, 0, draft_head};
     int rc = ds4_model_load(path, &mp, &g->m, &e);
     if (rc) {
         free(g);

@@ -31,7 +31,7 @@
 
 /* Bumped whenever a signature below changes: Python refuses a plugin of
  * another version (a stale cache entry) instead of calling it wrong. */
-#define DS4_GPU_ABI_VERSION 3
+#define DS4_GPU_ABI_VERSION 4
 
 typedef struct ds4_gpu_model ds4_gpu_model;
 typedef struct ds4_gpu_session ds4_gpu_session;
@@ -49,8 +49,12 @@ int ds4_gpu_probe(char *err, size_t cap);
  * or the feature) what the GPU layer loop cannot run: exact precision, a
  * weight type other than Q8_0 / Q4_K / Q5_K / Q6_K / Q4_64A (Q4_64A not as
  * routed experts). A nextn head the GPU cannot run leaves the trunk
- * running (ds4_gpu_model_nextn_refusal says why). */
-int ds4_gpu_model_open(const char *path, ds4_gpu_model **out, char *err, size_t cap);
+ * running (ds4_gpu_model_nextn_refusal says why). draft_head: NULL, or a
+ * standalone nextn head GGUF that runs as the model's head (the core's
+ * ds4_model_params.draft_head: its structural checks refuse a full model
+ * or a mis-shaped head here, naming the reason). */
+int ds4_gpu_model_open(const char *path, const char *draft_head, ds4_gpu_model **out, char *err,
+                       size_t cap);
 void ds4_gpu_model_close(ds4_gpu_model *g);
 int64_t ds4_gpu_model_n_vocab(const ds4_gpu_model *g);
 /* The device's own name ("cuda", "emul"), and the bytes of weights on it. */

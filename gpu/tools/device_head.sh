@@ -18,7 +18,14 @@
 #     forced depths, on code / prose / math / chat prompts, REPS repetitions
 #     with the order reversed on alternate ones: tokens compared (must be
 #     equal), tok/s min / median / max, the draft statistics, and the
-#     adaptive policy's acceptance estimates and cost model (POLICY lines).
+#     adaptive policy's acceptance estimates and cost model (POLICY lines);
+#  5. a draft_head sidecar on cuda: the demo model's head extracted by
+#     gguf_tools extract-mtp and loaded as draft_head (it replaces the bundled
+#     head) drafts what the bundled head drafts: forced depths 2 and 3 on the
+#     four prompts, tokens and draft counts compared (SIDECAR lines, all
+#     same=True). Both run as the caller's drafter (NextnDrafter): the
+#     pairs table refuses this pair as measured bad on the CPU
+#     (ds4py/spec/pairs.json), and a caller's drafter is not classified.
 # Everything lands in $OUT/device_head.log as well.
 set -u
 cd "$(dirname "$0")/../.."
@@ -92,6 +99,34 @@ for name, p in prompts.items():
              for k, v in pol.get("costs", {}).items() if k != "verify_s_per_width"}
     print(f"POLICY {name:5s} p={pol.get('p')} observations={pol.get('observations')} "
           f"chosen_drafting_rounds={pol.get('chosen_drafting_rounds')} costs_ms={costs}", flush=True)
+PY
+step "python: a draft_head sidecar drafts as the bundled head"
+timeout 60 python3 -m gguf_tools extract-mtp $DEMO "$OUT/demo-mtp.gguf" || echo "EXTRACT FAILED"
+HEAD="$OUT/demo-mtp.gguf" timeout 300 python3 - <<'PY' || echo "SIDECAR PART FAILED rc=$?"
+import os, warnings
+import ds4py
+from ds4py.spec.drafter import NextnDrafter
+
+demo = "ds4py/models/demo-q8_0.gguf"
+bundled = ds4py.load(demo, backend="cuda")
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # "bundles its own nextn head; the draft_head replaces it"
+    side = ds4py.load(demo, backend="cuda", draft_head=os.environ["HEAD"])
+print("sidecar:", side.nextn_source, side.nextn_on_gpu, repr(side.nextn_refusal))
+prompts = ["def fibonacci(n):\n", "Once upon a time, in a small village by the sea,",
+           "Question: what is 17 * 23? Answer step by step.\n",
+           [{"role": "user", "content": "Write a short poem about the sea."}]]
+for i, p in enumerate(prompts):
+    kw = dict(max_tokens=64, temperature=0)
+    if isinstance(p, str):
+        kw["chat"] = False
+    for depth in (2, 3):
+        a = ds4py.generate(bundled, p, draft_depth=depth, drafter=NextnDrafter(bundled), **kw)
+        b = ds4py.generate(side, p, draft_depth=depth, drafter=NextnDrafter(side), **kw)
+        ka = [a.draft.get(k) for k in ("draft_rounds", "drafted", "accepted")]
+        kb = [b.draft.get(k) for k in ("draft_rounds", "drafted", "accepted")]
+        print(f"SIDECAR prompt={i} depth={depth} same={a.tokens == b.tokens and ka == kb} "
+              f"bundled={ka} sidecar={kb} drafter={b.draft.get('drafter')}", flush=True)
 PY
 }
 main 2>&1 | tee "$LOG"
