@@ -281,7 +281,7 @@ def _load(args, err: TextIO):
         if model.backend_note:
             err.write(f"backend: {model.backend} ({model.backend_note})\n")
             err.flush()
-        dflash = None  # attached by the load (cpu), or refused (GPU)
+        dflash = None  # attached by the load (the GPU's too: ds4py.gpu_backend._open_gpu)
     else:
         model = Model.load(path, n_threads=args.threads, n_ctx=args.ctx,
                            precision=args.precision, draft_head=head)

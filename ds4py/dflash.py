@@ -249,6 +249,11 @@ class TapSession:
         self._ctx_ptr = drafter.ctx._ptr
         self._lp = self._lg = None  # step()'s cached buffer addresses and views
         self._taps_view = self._logits_view = None
+        # a GPU session (ds4py.gpu_backend.GpuSession) has no C session for
+        # step()'s direct calls: its steps go through eval(hidden_layers=)
+        from .session import Session
+
+        self._cpu = isinstance(session, Session)
 
     def __getattr__(self, name):
         return getattr(self._s, name)
@@ -266,6 +271,8 @@ class TapSession:
         per-call conversions."""
         if self._pending is not None:
             self._flush()
+        if not self._cpu:
+            return self._eval([int(token)], False, False, None)
         ptr = self._s._live()
         p0 = lib.ds4_session_n_past(ptr)
         self._tok[0] = token

@@ -37,12 +37,14 @@ post-final-norm hidden state (``eval(..., return_hidden=True)``,
 ``draft_head`` sidecar (gpu/host/runner_head.c: head priming,
 ``nextn_propose``), so ``generate`` drafts with it as on the CPU -- greedy
 or the exact seeded sampling mode, the same adaptive policy and pairing
-classifier. What it does not do yet,
+classifier; layer taps (``hidden_layers`` on eval and verify: the residual
+stream after chosen trunk layers), so a DFlash drafter (``dflash=FILE``)
+drafts for a GPU target -- the drafter itself runs on the CPU side, fed the
+device's taps through its TapSession. What it does not do yet,
 refused with a ModelError naming it: precision="exact", weight types other
 than Q8_0 / Q4_K / Q5_K / Q6_K / Q4_64A (Q4_64A: dense matrices only, not
-routed experts), layer taps (``hidden_layers``),
-``verify(return_hidden=True)``, DFlash and rejection sampling (they need
-layer taps or the head's distributions on the host:
+routed experts), ``verify(return_hidden=True)`` and rejection sampling (it
+needs the head's distributions on the host:
 ``generate`` turns such drafting off and says why in ``Generation.draft``;
 an explicit request raises).
 
@@ -454,11 +456,19 @@ class GpuSession(_DeviceHandle):
             raise ModelError("no tokens to evaluate", _ERR_ARG)
         return arr, self._ffi.cast("int32_t *", self._ffi.from_buffer(arr))
 
-    def _no_hidden(self, return_hidden, hidden_layers, where: str = "eval") -> None:
-        if return_hidden:
-            raise _unsupported(self.backend, f"{where}(return_hidden=True)")
-        if hidden_layers is not None:
-            raise _unsupported(self.backend, "hidden_layers (layer taps)")
+    def _taps(self, hidden_layers, n: int):
+        """(layers int64 array, a [n, len, hidden] buffer, its pointers) for
+        ``hidden_layers`` (None: no taps)."""
+        from .session import _as_layers
+
+        if hidden_layers is None:
+            return None, None, self._ffi.NULL, self._ffi.NULL
+        layers = _as_layers(hidden_layers)
+        buf = np.zeros((n, layers.size, self.hidden_size), dtype=np.float32)
+        if layers.size == 0:
+            return layers, buf, self._ffi.NULL, self._ffi.NULL
+        return (layers, buf, self._ffi.cast("int64_t *", self._ffi.from_buffer(layers)),
+                self._fptr(buf))
 
     # -- evaluation -------------------------------------------------------
     def eval(self, tokens, all_logits: bool = False, return_hidden: bool = False,
@@ -466,10 +476,17 @@ class GpuSession(_DeviceHandle):
         """As :meth:`ds4py.Session.eval`: float32 ``[vocab]`` logits of the
         last row, or ``[n, vocab]`` with ``all_logits``; with
         ``return_hidden`` also the post-final-norm hidden state of the same
-        rows (``[hidden]`` or ``[n, hidden]``), as ``(logits, hidden)``."""
+        rows (``[hidden]`` or ``[n, hidden]``), as ``(logits, hidden)``;
+        with ``hidden_layers`` also the residual stream after those trunk
+        layers (layer taps: ``[len, hidden]`` or ``[n, len, hidden]``, last),
+        what a DFlash drafter reads. Taps are taken from every row: an eval
+        asking for them keeps every row's logits on the way."""
         ptr = self._live()
-        self._no_hidden(False, hidden_layers)
         arr, tok_p = self._tokens(tokens)
+        layers, taps, lay_p, taps_p = self._taps(hidden_layers, arr.size)
+        if layers is not None and layers.size and not all_logits:
+            out = self.eval(arr, True, return_hidden, layers)
+            return tuple(x[-1] for x in out)
         n = arr.size if all_logits else 1
         if n > self._rows.shape[0]:
             self._rows = np.zeros((n, self.vocab_size), dtype=np.float32)
@@ -480,16 +497,21 @@ class GpuSession(_DeviceHandle):
             if n > self._hid.shape[0]:
                 self._hid = np.zeros((n, self.hidden_size), dtype=np.float32)
             hid_p = self._fptr(self._hid)
-        self._check(self._lib.ds4_gpu_eval_hidden(ptr, tok_p, arr.size, 1 if all_logits else 0,
-                                                  self._rows_p, self._ffi.NULL, hid_p,
-                                                  self._err, _ERR_CAP))
+        self._check(self._lib.ds4_gpu_eval_taps(ptr, tok_p, arr.size, 1 if all_logits else 0,
+                                                self._rows_p, self._ffi.NULL, hid_p, lay_p,
+                                                0 if layers is None else layers.size, taps_p,
+                                                self._err, _ERR_CAP))
         self._stats["launches"] = int(self._lib.ds4_gpu_launches(ptr))
         self._n_rows, self._last_row = n, n - 1
         rows = self._ro(self._rows[:n])
-        if not return_hidden:
-            return rows if all_logits else rows[0]
-        hid = self._ro(self._hid[:n])
-        return (rows, hid) if all_logits else (rows[0], hid[0])
+        out = [rows]
+        if return_hidden:
+            out.append(self._ro(self._hid[:n]))
+        if layers is not None:
+            out.append(self._ro(taps))
+        if not all_logits:
+            out = [x[0] for x in out]
+        return out[0] if len(out) == 1 else tuple(out)
 
     def step(self, token: int) -> np.ndarray:
         """One decode step (ds4py.generate's loop): logits ``[vocab]`` of
@@ -522,18 +544,25 @@ class GpuSession(_DeviceHandle):
 
     def verify(self, tokens, return_hidden: bool = False, hidden_layers=None):
         """As :meth:`ds4py.Session.verify`: 1..VERIFY_MAX rows, logits of every
-        row, equal to evaluating them one at a time on this backend."""
+        row, equal to evaluating them one at a time on this backend; with
+        ``hidden_layers`` also the rows' layer taps ``[n, len, hidden]``, as
+        ``(logits, taps)``. (``return_hidden`` is not done on the GPU yet.)"""
         ptr = self._live()
-        self._no_hidden(return_hidden, hidden_layers, "verify")
+        if return_hidden:
+            raise _unsupported(self.backend, "verify(return_hidden=True)")
         arr, tok_p = self._tokens(tokens)
         if arr.size > self._plug.verify_max:
             raise ModelError(f"verify takes 1 to {self._plug.verify_max} tokens (got {arr.size})",
                              _ERR_ARG)
-        self._check(self._lib.ds4_gpu_verify(ptr, tok_p, arr.size, self._rows_p, self._ffi.NULL,
-                                             self._err, _ERR_CAP))
+        layers, taps, lay_p, taps_p = self._taps(hidden_layers, arr.size)
+        self._check(self._lib.ds4_gpu_verify_taps(ptr, tok_p, arr.size, self._rows_p,
+                                                  self._ffi.NULL, lay_p,
+                                                  0 if layers is None else layers.size, taps_p,
+                                                  self._err, _ERR_CAP))
         self._stats["launches"] = int(self._lib.ds4_gpu_launches(ptr))
         self._n_rows, self._last_row = arr.size, arr.size - 1
-        return self._ro(self._rows[:arr.size])
+        rows = self._ro(self._rows[:arr.size])
+        return rows if layers is None else (rows, self._ro(taps))
 
     def accept(self, k: int) -> None:
         """As :meth:`ds4py.Session.accept`: keep the first k rows of the last
@@ -758,14 +787,29 @@ def _check_name(backend) -> str:
     return backend
 
 
-def _gpu_refusal(backend: str, precision, dflash) -> str | None:
+def _gpu_refusal(backend: str, precision) -> str | None:
     """Load options a GPU backend cannot honour, as a reason (None: none)."""
     if not (isinstance(precision, str) and precision.lower() == "fast"):
         return (f"precision={precision!r}: the GPU kernels implement the fast recipe only "
                 f"(exact is CPU-only)")
-    if dflash is not None:
-        return "dflash: DFlash drafting needs layer taps, which the GPU does not give yet"
     return None
+
+
+def _open_gpu(path, backend: str, plug, n_threads, n_ctx, draft_head, dflash) -> GpuModel:
+    """GpuModel.open, then the DFlash drafter attached (ds4py.dflash: the
+    drafter runs on the CPU side, fed the device's layer taps)."""
+    from .dflash import attach_dflash
+
+    if dflash is not None and draft_head is not None:
+        raise ModelError("draft_head and dflash were both given: draft with one", _ERR_ARG)
+    model = GpuModel.open(path, backend, plug, n_threads, n_ctx, draft_head)
+    if dflash is not None:
+        try:
+            attach_dflash(model, dflash)
+        except BaseException:
+            model.close()
+            raise
+    return model
 
 
 def load(path, n_threads: int | None = None, n_ctx: int | None = None, precision: str = "fast",
@@ -786,11 +830,11 @@ def load(path, n_threads: int | None = None, n_ctx: int | None = None, precision
                          f"backend='cpu'", _ERR_UNSUPPORTED)
     note = ""
     if name == "auto":
-        why = _gpu_refusal("cuda", precision, dflash)
+        why = _gpu_refusal("cuda", precision)
         if why is None:
             try:
                 plug = _open_plugin("cuda")
-                model = GpuModel.open(path, "cuda", plug, n_threads, n_ctx, draft_head)
+                model = _open_gpu(path, "cuda", plug, n_threads, n_ctx, draft_head, dflash)
                 model.backend_note = "auto: cuda"
                 _record(model, model.backend_note)
                 return model
@@ -805,9 +849,9 @@ def load(path, n_threads: int | None = None, n_ctx: int | None = None, precision
         model.backend_note = note
         _record(model, note)
         return model
-    why = _gpu_refusal(name, precision, dflash)
+    why = _gpu_refusal(name, precision)
     if why is not None:
         raise ModelError(f"backend {name!r}: {why}", _ERR_UNSUPPORTED)
-    model = GpuModel.open(path, name, _open_plugin(name), n_threads, n_ctx, draft_head)
+    model = _open_gpu(path, name, _open_plugin(name), n_threads, n_ctx, draft_head, dflash)
     _record(model, "")
     return model

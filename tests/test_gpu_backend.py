@@ -286,6 +286,87 @@ def test_draft_head_sidecar_drafts_as_the_bundled_head(cache, tmp_path):
     assert g.draft["drafting"] is False and "no nextn head" in g.draft["refused"]
 
 
+# Layer taps vs the CPU's: the residual stream before any final norm (values
+# up to ~8.4 on the golden model). Measured max |difference| 0.098; the bound
+# is 2.5x that, for the same reasons as the logits' (module doc).
+TAPS_VS_CPU = 0.25
+
+
+def test_layer_taps(dense_gpu, dense_cpu):
+    """eval / verify with hidden_layers on gpu-emul (what a DFlash drafter
+    reads): within TAPS_VS_CPU of the CPU's taps, repeats allowed; the same
+    rows bit for bit however they are split (one eval, an eval of the
+    last row, a verify); the last row's taps without all_logits."""
+    ids = prompt_ids(12)
+    L = dense_cpu.config.n_layers
+    layers = [0, 2, 2, L - 1]
+    with dense_gpu.new_session() as g, dense_cpu.new_session() as c:
+        _, tg = g.eval(ids, all_logits=True, hidden_layers=layers)
+        _, tc = c.eval(ids, all_logits=True, hidden_layers=layers)
+        assert tg.shape == tc.shape == (12, 4, dense_cpu.config.hidden_size)
+        assert np.abs(tg - tc).max() <= TAPS_VS_CPU, np.abs(tg - tc).max()
+        assert np.array_equal(tg[:, 1], tg[:, 2])
+        whole = np.array(tg)
+    with dense_gpu.new_session() as a, dense_gpu.new_session() as b:
+        two = [0, L - 1]
+        _, x = a.eval(ids + [5, 6, 7, 8], all_logits=True, hidden_layers=two)
+        _, y1 = b.eval(ids, all_logits=True, hidden_layers=two)
+        lg1, y2 = b.eval([5], hidden_layers=two)  # last row only: [len, hidden]
+        cfg = dense_cpu.config
+        assert y2.shape == (2, cfg.hidden_size) and lg1.shape == (cfg.vocab_size,)
+        _, y3 = b.verify([6, 7, 8], hidden_layers=two)
+        assert np.array_equal(y1, whole[:, [0, 3]])  # the first session's rows
+        assert np.array_equal(x[:12], y1) and np.array_equal(x[12], y2)
+        assert np.array_equal(x[13:], y3)
+        # accept(2) rolls the third row back: evaluating it again gives its taps
+        b.accept(2)
+        _, y4 = b.eval([8], all_logits=True, hidden_layers=two)
+        assert b.n_past == 16 and np.array_equal(y4[0], x[15])
+
+
+def test_dflash_drafts_on_the_gpu(cache, tmp_path):
+    """A DFlash drafter with a target on gpu-emul (ds4py.load(...,
+    backend=, dflash=)): the drafter runs on the CPU side, its context fed
+    by the device's layer taps (TapSession over a GpuSession). Greedy
+    generation at a forced depth equals draft=False token for token, with
+    drafts accepted and rejected; a prefix-cache hit keeps drafting (the
+    snapshot records the taps)."""
+    sys.path.insert(0, os.path.dirname(__file__))
+    from dflash_files import config, random_arrays, write
+
+    from ds4py.dflash import DFlashDrafter
+
+    ids = prompt_ids(6)
+    m0 = ds4py.load(DENSE, backend="gpu-emul")
+    serial = ds4py.generate(m0, ids, max_tokens=8, temperature=0, draft=False)
+    # the "agreeing" drafter of tests/test_dflash_generate.py: no attention or
+    # FFN output, so every draft is the mask token, chosen as the token the
+    # serial output repeats most (drafts accepted and rejected)
+    cfg = config(mask_token_id=int(np.bincount(serial.tokens).argmax()))
+    arrays = random_arrays(cfg, seed=5)
+    for i in range(cfg.n_layer):
+        arrays[f"blk.{i}.attn_output.weight"][:] = 0
+        arrays[f"blk.{i}.ffn_down.weight"][:] = 0
+    arrays["output_norm.weight"][:] = 1
+    path = write(tmp_path / "agree.gguf", cfg, arrays)
+    m = ds4py.load(DENSE, backend="gpu-emul", dflash=path)
+    assert m.dflash is not None and m.backend == "gpu-emul"
+    spec = ds4py.generate(m, ids, max_tokens=8, temperature=0, draft_depth=3,
+                          drafter=DFlashDrafter(m.dflash))
+    assert spec.tokens == serial.tokens
+    d = spec.draft
+    assert d["drafter"] == "dflash" and d["drafting"] is True, d
+    assert 0 < d["accepted"] < d["drafted"], d
+    pc = ds4py.PrefixCache(m)
+    kw = dict(max_tokens=3, temperature=0, draft_depth=2)
+    first = ds4py.generate(m, ids, cache=pc, drafter=DFlashDrafter(m.dflash), **kw)
+    again = ds4py.generate(m, ids, cache=pc, drafter=DFlashDrafter(m.dflash), **kw)
+    assert first.tokens == again.tokens == serial.tokens[:3]
+    assert again.cached_tokens > 0 and again.draft["drafting"] is True, again.draft
+    with pytest.raises(ds4py.ModelError, match="both given"):
+        ds4py.load(DENSE, backend="gpu-emul", dflash=path, draft_head=path)
+
+
 def test_moe_model_runs(cache):
     """A qwen35moe model on gpu-emul (the routed experts on the device,
     gpu/kernels/moe.h): logits within the dense tolerances of the CPU's
@@ -421,8 +502,9 @@ def test_session_refuses_what_it_lacks(dense_gpu):
         # snapshots and eval's hidden state run on the GPU now: tests/test_gpu_snapshot.py
         with pytest.raises(ds4py.ModelError, match="return_hidden"):
             s.verify([1, 2], return_hidden=True)
-        with pytest.raises(ds4py.ModelError, match="hidden_layers"):
-            s.eval([1, 2], hidden_layers=[0])
+        # layer taps run on the GPU (test_layer_taps); a layer outside the trunk is refused
+        with pytest.raises(ds4py.ModelError, match="layer tap 5 is outside the trunk"):
+            s.eval([1, 2], hidden_layers=[0, 5])
         # bad arguments are refused and leave the session usable
         with pytest.raises(ds4py.ModelError, match="outside the vocabulary"):
             s.eval([1, dense_gpu.config.vocab_size])

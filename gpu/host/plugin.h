@@ -75,11 +75,22 @@ int ds4_gpu_eval(ds4_gpu_session *s, const int32_t *tokens, int64_t n, int all_r
  * (n_embd floats per row) into hidden unless NULL. */
 int ds4_gpu_eval_hidden(ds4_gpu_session *s, const int32_t *tokens, int64_t n, int all_rows,
                         float *logits, int32_t *argmax, float *hidden, char *err, size_t cap);
+/* ds4_gpu_eval_hidden plus layer taps: the residual stream after trunk
+ * layers layers[0..n_layers) of every row (rows x n_layers x n_embd floats
+ * into taps; needs all_rows), what a DFlash drafter reads (runner.h
+ * k_runner_eval_taps). */
+int ds4_gpu_eval_taps(ds4_gpu_session *s, const int32_t *tokens, int64_t n, int all_rows,
+                      float *logits, int32_t *argmax, float *hidden, const int64_t *layers,
+                      int64_t n_layers, float *taps, char *err, size_t cap);
 /* Speculative decoding: verify 1..ds4_gpu_verify_max() rows (logits of
  * every row), then accept(k) keeps the first k exactly as k serial evals
  * would (runner.h). */
 int ds4_gpu_verify(ds4_gpu_session *s, const int32_t *tokens, int64_t n, float *logits,
                    int32_t *argmax, char *err, size_t cap);
+/* ds4_gpu_verify plus the rows' layer taps (as ds4_gpu_eval_taps). */
+int ds4_gpu_verify_taps(ds4_gpu_session *s, const int32_t *tokens, int64_t n, float *logits,
+                        int32_t *argmax, const int64_t *layers, int64_t n_layers, float *taps,
+                        char *err, size_t cap);
 int ds4_gpu_accept(ds4_gpu_session *s, int64_t k, char *err, size_t cap);
 int ds4_gpu_verify_max(void);
 int64_t ds4_gpu_n_past(const ds4_gpu_session *s);

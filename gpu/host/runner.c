@@ -1133,6 +1133,8 @@ void k_runner_close(k_runner *r) {
     if (!r) return;
     mem_release(r->dev, &r->mem);
     free(r->pend_tok);
+    free(r->tap_want);
+    free(r->h_taps);
     free(r->S);
     free(r->h_stage);
     free(r->h_cs);
@@ -1149,6 +1151,63 @@ int64_t k_runner_launches(const k_runner *r) { return r->launches; }
 
 static int chunk_launches(k_runner *r, int64_t n, int64_t pos0, int64_t row0, int64_t out0, int want_argmax,
                           ds4_error *err);
+
+/* Layer taps. Layer l's residual rows are complete in h once the next
+ * norm has added its last output (each layer's closing h += y is done by
+ * the next layer's pre-norm, or the output norm's): called there, they are
+ * copied to slot l of the device tap buffer. */
+static int tap_copy(k_runner *r, int64_t l, int64_t n, ds4_error *err) {
+    if (!r->tap_want || l < 0 || !r->tap_want[l]) return 0;
+    const int64_t E = r->c.n_embd;
+    return kr_copy_dev(r, r->taps + (size_t)l * OUT_ROWS * E, r->h, F4(n * E), err);
+}
+
+/* After a chunk of n rows (row0.. of the call): the tapped slots back to
+ * the host, scattered into the caller's rows x tap_n x n_embd. */
+static int tap_download(k_runner *r, int64_t n, int64_t row0, ds4_error *err) {
+    const int64_t E = r->c.n_embd;
+    for (int64_t l = 0; l < r->c.n_main; l++)
+        if (r->tap_want[l] && r->dev->download(r->dev, r->h_taps + (size_t)l * OUT_ROWS * E,
+                                               r->taps + (size_t)l * OUT_ROWS * E, F4(n * E)))
+            return ds4_fail(err, DS4_ERR_INTERNAL, "%s download: %s", r->dev->name, r->dev->err);
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t j = 0; j < r->tap_n; j++)
+            memcpy(r->tap_dst + ((row0 + t) * r->tap_n + j) * E,
+                   r->h_taps + ((size_t)r->tap_layers[j] * OUT_ROWS + (size_t)t) * E, F4(E));
+    return 0;
+}
+
+/* Arm the taps of one call (tap_end disarms them); the buffers on first use. */
+static int tap_begin(k_runner *r, int all_rows, const int64_t *layers, int64_t n_layers, float *taps,
+                     ds4_error *err) {
+    const ds4_model_config *c = &r->c;
+    if (n_layers <= 0) return 0;
+    if (!layers || !taps) return ds4_fail(err, DS4_ERR_ARG, "layer taps: layers or taps is NULL");
+    if (!all_rows) return ds4_fail(err, DS4_ERR_ARG, "layer taps need every row's outputs (all_rows)");
+    for (int64_t j = 0; j < n_layers; j++)
+        if (layers[j] < 0 || layers[j] >= c->n_main)
+            return ds4_fail(err, DS4_ERR_ARG, "layer tap %lld is outside the trunk's layers 0..%lld",
+                            (long long)layers[j], (long long)c->n_main - 1);
+    if (!r->taps) {
+        const size_t floats = (size_t)c->n_main * OUT_ROWS * (size_t)c->n_embd;
+        if (!(r->taps = kr_dalloc(r, F4(floats), err))) return err->code;
+        if (!(r->h_taps = malloc(F4(floats))) || !(r->tap_want = malloc((size_t)c->n_main)))
+            return ds4_fail(err, DS4_ERR_NOMEM, "out of host memory");
+    }
+    memset(r->tap_want, 0, (size_t)c->n_main);
+    for (int64_t j = 0; j < n_layers; j++) r->tap_want[layers[j]] = 1;
+    r->tap_layers = layers;
+    r->tap_n = n_layers;
+    r->tap_dst = taps;
+    return 0;
+}
+
+static void tap_end(k_runner *r) {
+    if (r->tap_want) memset(r->tap_want, 0, (size_t)r->c.n_main);
+    r->tap_n = 0;
+    r->tap_layers = NULL;
+    r->tap_dst = NULL;
+}
 
 /* Rows [0, n) of one chunk at positions pos0..; outputs for rows >= out0. */
 static int eval_chunk(k_runner *r, const int32_t *tokens, int64_t n, int64_t pos0, int64_t row0, int64_t out0,
@@ -1195,6 +1254,7 @@ static int eval_chunk(k_runner *r, const int32_t *tokens, int64_t n, int64_t pos
         if (hidden && r->dev->download(r->dev, hidden, r->x + (priming ? out0 : 0) * c->n_embd,
                                        F4(n_out * c->n_embd)))
             return ds4_fail(err, DS4_ERR_INTERNAL, "%s download: %s", r->dev->name, r->dev->err);
+        if (r->tap_n && (rc = tap_download(r, n, row0, err))) return rc; /* taps: all rows (out0 == 0) */
     }
     /* after the downloads: the head's launches overwrite x, and they run
      * while the host samples */
@@ -1218,6 +1278,7 @@ static int chunk_launches(k_runner *r, int64_t n, int64_t pos0, int64_t row0, in
                                  : kr_act_flag(&L->q) | kr_act_flag(&L->k) | kr_act_flag(&L->v);
         const unsigned ffn = L->is_moe ? L->moe.want : kr_act_flag(&L->ffn_gate) | kr_act_flag(&L->ffn_up);
         if ((rc = kr_pre_norm(r, il > 0, 0, n, L->attn_norm, mix, &ready, err)) ||
+            (il > 0 && (rc = tap_copy(r, il - 1, n, err))) ||
             (rc = L->kind == DS4_LAYER_GDN ? gdn_layer(r, L, &r->S[il], n, row0, ready, err)
                                            : kr_attn_layer(r, L, &r->S[il], n, pos0, ready, 0, err)) ||
             (rc = kr_pre_norm(r, 1, 0, n, L->post_norm, ffn, &ready, err)) ||
@@ -1228,7 +1289,7 @@ static int chunk_launches(k_runner *r, int64_t n, int64_t pos0, int64_t row0, in
     /* rows [nrm, n) get the final norm: the output rows, or every row when
      * the nextn head primes from their hidden states (x row t - nrm holds
      * row t) */
-    const int64_t nrm = r->prime && !r->capturing ? 0 : out0;
+    const int64_t nrm = r->prime && !r->capturing ? 0 : out0; /* taps need all_rows: out0 == 0 */
     mm_job head = {r->head, r->logits, V};
     if (nrm < n && r->fuse && c->n_main > 0) {
         /* only these rows get the last add: h of rows below nrm is
@@ -1236,10 +1297,12 @@ static int chunk_launches(k_runner *r, int64_t n, int64_t pos0, int64_t row0, in
          * float rows are stored too (K_NQ_X: the post-norm hidden state the
          * session hands out and snapshots keep; as the unfused rmsnorm
          * below writes them, the same bits) */
-        if ((rc = kr_pre_norm(r, 1, nrm, n - nrm, r->output_norm, kr_act_flag(r->head) | K_NQ_X, &ready, err)))
+        if ((rc = kr_pre_norm(r, 1, nrm, n - nrm, r->output_norm, kr_act_flag(r->head) | K_NQ_X, &ready, err)) ||
+            (rc = tap_copy(r, c->n_main - 1, n, err)))
             return rc;
     } else {
-        if (c->n_main > 0 && (rc = add_rows(r, r->y, r->h, n * E, err))) return rc;
+        if (c->n_main > 0 && ((rc = add_rows(r, r->y, r->h, n * E, err)) || (rc = tap_copy(r, c->n_main - 1, n, err))))
+            return rc;
         if (nrm >= n) return 0;
         ready = 0;
         if ((rc = kr_rmsnorm(r, r->h + nrm * E, r->output_norm, r->x, E, n - nrm, E, E, err))) return rc;
@@ -1312,13 +1375,20 @@ int k_runner_eval(k_runner *r, const int32_t *tokens, int64_t n, int all_rows, f
 
 int k_runner_eval_hidden(k_runner *r, const int32_t *tokens, int64_t n, int all_rows, float *logits,
                          int32_t *argmax, float *hidden, ds4_error *err) {
+    return k_runner_eval_taps(r, tokens, n, all_rows, logits, argmax, hidden, NULL, 0, NULL, err);
+}
+
+int k_runner_eval_taps(k_runner *r, const int32_t *tokens, int64_t n, int all_rows, float *logits, int32_t *argmax,
+                       float *hidden, const int64_t *layers, int64_t n_layers, float *taps, ds4_error *err) {
     int rc = check_rows(r, tokens, n, err);
+    if (!rc) rc = tap_begin(r, all_rows, layers, n_layers, taps, err);
     /* an eval right after a verify keeps all its rows: the head gets them first */
     if (!rc && r->ver_n && r->prime) {
         r->launches = 0;
         if (!(rc = kr_head_commit_verify(r, r->ver_n, err))) rc = kr_finish(r, err);
     }
     if (!rc) rc = run_rows(r, tokens, n, all_rows, logits, argmax, hidden, err);
+    tap_end(r);
     if (!rc) {
         r->n_past += n;
         r->ver_n = 0;
@@ -1338,10 +1408,16 @@ int k_runner_eval_hidden(k_runner *r, const int32_t *tokens, int64_t n, int all_
  * each row's own). */
 int k_runner_verify(k_runner *r, const int32_t *tokens, int64_t n, float *logits, int32_t *argmax,
                     ds4_error *err) {
+    return k_runner_verify_taps(r, tokens, n, logits, argmax, NULL, 0, NULL, err);
+}
+
+int k_runner_verify_taps(k_runner *r, const int32_t *tokens, int64_t n, float *logits, int32_t *argmax,
+                         const int64_t *layers, int64_t n_layers, float *taps, ds4_error *err) {
     if (n < 1 || n > K_RUNNER_VERIFY_MAX)
         return ds4_fail(err, DS4_ERR_ARG, "verify takes 1 to %d tokens (got %lld)", K_RUNNER_VERIFY_MAX,
                         (long long)n);
     int rc = check_rows(r, tokens, n, err);
+    if (!rc) rc = tap_begin(r, 1, layers, n_layers, taps, err);
     /* the verify's rows sit right after the carry in hrows: the deferred
      * rows go to the head first */
     if (!rc && r->prime) rc = kr_head_flush(r, err);
@@ -1353,10 +1429,14 @@ int k_runner_verify(k_runner *r, const int32_t *tokens, int64_t n, float *logits
             ((rc = kr_copy_dev(r, r->S[il].conv_bak, conv_now(&r->S[il], c), conv, err)) ||
              (rc = kr_copy_dev(r, r->S[il].ssm_bak, r->S[il].ssm, ssm, err))))
             break;
-    if (rc) return rc;
+    if (rc) {
+        tap_end(r);
+        return rc;
+    }
     r->capturing = 1;
     rc = run_rows(r, tokens, n, 1, logits, argmax, NULL, err);
     r->capturing = 0;
+    tap_end(r);
     /* the rows reach the nextn head when accepted: keep their tokens and
      * post-norm hidden rows (x rows [0, n)) after the carry in hrows */
     if (!rc && r->prime) rc = kr_copy_dev(r, r->hrows + r->c.n_embd, r->x, F4(n * r->c.n_embd), err);

@@ -53,6 +53,13 @@ int k_runner_eval(k_runner *r, const int32_t *tokens, int64_t n, int all_rows, f
  * (n_embd floats per row: what the LM head reads) into hidden unless NULL. */
 int k_runner_eval_hidden(k_runner *r, const int32_t *tokens, int64_t n, int all_rows, float *logits,
                          int32_t *argmax, float *hidden, ds4_error *err);
+/* k_runner_eval_hidden plus layer taps: the residual stream after trunk
+ * layers layers[0..n_layers) (each 0 <= l < n_main; repeats allowed) of
+ * every row, rows x n_layers x n_embd floats into taps (csrc's
+ * ds4_session_layer_hidden layout; what a DFlash drafter reads). Taps need
+ * all_rows (DS4_ERR_ARG otherwise); n_layers == 0 is k_runner_eval_hidden. */
+int k_runner_eval_taps(k_runner *r, const int32_t *tokens, int64_t n, int all_rows, float *logits, int32_t *argmax,
+                       float *hidden, const int64_t *layers, int64_t n_layers, float *taps, ds4_error *err);
 /* Speculative decoding: verify evaluates n <= K_RUNNER_VERIFY_MAX rows
  * like an eval with all_rows (n_past advances by n) and remembers what
  * accept needs; accept(k), 1 <= k <= n, keeps the first k rows: n_past
@@ -61,6 +68,9 @@ int k_runner_eval_hidden(k_runner *r, const int32_t *tokens, int64_t n, int all_
  * verify. */
 int k_runner_verify(k_runner *r, const int32_t *tokens, int64_t n, float *logits, int32_t *argmax,
                     ds4_error *err);
+/* k_runner_verify plus the rows' layer taps (as k_runner_eval_taps). */
+int k_runner_verify_taps(k_runner *r, const int32_t *tokens, int64_t n, float *logits, int32_t *argmax,
+                         const int64_t *layers, int64_t n_layers, float *taps, ds4_error *err);
 int k_runner_accept(k_runner *r, int64_t k, ds4_error *err);
 int64_t k_runner_n_past(const k_runner *r);
 /* Bytes of device memory the session and its model hold. */

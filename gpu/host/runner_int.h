@@ -181,6 +181,15 @@ struct k_runner {
     float *hcs, *hsn; /* ROWS x n_rot/2: their RoPE rows */
     int32_t *pend_tok; /* host, ROWS: their tokens */
     uint32_t *hidx;
+    /* layer taps (k_runner_eval_taps): during a call that asks for them,
+     * tap_want[l] says trunk layer l's residual rows are copied to slot l
+     * of taps (device, n_main x OUT_ROWS x n_embd), staged through h_taps
+     * (host, same shape) into tap_dst (rows x tap_n x n_embd). Allocated on
+     * first use: a session that never taps pays nothing. */
+    unsigned char *tap_want;
+    const int64_t *tap_layers;
+    int64_t tap_n;
+    float *tap_dst, *taps, *h_taps;
 };
 
 /* The nextn (MTP) head's weights on the device (runner_head.c): its block

@@ -25,7 +25,13 @@
 #     four prompts, tokens and draft counts compared (SIDECAR lines, all
 #     same=True). Both run as the caller's drafter (NextnDrafter): the
 #     pairs table refuses this pair as measured bad on the CPU
-#     (ds4py/spec/pairs.json), and a caller's drafter is not classified.
+#     (ds4py/spec/pairs.json), and a caller's drafter is not classified;
+#  6. DFlash on cuda: the demo model with its shipped DFlash drafter (the
+#     drafter on the CPU side, fed the device's layer taps), forced depths
+#     2, 4 and 7 as the caller's drafter (the pairs table refuses this pair
+#     on the CPU's measurements) against serial, REPS repetitions: tokens
+#     compared, tok/s, draft counts beside the CPU target's at the same
+#     depth (DFLASH lines).
 # Everything lands in $OUT/device_head.log as well.
 set -u
 cd "$(dirname "$0")/../.."
@@ -127,6 +133,43 @@ for i, p in enumerate(prompts):
         kb = [b.draft.get(k) for k in ("draft_rounds", "drafted", "accepted")]
         print(f"SIDECAR prompt={i} depth={depth} same={a.tokens == b.tokens and ka == kb} "
               f"bundled={ka} sidecar={kb} drafter={b.draft.get('drafter')}", flush=True)
+PY
+step "python: DFlash with a cuda target"
+REPS="$REPS" timeout 300 python3 - <<'PY' || echo "DFLASH PART FAILED rc=$?"
+import os, statistics
+import ds4py
+from ds4py.dflash import DFlashDrafter
+
+demo, dfl = "ds4py/models/demo-q8_0.gguf", "ds4py/models/demo-dflash-q8_0.gguf"
+reps = int(os.environ["REPS"])
+m = ds4py.load(demo, backend="cuda", dflash=dfl)
+cpu = ds4py.load(demo, n_threads=4, dflash=dfl)
+print("dflash on", m.backend, m.dflash)
+prompts = {"code": "def fibonacci(n):\n", "prose": "Once upon a time, in a small village by the sea,",
+           "chat": [{"role": "user", "content": "Write a short poem about the sea."}]}
+for name, p in prompts.items():
+    kw = dict(max_tokens=96, temperature=0)
+    if isinstance(p, str):
+        kw["chat"] = False
+    ds4py.generate(m, p, **{**kw, "max_tokens": 8})  # warm-up
+    modes = ["serial", 2, 4, 7]
+    tps = {v: [] for v in modes}
+    res = {}
+    for r in range(reps):
+        for v in (modes if r % 2 == 0 else modes[::-1]):
+            g = (ds4py.generate(m, p, draft=False, **kw) if v == "serial" else
+                 ds4py.generate(m, p, draft_depth=v, drafter=DFlashDrafter(m.dflash), **kw))
+            tps[v].append(g.generation_tps)
+            res[v] = g
+    base = statistics.median(tps["serial"])
+    for v in modes[1:]:
+        g = res[v]
+        c = ds4py.generate(cpu, p, draft_depth=v, drafter=DFlashDrafter(cpu.dflash), **kw)
+        print(f"DFLASH {name:5s} depth={v} tokens_equal={g.tokens == res['serial'].tokens} "
+              f"tok/s med {statistics.median(tps[v]):7.1f} x{statistics.median(tps[v]) / base:.2f} "
+              f"(serial {base:7.1f}) drafted={g.draft.get('drafted')} accepted={g.draft.get('accepted')} "
+              f"cpu_target: drafted={c.draft.get('drafted')} accepted={c.draft.get('accepted')} "
+              f"same_tokens={c.tokens == g.tokens}", flush=True)
 PY
 }
 main 2>&1 | tee "$LOG"
