@@ -681,6 +681,23 @@ class GpuSession(_DeviceHandle):
     def stepper(self) -> GpuSession:
         return self
 
+    def nextn_step(self, token: int, j: int) -> np.ndarray:
+        """Step j of a draft chain whose tokens the caller picks (sampled
+        drafts, :meth:`NextnDrafter.propose_dist`): step 0 is ``token`` (the
+        committed token at n_past) with the trunk's hidden of n_past - 1,
+        step j > 0 is ``token`` (the draft of step j - 1) with the head's
+        own output hidden, allowed only right after step j - 1. Returns the
+        step's head logits ``[vocab]`` (a new array)."""
+        ptr = self._live()
+        out = np.empty(self.vocab_size, dtype=np.float32)
+        status = self._lib.ds4_gpu_nextn_step(ptr, int(token), int(j), self._fptr(out),
+                                              self._err, _ERR_CAP)
+        if status == _ERR_ARG:
+            raise ModelError(f"{self.backend}: {self._plug.message(self._err)}", int(status))
+        self._check(status)
+        self._stats["launches"] = int(self._lib.ds4_gpu_launches(ptr))
+        return out
+
     def nextn_propose(self, last: int, k: int) -> list[int]:
         """k chained greedy drafts of the head after ``last`` (the committed
         token at n_past, not yet evaluated): ds4_spec_propose's rows, on the
@@ -710,13 +727,13 @@ class GpuSession(_DeviceHandle):
 
 def gpu_draft_plan(model, kw: dict, cache):
     """ds4py.generate's DraftPlan on a GPU backend: :func:`ds4py.spec.plan.
-    draft_plan`'s (the same policy, pairing classifier and nextn drafter,
-    the head running on the device: GpuSession.nextn_propose), except what
-    the GPU cannot do yet -- a file whose head the GPU cannot run, and
-    rejection sampling (it reads the head's distributions on the host).
-    Such drafting is turned off with the reason in ``Generation.draft``; an
-    explicit request for it raises ModelError (asked for, cannot be done:
-    fail closed). A caller's own ``drafter`` runs through verify/accept."""
+    draft_plan`'s (the same policy, pairing classifier and drafters: the
+    nextn head on the device, GpuSession.nextn_propose, or nextn_step's
+    logits for rejection sampling's drawn drafts; DFlash on the device's
+    layer taps), except a head the GPU cannot run: head drafting is then
+    turned off with the reason in ``Generation.draft``, and an explicit
+    request for it raises ModelError (asked for, cannot be done: fail
+    closed). A caller's own ``drafter`` runs through verify/accept."""
     from .spec.plan import DraftPlan, draft_plan
 
     backend = backend_of(model)
@@ -726,11 +743,8 @@ def gpu_draft_plan(model, kw: dict, cache):
                 or (depth is not None and not isinstance(depth, bool) and depth != 0))
     why = None
     if kw.get("drafter") is None and kw.get("draft") is not False and depth != 0:
-        if model.nextn_refusal:
+        if model.nextn_refusal and getattr(model, "dflash", None) is None:
             why = f"the nextn head does not run on the {backend} backend: {model.nextn_refusal}"
-        elif kw.get("spec_sampling") == "rejection":
-            why = (f"rejection sampling does not run on the {backend} backend yet (it needs "
-                   f"the head's distributions on the host); the exact sampling mode does")
     if why is not None:
         if explicit:
             raise ModelError(why, _ERR_UNSUPPORTED)

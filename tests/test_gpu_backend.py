@@ -545,18 +545,48 @@ def test_generate_drafting_what_the_gpu_cannot(dense_gpu, monkeypatch):
     assert g.draft["drafting"] is True and g.draft["drafted"] > 0, g.draft
     serial = ds4py.generate(dense_gpu, ids, max_tokens=8, temperature=0, draft=False)
     assert g.tokens == serial.tokens and serial.backend == "gpu-emul"
-    # rejection sampling reads the head's distributions on the host: off, said why
-    kw = dict(max_tokens=1, temperature=0.7, seed=3, spec_sampling="rejection")
-    g = ds4py.generate(dense_gpu, ids, **kw)
-    assert g.draft["drafting"] is False and "rejection sampling" in g.draft["refused"]
-    with pytest.raises(ds4py.ModelError, match="rejection sampling"):
-        ds4py.generate(dense_gpu, ids, draft_depth=2, **kw)
     # a head the GPU cannot run: an explicit request raises, auto says why
     monkeypatch.setattr(gpu_backend.GpuModel, "nextn_refusal", "nextn.eh_proj: type X (test)")
     with pytest.raises(ds4py.ModelError, match=r"nextn head does not run.*type X \(test\)"):
         ds4py.generate(dense_gpu, [1, 2], max_tokens=1, draft_depth=2)
     g = ds4py.generate(dense_gpu, [1, 2], max_tokens=1, temperature=0)
     assert g.draft["drafting"] is False and "type X (test)" in g.draft["refused"]
+
+
+def test_sampled_drafts_on_the_device(dense_gpu, dense_cpu):
+    """Rejection sampling's drafts on gpu-emul: the head's chained steps
+    with host-picked tokens (GpuSession.nextn_step). Fed the greedy drafts,
+    each step's argmax is nextn_propose's draft (the same kernels: bit for
+    bit); step 0's logits are within the trunk's GPU/CPU bound (1.0, module
+    doc) of the CPU head's; a step out of order is refused. Then
+    generate(spec_sampling="rejection") drafts on the device, the same seed
+    giving the same tokens. (The rejection rule itself is the backend-free
+    Python of ds4py.spec.rejection, tested statistically on the CPU:
+    tests/test_spec_sampling.py; here the GPU supplies its p and q.)"""
+    ids = prompt_ids(8)
+    with dense_gpu.new_session(nextn_prime=True) as s:
+        s.eval(ids)
+        greedy = s.nextn_propose(ids[-1], 3)
+        rows, tok = [], ids[-1]
+        for j in range(3):
+            rows.append(s.nextn_step(tok, j))
+            tok = greedy[j]
+        assert [int(r.argmax()) for r in rows] == greedy
+        with pytest.raises(ds4py.ModelError, match="must follow step 3"):
+            s.nextn_step(tok, 4)
+        s.eval([greedy[0]])
+        with pytest.raises(ds4py.ModelError, match="must follow step 0"):
+            s.nextn_step(greedy[1], 1)  # the eval ended the chain
+    with dense_cpu.new_session() as c:
+        _, h = c.eval(ids, all_logits=True, return_hidden=True)
+        hs = np.array(h)
+        lg, _ = dense_cpu.nextn_eval(c, ids[1:] + [ids[-1]], hs, np.arange(1, len(ids) + 1))
+        assert np.abs(np.array(lg)[-1] - rows[0]).max() <= MAX_ABS_VS_CPU
+    kw = dict(max_tokens=6, temperature=0.8, seed=11, spec_sampling="rejection", draft_depth=2)
+    a = ds4py.generate(dense_gpu, ids, **kw)
+    b = ds4py.generate(dense_gpu, ids, **kw)
+    assert a.draft["drafting"] is True and a.draft["drafted"] > 0, a.draft
+    assert a.tokens == b.tokens and len(a.tokens) == 6
 
 
 def test_cuda_and_auto_without_a_gpu(monkeypatch):

@@ -180,10 +180,19 @@ class NextnDrafter(Drafter):
         if not s.nextn_covered:
             raise DraftError(f"the nextn head is not primed: drafting at {state.position} "
                              f"needs rows 1..{state.position - 1}")
-        hid = state.last_hidden if state.last_hidden is not None else s.last_hidden()
         toks: list[int] = []
         qs: list = []
         tok, pos = int(state.last_token), state.position
+        step = getattr(s, "nextn_step", None)  # a GPU session: the head's steps on the device
+        if step is not None:
+            for j in range(k):
+                q = dist(step(tok, j))
+                tok = draw_from(q, uniforms[j])
+                toks.append(tok)
+                qs.append(q)
+            self.draft_steps += k
+            return toks, qs
+        hid = state.last_hidden if state.last_hidden is not None else s.last_hidden()
         for j in range(k):
             lg, hd = self.model.nextn_eval(s, [tok], np.asarray(hid)[None], [pos + j])
             q = dist(lg[0])

@@ -360,6 +360,16 @@ DS4_GPU_API int ds4_gpu_nextn_propose(ds4_gpu_session *s, int32_t last, int64_t 
     return rc ? pass_error(&e, err, cap) : DS4_OK;
 }
 
+DS4_GPU_API int ds4_gpu_nextn_step(ds4_gpu_session *s, int32_t tok, int64_t j, float *logits, char *err,
+                                   size_t cap) {
+    if (!s) return fail(err, cap, DS4_ERR_ARG, "%s", "ds4_gpu_nextn_step: session is NULL");
+    ds4_error e;
+    pthread_mutex_lock(&lock);
+    const int rc = k_runner_nextn_step(s->r, tok, j, logits, &e);
+    pthread_mutex_unlock(&lock);
+    return rc ? pass_error(&e, err, cap) : DS4_OK;
+}
+
 DS4_GPU_API int ds4_gpu_snapshot_nextn_covered(const ds4_gpu_snapshot *sn) {
     return sn && k_snapshot_nextn_covered(sn->sn);
 }

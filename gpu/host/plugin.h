@@ -129,6 +129,9 @@ int ds4_gpu_nextn_prime(const ds4_gpu_session *s);
 int ds4_gpu_nextn_covered(const ds4_gpu_session *s);
 /* k chained greedy drafts after `last` (the token at n_past) into out[0..k). */
 int ds4_gpu_nextn_propose(ds4_gpu_session *s, int32_t last, int64_t k, int32_t *out, char *err, size_t cap);
+/* One step of a draft chain whose tokens the caller picks (sampled drafts;
+ * runner.h k_runner_nextn_step): step j's logits (n_vocab floats). */
+int ds4_gpu_nextn_step(ds4_gpu_session *s, int32_t tok, int64_t j, float *logits, char *err, size_t cap);
 /* 1 when the snapshot carries the head's history. */
 int ds4_gpu_snapshot_nextn_covered(const ds4_gpu_snapshot *sn);
 

@@ -1349,6 +1349,7 @@ int kr_finish(k_runner *r, ds4_error *err) {
 static int run_rows(k_runner *r, const int32_t *tokens, int64_t n, int all_rows, float *logits, int32_t *argmax,
                     float *hidden, ds4_error *err) {
     r->launches = 0;
+    r->chain_next = 0; /* the rows overwrite x: a sampled draft chain ends */
     const int64_t V = r->c.n_vocab;
     int rc = 0;
     /* all rows' logits: OUT_ROWS a chunk (the logits scratch); else the
@@ -1457,6 +1458,7 @@ int k_runner_accept(k_runner *r, int64_t k, ds4_error *err) {
                         (long long)k, (long long)r->ver_n);
     int rc = 0;
     r->launches = 0;
+    r->chain_next = 0;
     if (k < r->ver_n) {
         const ds4_model_config *c = &r->c;
         const int64_t cd = conv_dim(c), vd = c->ssm_d_inner, nv = c->ssm_n_v, W = cd + vd + 2 * nv;
@@ -1630,6 +1632,7 @@ int k_runner_restore(k_runner *r, const k_snapshot *sn, ds4_error *err) {
         return ds4_fail(err, DS4_ERR_ARG,
                         "the snapshot has no nextn head history; a session whose head is primed restores only "
                         "snapshots taken with the head caught up");
+    r->chain_next = 0;
     int rc = sn->head ? kr_head_session(r, err) : 0;
     if (!rc) rc = snap_walk(r, sn, 0, err);
     if (rc) return rc; /* device state part-written: the session is only good for closing */

@@ -138,6 +138,13 @@ int k_runner_nextn_covered(const k_runner *r);
  * head's KV rows past n_past are replaced when the committed rows reach
  * it. DS4_ERR_ARG unless k_runner_nextn_covered. */
 int k_runner_nextn_propose(k_runner *r, int32_t last, int64_t k, int32_t *out, ds4_error *err);
+/* One step of a draft chain whose tokens the caller picks (sampled drafts):
+ * step 0 is (tok, the trunk's hidden of n_past - 1) at n_past, step j > 0
+ * (tok: the draft of step j - 1) chains the head's own output hidden at
+ * n_past + j and is refused (DS4_ERR_ARG) unless it comes right after
+ * step j - 1 (any eval, verify, accept, restore or snapshot in between
+ * ends the chain). The step's logits (n_vocab floats) into logits. */
+int k_runner_nextn_step(k_runner *r, int32_t tok, int64_t j, float *logits, ds4_error *err);
 /* 1 when the snapshot carries the head's history of [1, n_past) (or holds
  * no position). */
 int k_snapshot_nextn_covered(const k_snapshot *sn);

@@ -187,6 +187,7 @@ static int commit_rows(k_runner *r, const int32_t *tokens, int64_t n, int64_t p0
 
 int kr_head_flush(k_runner *r, ds4_error *err) {
     const int64_t n = r->h_pend, half = r->c.n_rot / 2;
+    r->chain_next = 0; /* its rows overwrite x */
     if (!n) return 0;
     int rc = 0;
     if (r->hemb_ok && half > 0 && !(rc = kr_copy_dev(r, r->cs, r->hcs, F4(n * half), err)))
@@ -262,8 +263,8 @@ int k_runner_nextn_covered(const k_runner *r) {
     return r->h_next >= r->n_past;
 }
 
-int k_runner_nextn_propose(k_runner *r, int32_t last, int64_t k, int32_t *out, ds4_error *err) {
-    if (!r || !out) return ds4_fail(err, DS4_ERR_ARG, "k_runner_nextn_propose: session or out is NULL");
+/* Why a draft chain of k steps cannot start at n_past (0: it can). */
+static int chain_check(k_runner *r, int32_t last, int64_t k, ds4_error *err) {
     if (k < 1 || k >= K_RUNNER_VERIFY_MAX)
         return ds4_fail(err, DS4_ERR_ARG, "nextn head: %lld drafts asked, 1..%d allowed", (long long)k,
                         K_RUNNER_VERIFY_MAX - 1);
@@ -273,13 +274,20 @@ int k_runner_nextn_propose(k_runner *r, int32_t last, int64_t k, int32_t *out, d
                         r->ver_n ? " and no verify waiting for its accept" : "");
     if (last < 0 || last >= r->c.n_vocab)
         return ds4_fail(err, DS4_ERR_ARG, "token %d is outside the vocabulary (%lld)", last, (long long)r->c.n_vocab);
-    const int64_t P = r->n_past;
-    if (P + k > r->n_ctx)
+    if (r->n_past + k > r->n_ctx)
         return ds4_fail(err, DS4_ERR_ARG, "%lld drafts at position %lld run past the context (%lld)", (long long)k,
-                        (long long)P, (long long)r->n_ctx);
+                        (long long)r->n_past, (long long)r->n_ctx);
+    return 0;
+}
+
+int k_runner_nextn_propose(k_runner *r, int32_t last, int64_t k, int32_t *out, ds4_error *err) {
+    if (!r || !out) return ds4_fail(err, DS4_ERR_ARG, "k_runner_nextn_propose: session or out is NULL");
+    int rc = chain_check(r, last, k, err);
+    if (rc) return rc;
+    const int64_t P = r->n_past;
     r->launches = 0;
     int32_t tok = last;
-    int rc = kr_head_flush(r, err);
+    rc = kr_head_flush(r, err);
     for (int64_t j = 0; j < k && !rc; j++) {
         /* step 1's h is the carry; later steps chain the head's own output,
          * still in x (nothing writes x before the step's g norm reads it) */
@@ -293,4 +301,39 @@ int k_runner_nextn_propose(k_runner *r, int32_t last, int64_t k, int32_t *out, d
     /* the draft rows sit in slots past n_past - 1: the committed rows replace them */
     if (!rc) r->h_next = P + k;
     return rc;
+}
+
+/* One step of a draft chain whose tokens the host picks (rejection
+ * sampling draws each draft from the head's distribution): step 0 is
+ * (tok, the carry) at n_past, step j > 0 (tok: the draft of step j - 1,
+ * the head's own output hidden still in x) at n_past + j, only right after
+ * step j - 1. The step's logits (n_vocab floats) into logits. */
+int k_runner_nextn_step(k_runner *r, int32_t tok, int64_t j, float *logits, ds4_error *err) {
+    if (!r || !logits) return ds4_fail(err, DS4_ERR_ARG, "k_runner_nextn_step: session or logits is NULL");
+    int rc;
+    if (j == 0) {
+        if ((rc = chain_check(r, tok, 1, err))) return rc;
+    } else if (j != r->chain_next) {
+        return ds4_fail(err, DS4_ERR_ARG,
+                        "nextn step %lld must follow step %lld of the same chain with no other call between",
+                        (long long)j, (long long)j - 1);
+    } else if (tok < 0 || tok >= r->c.n_vocab) {
+        return ds4_fail(err, DS4_ERR_ARG, "token %d is outside the vocabulary (%lld)", tok, (long long)r->c.n_vocab);
+    } else if (j >= K_RUNNER_VERIFY_MAX - 1 || r->n_past + j >= r->n_ctx) {
+        return ds4_fail(err, DS4_ERR_ARG, "nextn step %lld at position %lld: past the drafts a verify can take "
+                        "or the context", (long long)j, (long long)r->n_past);
+    }
+    r->launches = 0;
+    if (j == 0 && (rc = kr_head_flush(r, err))) return rc;
+    rc = head_rows(r, &tok, NULL, j ? r->x : r->hrows, 1, r->n_past + j, 1, err);
+    if (!rc && r->dev->download(r->dev, logits, r->hlog, F4(r->c.n_vocab)))
+        rc = ds4_fail(err, DS4_ERR_INTERNAL, "%s download: %s", r->dev->name, r->dev->err);
+    if (!rc) rc = kr_finish(r, err);
+    if (rc) {
+        r->chain_next = 0;
+        return rc;
+    }
+    r->h_next = r->n_past + j + 1; /* draft rows in slots past n_past - 1, as k_runner_nextn_propose */
+    r->chain_next = j + 1;
+    return 0;
 }

@@ -181,6 +181,9 @@ struct k_runner {
     float *hcs, *hsn; /* ROWS x n_rot/2: their RoPE rows */
     int32_t *pend_tok; /* host, ROWS: their tokens */
     uint32_t *hidx;
+    /* a sampled draft chain (k_runner_nextn_step): the next step j it may
+     * take (0: none open); every call that writes x or moves n_past closes it */
+    int64_t chain_next;
     /* layer taps (k_runner_eval_taps): during a call that asks for them,
      * tap_want[l] says trunk layer l's residual rows are copied to slot l
      * of taps (device, n_main x OUT_ROWS x n_embd), staged through h_taps

@@ -31,7 +31,11 @@
 #     2, 4 and 7 as the caller's drafter (the pairs table refuses this pair
 #     on the CPU's measurements) against serial, REPS repetitions: tokens
 #     compared, tok/s, draft counts beside the CPU target's at the same
-#     depth (DFLASH lines).
+#     depth (DFLASH lines);
+#  7. rejection sampling on cuda (spec_sampling="rejection": the head's
+#     steps with host-drawn tokens, GpuSession.nextn_step): the same seed
+#     twice gives the same tokens, drafts made, tok/s against the exact
+#     sampling mode and no drafting (REJECT lines).
 # Everything lands in $OUT/device_head.log as well.
 set -u
 cd "$(dirname "$0")/../.."
@@ -170,6 +174,34 @@ for name, p in prompts.items():
               f"(serial {base:7.1f}) drafted={g.draft.get('drafted')} accepted={g.draft.get('accepted')} "
               f"cpu_target: drafted={c.draft.get('drafted')} accepted={c.draft.get('accepted')} "
               f"same_tokens={c.tokens == g.tokens}", flush=True)
+PY
+step "python: rejection sampling on cuda"
+REPS="$REPS" timeout 200 python3 - <<'PY' || echo "REJECT PART FAILED rc=$?"
+import os, statistics
+import ds4py
+
+reps = int(os.environ["REPS"])
+m = ds4py.load("ds4py/models/demo-q8_0.gguf", backend="cuda")
+p = "def fibonacci(n):\n"
+kw = dict(max_tokens=96, temperature=0.7, seed=5, chat=False)
+modes = {"plain": dict(draft=False), "exact": dict(draft_depth=2),
+         "rejection": dict(draft_depth=2, spec_sampling="rejection")}
+tps = {k: [] for k in modes}
+out = {}
+for r in range(reps + 1):
+    for k in (list(modes) if r % 2 == 0 else list(modes)[::-1]):
+        g = ds4py.generate(m, p, **kw, **modes[k])
+        if r:
+            tps[k].append(g.generation_tps)
+        out.setdefault(k, []).append(g)
+base = statistics.median(tps["plain"])
+for k in modes:
+    gs = out[k]
+    d = gs[-1].draft
+    print(f"REJECT {k:9s} same_seed_same_tokens={all(g.tokens == gs[0].tokens for g in gs)} "
+          f"equal_to_plain={gs[0].tokens == out['plain'][0].tokens} tok/s med {statistics.median(tps[k]):7.1f} "
+          f"x{statistics.median(tps[k]) / base:.2f} drafted={d.get('drafted')} accepted={d.get('accepted')}",
+          flush=True)
 PY
 }
 main 2>&1 | tee "$LOG"
