@@ -307,11 +307,16 @@ def _classify_head(path: str, head: str, args, err: TextIO,
     drafts)."""
     from .spec.classifier import PairingError, classify
 
+    # verdicts belong to the backend they were measured on (spec.classifier
+    # "Backends"); "auto" is judged as the CPU before the load decides --
+    # where it lands on a GPU, the generation's plan asks again
+    backend = getattr(args, "backend", "cpu")
+    backend = "cpu" if backend == "auto" else backend
     try:
         if flag == "--dflash":
-            report = classify(path, force=args.force_draft, dflash=head)
+            report = classify(path, force=args.force_draft, dflash=head, backend=backend)
         else:
-            report = classify(path, head, force=args.force_draft)
+            report = classify(path, head, force=args.force_draft, backend=backend)
     except PairingError as e:
         raise CliError(f"{flag}: {e}") from None
     for line in report.lines():

@@ -97,12 +97,47 @@ def test_structural_refusals(name, force, files):
         classify(f["trunk"], f["deeper"], force=force)
 
 
+def test_verdicts_belong_to_the_backend_measured(files, tmp_path):
+    """A speed verdict holds on the backend it was measured on (entries
+    without "backend" were measured on the CPU): elsewhere the pair is
+    unmeasured -- refused, and --force-draft allows it -- with the path
+    naming where it was measured. A measurement that found the output
+    changed refuses the pair on every backend, force or not."""
+    f = files["dense-q8_0"]
+    t, h = identity(f["trunk"]).id, identity(f["head"], role="draft").id
+    slow = {"target": t, "draft": h, "verdict": "REFUSE_MEASURED_BAD",
+            "evidence": {"identical": True, "median_speedup": 0.93}}
+    p = table(tmp_path, [slow])
+    assert classify(f["trunk"], f["head"], pairs_file=p).verdict == "REFUSE_MEASURED_BAD"
+    r = classify(f["trunk"], f["head"], pairs_file=p, backend="cuda")
+    assert r.verdict == "REFUSE_UNKNOWN" and not r.allowed
+    assert any("measured on cpu only" in x for x in r.path), r.path
+    r = classify(f["trunk"], f["head"], pairs_file=p, backend="cuda", force=True)
+    assert r.verdict == "ALLOW_FORCED_UNKNOWN" and r.allowed
+    # measured good on cuda, bad on the cpu: each backend its own verdict
+    p = table(tmp_path, [slow, {"target": t, "draft": h, "verdict": "ALLOW_MEASURED_GOOD",
+                                "backend": "cuda"}])
+    assert classify(f["trunk"], f["head"], pairs_file=p, backend="cuda").verdict == \
+        "ALLOW_MEASURED_GOOD"
+    assert classify(f["trunk"], f["head"], pairs_file=p).verdict == "REFUSE_MEASURED_BAD"
+    # output changed on the cpu: refused on cuda as well, whatever force says
+    p = table(tmp_path, [{**slow, "evidence": {"identical": False}}])
+    for force in (False, True):
+        r = classify(f["trunk"], f["head"], pairs_file=p, backend="cuda", force=force)
+        assert r.verdict == "REFUSE_MEASURED_BAD" and not r.allowed
+        assert any("output differed" in x for x in r.path), r.path
+    bad = tmp_path / "badbackend.json"
+    bad.write_text(json.dumps({"pairs": [{**slow, "backend": 3}]}))
+    with pytest.raises(PairingError, match="'backend' must be a string"):
+        load_table(str(bad))
+
+
 def test_user_table_cannot_turn_bad_into_good(files, tmp_path, monkeypatch):
     f = files["dense-q8_0"]
     t, h = identity(f["trunk"]).id, identity(f["head"], role="draft").id
     p = table(tmp_path, [{"target": t, "draft": h, "verdict": "REFUSE_MEASURED_BAD"},
                          {"target": t, "draft": h, "verdict": "ALLOW_MEASURED_GOOD"}])
-    assert load_table(p)[(t, h)]["verdict"] == "REFUSE_MEASURED_BAD"
+    assert load_table(p)[(t, h, "cpu")]["verdict"] == "REFUSE_MEASURED_BAD"
     bad = tmp_path / "broken.json"
     bad.write_text("{not json")
     with pytest.raises(PairingError, match="not valid JSON"):

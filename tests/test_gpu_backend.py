@@ -245,9 +245,13 @@ def test_draft_head_sidecar_drafts_as_the_bundled_head(cache, tmp_path):
     kernels, so bit for bit: nextn_propose's drafts at every position of a
     primed prompt, then (converter layout) a forced-depth generation whose
     tokens equal draft=False's and whose draft counts equal the bundled
-    head's."""
+    head's. The pairing classifier judges the pair on the backend it runs
+    on: a speed verdict measured on the CPU leaves it unmeasured here."""
     sys.path.insert(0, os.path.dirname(__file__))
     import nextn_files as NF
+
+    from ds4py.spec.classifier import identity
+    from ds4py.spec.plan import pairing_report
 
     trunk = NF.trunk_file(tmp_path, "dense-q8_0")
     ids = prompt_ids(8)
@@ -277,6 +281,16 @@ def test_draft_head_sidecar_drafts_as_the_bundled_head(cache, tmp_path):
         assert m.nextn_on_gpu and m.nextn_refusal == ""
         got = (drafts(m), run(m) if globals_ else want[1])
         assert got == want, (globals_, got, want)
+        if globals_:  # a speed verdict measured on the CPU does not hold here
+            pairs = tmp_path / "pairs.json"
+            pairs.write_text(json.dumps({"pairs": [{
+                "target": identity(trunk).id, "draft": identity(head, role="draft").id,
+                "verdict": "REFUSE_MEASURED_BAD", "evidence": {"identical": True}}]}))
+            r = pairing_report(m, pairs_file=str(pairs))
+            assert r.verdict == "REFUSE_UNKNOWN" and "measured on cpu only" in " ".join(r.path)
+            with ds4py.load(trunk, draft_head=head, n_threads=1) as cpu:
+                r = pairing_report(cpu, pairs_file=str(pairs))
+                assert r.verdict == "REFUSE_MEASURED_BAD"
         m.close()
     assert want[1][1]["drafted"] > 0
     # the trunk alone has no head: nothing to draft with, said so

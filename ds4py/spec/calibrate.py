@@ -15,7 +15,7 @@ Verdict: ALLOW_MEASURED_GOOD when every output was identical and the
 median speed-up over the prompts is at least ``min_speedup`` (1.0), else
 REFUSE_MEASURED_BAD. The entry names both identities (ds4py.spec.classifier),
 the evidence, the date and the machine; ``--out`` adds it to a user pairs
-file (written atomically; an entry for the same pair is replaced).
+file (written atomically; an entry for the same pair and backend is replaced).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from .classifier import (
     REFUSE_MEASURED_BAD,
     PairingError,
     classify,
+    entry_backend,
     measuring,
 )
 
@@ -106,6 +107,7 @@ def calibrate(target: str, draft_head: str | None = None, *, max_tokens: int = 6
         "evidence": {"identical": identical, "median_speedup": speedup,
                      "prompts": per_prompt, "max_tokens": max_tokens, "reps": reps,
                      "threads": n_threads},
+        "backend": "cpu",  # where it was measured: the verdict holds there (classifier "Backends")
         "date": datetime.date.today().isoformat(),
         "machine": f"{platform.machine()} {platform.processor() or platform.system()}, "
                    f"{os.cpu_count()} CPUs",
@@ -114,15 +116,16 @@ def calibrate(target: str, draft_head: str | None = None, *, max_tokens: int = 6
 
 def add_entry(path: str, entry: dict) -> None:
     """Add ``entry`` to the pairs file ``path`` (created if missing; an
-    entry for the same pair is replaced), atomically."""
+    entry for the same pair and backend is replaced), atomically."""
     doc = {"version": 1, "pairs": []}
     if os.path.exists(path):
         with open(path, encoding="utf-8") as f:
             doc = json.load(f)
         if not isinstance(doc, dict) or not isinstance(doc.get("pairs"), list):
             raise ValueError(f"{path}: not a pairs file (an object with a 'pairs' list)")
+    key = (entry["target"], entry["draft"], entry_backend(entry))
     doc["pairs"] = [p for p in doc["pairs"]
-                    if (p.get("target"), p.get("draft")) != (entry["target"], entry["draft"])]
+                    if (p.get("target"), p.get("draft"), entry_backend(p)) != key]
     doc["pairs"].append(entry)
     d = os.path.dirname(os.path.abspath(path))
     os.makedirs(d, exist_ok=True)

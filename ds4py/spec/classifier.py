@@ -40,11 +40,13 @@ DFlash2 metadata, or an ``fc`` that does not read exactly the taps is
 refused naming the key or tensor. The core's loader (csrc/dflash_load.c)
 checks the rest at load.
 
-Verdicts (a pair = (target identity, draft identity)):
-  ALLOW_MEASURED_GOOD   the table says the pair was measured: exact and faster
-  REFUSE_MEASURED_BAD   measured to change output or lose speed; --force-draft
-                        does not override it
-  REFUSE_UNKNOWN        not in the table; --force-draft overrides it
+Verdicts (a pair = (target identity, draft identity), on a backend):
+  ALLOW_MEASURED_GOOD   the table says the pair was measured on this backend:
+                        exact and faster
+  REFUSE_MEASURED_BAD   measured to change output (on any backend), or to
+                        lose speed on this backend; --force-draft does not
+                        override it
+  REFUSE_UNKNOWN        not measured on this backend; --force-draft overrides it
   ALLOW_FORCED_UNKNOWN  not in the table, forced
   NOT_APPLICABLE        the target's own bundled head (nothing to pair)
 
@@ -53,6 +55,16 @@ The table: ``pairs.json`` shipped in this package, plus a user file
 or ~/.config/ds4py/pairs.json) that extends it: a user entry adds pairs;
 where both name a pair, a measured-bad verdict from either wins (fail
 closed). Entries are what ``python -m ds4py spec-calibrate`` writes.
+
+Backends. Whether drafting pays is a property of the pair *and of where it
+runs*: the demo model's head loses 6-8% on a 2-core CPU (a verified row
+costs half a plain step there) and gains 10-30% on an H200 (docs/gpu.md).
+So an entry carries the backend it was measured on (``backend``: "cpu",
+"cuda", ...; entries without one were measured on the CPU) and its speed
+verdict holds there only: on another backend the pair is unmeasured
+(REFUSE_UNKNOWN, --force-draft overrides it; the path says where it was
+measured). A measurement that found the output *changed* is not about
+speed: it refuses the pair on every backend.
 """
 
 from __future__ import annotations
@@ -291,11 +303,29 @@ def _parse_table(text: str, where: str) -> list[dict]:
             raise PairingError(f"{where}: pairs[{i}] needs string 'target' and 'draft' "
                                f"identities and a verdict of {ALLOW_MEASURED_GOOD} or "
                                f"{REFUSE_MEASURED_BAD}")
+        if not isinstance(p.get("backend", DEFAULT_BACKEND), str):
+            raise PairingError(f"{where}: pairs[{i}] 'backend' must be a string")
     return pairs
 
 
-def load_table(pairs_file: str | None = None) -> dict[tuple[str, str], dict]:
-    """(target id, draft id) -> entry, package table merged with the user's."""
+# where an entry without a "backend" was measured (module doc "Backends")
+DEFAULT_BACKEND = "cpu"
+
+
+def entry_backend(entry: dict) -> str:
+    return entry.get("backend", DEFAULT_BACKEND)
+
+
+def changed_output(entry: dict) -> bool:
+    """The measurement found drafted output different from serial: the
+    pair is bad on every backend, not only where it was measured."""
+    ev = entry.get("evidence")
+    return isinstance(ev, dict) and ev.get("identical") is False
+
+
+def load_table(pairs_file: str | None = None) -> dict[tuple[str, str, str], dict]:
+    """(target id, draft id, backend) -> entry, package table merged with
+    the user's."""
     table: dict[tuple[str, str], dict] = {}
     text = resources.files("ds4py.spec").joinpath("pairs.json").read_text("utf-8")
     sources = [(_parse_table(text, "ds4py/spec/pairs.json"), "package")]
@@ -308,7 +338,7 @@ def load_table(pairs_file: str | None = None) -> dict[tuple[str, str], dict]:
             raise PairingError(f"cannot read the pairs file {path}: {e}") from None
     for pairs, src in sources:
         for p in pairs:
-            key = (p["target"], p["draft"])
+            key = (p["target"], p["draft"], entry_backend(p))
             old = table.get(key)
             if old is not None and old["verdict"] == REFUSE_MEASURED_BAD:
                 continue  # measured bad stays bad (fail closed)
@@ -398,10 +428,12 @@ def _check_structure(t_meta, t_tensors, t_arch, t_dims, d_meta, d_tensors, d_arc
 
 
 def classify(target_path, draft_path=None, *, force: bool = False,
-             pairs_file: str | None = None, dflash=None) -> PairingReport:
+             pairs_file: str | None = None, dflash=None,
+             backend: str = DEFAULT_BACKEND) -> PairingReport:
     """The verdict for drafting on ``target_path`` with the sidecar head
     ``draft_path`` (None: the target's own bundled head), or with the DFlash
-    drafter ``dflash`` (then ``draft_path`` must be None). Raises
+    drafter ``dflash`` (then ``draft_path`` must be None), on ``backend``
+    (module doc "Backends"). Raises
     PairingError for a draft that is structurally not a head (not a DFlash
     drafter) for this target (whatever ``force`` says) or when the target
     has no head and no draft is given."""
@@ -416,7 +448,7 @@ def classify(target_path, draft_path=None, *, force: bool = False,
         dims = _check_dflash(t_dims, d_meta, d_tensors, dflash)
         draft = _identity("dflash", DFLASH_ARCH, dims, d_tensors)
         return _lookup(target, draft, ["DFlash drafter", "structure ok", "table lookup"],
-                       force, pairs_file)
+                       force, pairs_file, backend)
     if draft_path is None:
         if not bundled:
             raise PairingError(f"{os.path.basename(str(target_path))} has no nextn head and "
@@ -430,7 +462,7 @@ def classify(target_path, draft_path=None, *, force: bool = False,
                      draft_path)
     draft = _identity("head", d_arch, _head_dims(d_dims), d_tensors)
     return _lookup(target, draft, ["sidecar head", "structure ok", "table lookup"], force,
-                   pairs_file)
+                   pairs_file, backend)
 
 
 _MEASURING = threading.local()
@@ -452,20 +484,30 @@ def measuring():
 
 
 def _lookup(target: Identity, draft: Identity, path: list[str], force: bool,
-            pairs_file: str | None) -> PairingReport:
-    """The table's verdict for a structurally sound pair."""
+            pairs_file: str | None, backend: str = DEFAULT_BACKEND) -> PairingReport:
+    """The table's verdict for a structurally sound pair on ``backend``."""
     if getattr(_MEASURING, "on", False):
         path.append("measuring (spec-calibrate): table not consulted")
         return PairingReport(ALLOW_FORCED_UNKNOWN, target, draft, path)
-    entry = load_table(pairs_file).get((target.id, draft.id))
+    table = load_table(pairs_file)
+    entry = table.get((target.id, draft.id, backend))
     if entry is not None:
-        path.append(f"measured ({entry['source']})")
+        path.append(f"measured on {backend} ({entry['source']})")
         if entry["verdict"] == REFUSE_MEASURED_BAD:
             path.append("measured bad: refused" + (" (--force-draft ignored)" if force else ""))
             return PairingReport(REFUSE_MEASURED_BAD, target, draft, path, entry)
         path.append("measured good: allowed")
         return PairingReport(ALLOW_MEASURED_GOOD, target, draft, path, entry)
-    path.append("not in the table")
+    elsewhere = sorted((k[2], e) for k, e in table.items() if k[:2] == (target.id, draft.id))
+    for where, e in elsewhere:
+        if changed_output(e):  # not a speed verdict: bad everywhere (fail closed)
+            path.append(f"measured on {where} ({e['source']}): drafted output differed; "
+                        "refused on every backend" + (" (--force-draft ignored)" if force else ""))
+            return PairingReport(REFUSE_MEASURED_BAD, target, draft, path, e)
+    if elsewhere:
+        path.append(f"measured on {', '.join(w for w, _ in elsewhere)} only: a speed verdict "
+                    f"that does not hold on {backend}")
+    path.append("not in the table" if not elsewhere else f"unmeasured on {backend}")
     if force:
         path.append("--force-draft: allowed")
         return PairingReport(ALLOW_FORCED_UNKNOWN, target, draft, path)

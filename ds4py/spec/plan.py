@@ -72,14 +72,17 @@ def pairing_report(model, force: bool = False, pairs_file: str | None = None):
     if dfl is None and model.nextn_source is None:
         return None
     cache = _REPORTS.setdefault(model, {})
+    # the pair's verdict on the backend this model runs on (classifier "Backends")
+    backend = getattr(model, "backend", "") or "cpu"
     key = (bool(force), pairs_file, None if dfl is None else dfl.path)
     if key not in cache:
         if dfl is not None:
             cache[key] = classify(model.path, force=force, pairs_file=pairs_file,
-                                  dflash=dfl.path)
+                                  dflash=dfl.path, backend=backend)
         else:
             head = model.draft_head if model.nextn_source == "draft_head" else None
-            cache[key] = classify(model.path, head, force=force, pairs_file=pairs_file)
+            cache[key] = classify(model.path, head, force=force, pairs_file=pairs_file,
+                                  backend=backend)
     return cache[key]
 
 
