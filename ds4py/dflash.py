@@ -586,11 +586,19 @@ def load(path: str | os.PathLike, n_threads: int | None = None, n_ctx: int | Non
     A nextn head and a DFlash drafter cannot both be given."""
     from .model import Model
 
+    return open_with_dflash(lambda: Model.load(path, n_threads=n_threads, n_ctx=n_ctx,
+                                               precision=precision, draft_head=draft_head),
+                            draft_head, dflash)
+
+
+def open_with_dflash(open_model, draft_head, dflash):
+    """``open_model()``, then the DFlash drafter ``dflash`` attached (the
+    model closed again when it is refused); ``draft_head`` and ``dflash``
+    cannot both be given. The CPU's load and the GPU backend's share it."""
     if dflash is not None and draft_head is not None:
         raise ModelError("draft_head and dflash were both given: draft with one",
                          lib.DS4_ERR_ARG)
-    model = Model.load(path, n_threads=n_threads, n_ctx=n_ctx, precision=precision,
-                       draft_head=draft_head)
+    model = open_model()
     if dflash is not None:
         try:
             attach_dflash(model, dflash)

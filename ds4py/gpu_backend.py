@@ -812,18 +812,10 @@ def _gpu_refusal(backend: str, precision) -> str | None:
 def _open_gpu(path, backend: str, plug, n_threads, n_ctx, draft_head, dflash) -> GpuModel:
     """GpuModel.open, then the DFlash drafter attached (ds4py.dflash: the
     drafter runs on the CPU side, fed the device's layer taps)."""
-    from .dflash import attach_dflash
+    from .dflash import open_with_dflash
 
-    if dflash is not None and draft_head is not None:
-        raise ModelError("draft_head and dflash were both given: draft with one", _ERR_ARG)
-    model = GpuModel.open(path, backend, plug, n_threads, n_ctx, draft_head)
-    if dflash is not None:
-        try:
-            attach_dflash(model, dflash)
-        except BaseException:
-            model.close()
-            raise
-    return model
+    return open_with_dflash(lambda: GpuModel.open(path, backend, plug, n_threads, n_ctx,
+                                                  draft_head), draft_head, dflash)
 
 
 def load(path, n_threads: int | None = None, n_ctx: int | None = None, precision: str = "fast",
