@@ -132,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "compiled with nvcc on first use; auto: cuda if it can run the model, "
                         "else cpu; gpu-emul: the GPU kernels under the emulator (tests, "
                         "slow); metal: not wired yet. GPU backends run dense and routed-MoE "
-                        "models, fast precision, without drafting (ds4py.gpu_backend)")
+                        "models, fast precision, drafting included (ds4py.gpu_backend)")
 
     c = sub.add_parser(
         "chat", parents=[common, model, sampling], help="interactive multi-turn chat",
@@ -172,6 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--max-tokens", type=int, default=64, metavar="N")
     sc.add_argument("--reps", type=int, default=3, metavar="N")
     sc.add_argument("--threads", type=int, metavar="N")
+    sc.add_argument("--backend", choices=("cpu", "cuda", "gpu-emul"), default="cpu",
+                    help="where to measure (default: cpu); the entry's verdict holds there")
     sc.add_argument("--out", metavar="FILE", help="add the entry to this pairs file")
 
     serve_help = dict(help="run the OpenAI-compatible HTTP server",
@@ -507,6 +509,7 @@ def cmd_spec_calibrate(args, out: TextIO, err: TextIO) -> int:
             raise CliError("--draft-head and --dflash: measure one")
         entry = calibrate(args.target, args.draft_head, max_tokens=args.max_tokens,
                           reps=args.reps, n_threads=args.threads, dflash=args.dflash,
+                          backend=args.backend,
                           log=lambda m: (err.write(m + "\n"), err.flush()))
     except PairingError as e:
         raise CliError(str(e)) from None

@@ -381,6 +381,33 @@ def test_dflash_drafts_on_the_gpu(cache, tmp_path):
         ds4py.load(DENSE, backend="gpu-emul", dflash=path, draft_head=path)
 
 
+def test_spec_calibrate_on_the_gpu(cache, tmp_path, monkeypatch):
+    """spec-calibrate --backend gpu-emul measures the pair on that backend and
+    records it in the entry: the verdict then holds there, and the pair
+    stays unmeasured on the CPU. (One short prompt instead of the four: the
+    emulator's minutes; the prompt set is tested on the CPU,
+    tests/test_classifier.py.)"""
+    sys.path.insert(0, os.path.dirname(__file__))
+    import nextn_files as NF
+
+    from ds4py.spec import calibrate as C
+    from ds4py.spec.calibrate import calibrate
+    from ds4py.spec.classifier import classify
+
+    monkeypatch.setattr(C, "PROMPTS", {"code": "def f"})
+
+    trunk = NF.trunk_file(tmp_path, "dense-q8_0")
+    head = NF.head_file(tmp_path, "dense-q8_0")
+    e = calibrate(trunk, head, max_tokens=3, reps=1, backend="gpu-emul")
+    assert e["backend"] == "gpu-emul" and e["evidence"]["identical"] is True, e
+    pairs = tmp_path / "pairs.json"
+    pairs.write_text(json.dumps({"pairs": [e]}))
+    r = classify(trunk, head, pairs_file=str(pairs), backend="gpu-emul")
+    assert r.verdict == e["verdict"]
+    r = classify(trunk, head, pairs_file=str(pairs))
+    assert r.verdict == "REFUSE_UNKNOWN", r.path
+
+
 def test_moe_model_runs(cache):
     """A qwen35moe model on gpu-emul (the routed experts on the device,
     gpu/kernels/moe.h): logits within the dense tolerances of the CPU's

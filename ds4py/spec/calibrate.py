@@ -14,8 +14,11 @@ min / median / max of both.
 Verdict: ALLOW_MEASURED_GOOD when every output was identical and the
 median speed-up over the prompts is at least ``min_speedup`` (1.0), else
 REFUSE_MEASURED_BAD. The entry names both identities (ds4py.spec.classifier),
-the evidence, the date and the machine; ``--out`` adds it to a user pairs
-file (written atomically; an entry for the same pair and backend is replaced).
+the evidence, the date, the machine and the backend it ran on
+(``backend=``, ``--backend``: cpu by default, or cuda / gpu-emul; the
+verdict holds on that backend only, ds4py.spec.classifier "Backends");
+``--out`` adds it to a user pairs file (written atomically; an entry for
+the same pair and backend is replaced).
 """
 
 from __future__ import annotations
@@ -60,11 +63,12 @@ def _run(model, prompt, max_tokens, draft, chat):
 
 def calibrate(target: str, draft_head: str | None = None, *, max_tokens: int = 64,
               reps: int = 3, n_threads: int | None = None, min_speedup: float = 1.0,
-              log=None, dflash: str | None = None) -> dict:
-    from ..dflash import load
+              log=None, dflash: str | None = None, backend: str = "cpu") -> dict:
+    from ..gpu_backend import load
 
     report = classify(target, draft_head, force=True, dflash=dflash)  # structure first
-    model = load(target, n_threads=n_threads, draft_head=draft_head, dflash=dflash)
+    model = load(target, n_threads=n_threads, draft_head=draft_head, dflash=dflash,
+                 backend=backend)
     try:
         has_template = model.tokenizer.chat_template is not None
         per_prompt = {}
@@ -107,7 +111,7 @@ def calibrate(target: str, draft_head: str | None = None, *, max_tokens: int = 6
         "evidence": {"identical": identical, "median_speedup": speedup,
                      "prompts": per_prompt, "max_tokens": max_tokens, "reps": reps,
                      "threads": n_threads},
-        "backend": "cpu",  # where it was measured: the verdict holds there (classifier "Backends")
+        "backend": backend,  # where it was measured: the verdict holds there only
         "date": datetime.date.today().isoformat(),
         "machine": f"{platform.machine()} {platform.processor() or platform.system()}, "
                    f"{os.cpu_count()} CPUs",
