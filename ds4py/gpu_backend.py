@@ -483,10 +483,12 @@ class GpuSession(_DeviceHandle):
         asking for them keeps every row's logits on the way."""
         ptr = self._live()
         arr, tok_p = self._tokens(tokens)
+        if hidden_layers is not None and not all_logits:
+            from .session import _as_layers
+
+            if _as_layers(hidden_layers).size:  # taps need every row: compute all, keep the last
+                return tuple(x[-1] for x in self.eval(arr, True, return_hidden, hidden_layers))
         layers, taps, lay_p, taps_p = self._taps(hidden_layers, arr.size)
-        if layers is not None and layers.size and not all_logits:
-            out = self.eval(arr, True, return_hidden, layers)
-            return tuple(x[-1] for x in out)
         n = arr.size if all_logits else 1
         if n > self._rows.shape[0]:
             self._rows = np.zeros((n, self.vocab_size), dtype=np.float32)
