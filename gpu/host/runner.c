@@ -34,10 +34,9 @@
 #include "../kernels/attn_plan.h"
 
 #ifndef K_GDN_SEQ_TARGET_GROUPS
-/* gdn_seq's split for runs of at least K_GDN_SEQ_SPLIT_MIN tokens (prefill
- * chunks, wide verifies): G threadgroups per value head, d / G state rows
- * each, then gdn_norm over the raw outputs (one more launch, so short runs
- * and decode keep the unsplit kernel with its norm inline). G is the largest
+/* gdn_seq's split for runs of at least K_GDN_SEQ_SPLIT_MIN tokens (every
+ * run, decode included, by default): G threadgroups per value head, d / G
+ * state rows each, then gdn_norm over the raw outputs (one more launch). G is the largest
  * of 1, 2, 4, 8 dividing d with n_v G <= this target: gdn_seq runs one
  * threadgroup per GPU core (its registers), so a split past the core count
  * makes a second wave (H200, 132 SMs, 27B-like n_v 48: split 4 = 192
@@ -46,7 +45,10 @@
 #define K_GDN_SEQ_TARGET_GROUPS 132u
 #endif
 #ifndef K_GDN_SEQ_SPLIT_MIN
-#define K_GDN_SEQ_SPLIT_MIN 4
+/* 1 since measured on the H200 2026-12-01 (ncu, one-token decode runs):
+ * gdn_seq 18.6 us unsplit vs 13.8 (split 8) + 3.2 (gdn_norm) on the 0.8B
+ * shape, 18.8 vs 14.4 + 3.3 on the 35B-A3B-like MoE (split 4) */
+#define K_GDN_SEQ_SPLIT_MIN 1
 #endif
 
 #ifndef K_MOE_LOGITS_SPLIT
@@ -59,6 +61,13 @@
 /* Threadgroups the split-K attention aims for (about two per SM of an
  * H200's 132; attn_plan.h): only speed depends on it. */
 #define ATTN_TARGET_GROUPS 256
+/* Threadgroups below which attn_partials splits a GQA group's query heads
+ * over several threadgroups (attn_plan.h k_attn_head_split): about one per
+ * H200 core. Only speed depends on it; K_RUNNER_ATTN_HS=N (a divisor of G)
+ * fixes the split, for A/B runs. */
+#ifndef K_ATTN_HEAD_SPLIT_GROUPS
+#define K_ATTN_HEAD_SPLIT_GROUPS 128u
+#endif
 /* Threads of an attn_partials threadgroup on CUDA (a speed knob: the score
  * loop's positions spread over its SIMD-groups; the bits never depend on
  * it). 1024 measured best on the H200 (attn.h: the sweep); the emulator and
@@ -424,10 +433,9 @@ static int gdn_seq(k_runner *r, const dev_layer *L, dev_state *S, const float *i
     const ds4_model_config *c = &r->c;
     const int64_t cd = conv_dim(c), vd = c->ssm_d_inner, nv = c->ssm_n_v, W = cd + vd + 2 * nv;
     const int64_t d = c->ssm_d_state, K = c->ssm_conv_kernel;
-    /* split: G threadgroups per head (d / G rows each) when the run is long
-     * enough to repay gdn_norm's launch; a split that does not divide d is
-     * not taken */
-    uint32_t G = n >= K_GDN_SEQ_SPLIT_MIN ? r->gdn_split : 1u;
+    /* split: G threadgroups per head (d / G rows each) for runs of at least
+     * r->gdn_split_min tokens; a split that does not divide d is not taken */
+    uint32_t G = n >= r->gdn_split_min ? r->gdn_split : 1u;
     if (G < 1u || d % G) G = 1u;
     k_gdn_seq_params p = {K_TAG_OF(gdn_seq), (uint32_t)c->ssm_n_k, (uint32_t)nv, (uint32_t)d, (uint32_t)K,
                           (uint32_t)n, (uint32_t)W, (uint32_t)cd, (uint32_t)(cd + vd), (uint32_t)vd,
@@ -582,10 +590,13 @@ int kr_attn_layer(k_runner *r, dev_layer *L, dev_state *S, int64_t n, int64_t po
         const float *aq = qn + t0 * qf_dim;
         const uint32_t nb = (uint32_t)((apos + an + K_ATTN_BLOCK - 1) / K_ATTN_BLOCK);
         const uint32_t bps = k_attn_blocks_per_split(nb, (uint32_t)nkv, (uint32_t)an, ATTN_TARGET_GROUPS);
+        const uint32_t G = (uint32_t)(nh / nkv), ns = k_attn_n_splits(nb, bps);
+        uint32_t hs = k_attn_head_split(G, (uint32_t)nkv * ns * (uint32_t)an, K_ATTN_HEAD_SPLIT_GROUPS);
+        if (r->attn_hs && G % r->attn_hs == 0) hs = r->attn_hs;
         const size_t part = F4((size_t)an * nh * nb * (2 + dh));
         k_attn_partials_params pp = {K_TAG_OF(attn_partials), (uint32_t)nh, (uint32_t)nkv, (uint32_t)dh,
                                      (uint32_t)an, (uint32_t)apos, nb, bps, (uint32_t)r->n_pages,
-                                     (uint32_t)qf_dim, (uint32_t)(2 * dh), c->attn_scale};
+                                     (uint32_t)qf_dim, (uint32_t)(2 * dh), c->attn_scale, hs};
         k_binding bp[] = {STATUS_BIND(attn_partials), K_BIND(attn_partials, p, &pp, sizeof pp),
                           K_BIND(attn_partials, q, aq, F4((an - 1) * qf_dim + (nh - 1) * 2 * dh + dh)),
                           K_BIND(attn_partials, kpool, S->kpool, pool), K_BIND(attn_partials, vpool, S->vpool, pool),
@@ -594,7 +605,7 @@ int kr_attn_layer(k_runner *r, dev_layer *L, dev_state *S, int64_t n, int64_t po
         /* 256 threads: at short contexts only n_head_kv x rows threadgroups
          * exist, so each needs its own latency hiding (no effect on the bits:
          * attn.h's per-position and per-element work is placed by position) */
-        if ((rc = kr_launch(r, K_ID_attn_partials, (uint32_t)nkv, k_attn_n_splits(nb, bps), (uint32_t)an, r->attn_tg, bp, 7,
+        if ((rc = kr_launch(r, K_ID_attn_partials, (uint32_t)nkv * hs, ns, (uint32_t)an, r->attn_tg, bp, 7,
                          err)))
             return rc;
         k_attn_merge_params pm = {K_TAG_OF(attn_merge), (uint32_t)nh, (uint32_t)dh, (uint32_t)an, (uint32_t)apos,
@@ -1100,6 +1111,9 @@ int k_runner_open(k_gpu_model *g, int64_t n_ctx, k_runner **out, ds4_error *err)
 #endif
         r->gemm = g && !strcmp(g, "0") ? 0 : mma ? 2 : 1;
         r->attn_tg = !strcmp(r->dev->name, "cuda") ? K_ATTN_TG : 256;
+        const char *ah = getenv("K_RUNNER_ATTN_HS");
+        const long ahv = ah ? strtol(ah, NULL, 10) : 0;
+        r->attn_hs = ahv >= 1 && ahv <= K_ATTN_MAX_GROUP ? (uint32_t)ahv : 0u;
         /* K_RUNNER_MOE_SPLIT (1..32): the router's split, for sweeps on the
          * device; each value is its own fixed summation order (moe.h) */
         const char *ms = getenv("K_RUNNER_MOE_SPLIT");
@@ -1115,6 +1129,9 @@ int k_runner_open(k_gpu_model *g, int64_t n_ctx, k_runner **out, ds4_error *err)
                r->c.ssm_d_state % (gsplit * 2u) == 0)
             gsplit *= 2u;
         r->gdn_split = gsv >= 1 && gsv <= 16 ? (uint32_t)gsv : gsplit;
+        const char *gm = getenv("K_RUNNER_GDN_SPLIT_MIN"); /* the shortest split run, for A/B runs */
+        const long gmv = gm ? strtol(gm, NULL, 10) : 0;
+        r->gdn_split_min = gmv >= 1 ? gmv : K_GDN_SEQ_SPLIT_MIN;
     }
     r->S = calloc((size_t)g->c.n_main, sizeof *r->S);
     int rc = r->S ? 0 : ds4_fail(err, DS4_ERR_NOMEM, "out of host memory");

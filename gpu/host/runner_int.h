@@ -145,6 +145,8 @@ struct k_runner {
     uint32_t gdn_split;     /* gdn_seq threadgroups per value head (long runs); K_RUNNER_GDN_SPLIT overrides */
     int64_t prefill_chunk;  /* rows per chunk when only the last row's outputs are wanted (<= ROWS) */
     uint32_t attn_tg;       /* attn_partials threads: K_ATTN_TG on CUDA, else 256 */
+    int64_t gdn_split_min;  /* runs of at least this many tokens take gdn_seq's split */
+    uint32_t attn_hs;       /* K_RUNNER_ATTN_HS: a fixed head split (0: attn_plan.h decides) */
     int capturing;          /* inside a verify: GDN layers keep their rows */
     int64_t ver_n, ver_pos; /* the last verify's rows and first position (0: none) */
     int64_t last_row;       /* the row of `logits` holding position n_past - 1 (-1: none) */

@@ -12,17 +12,26 @@
  * every verify width (tested), and the host may pick splits from the
  * context length freely (attn_plan.h).
  *
- * One threadgroup per (kv head, split, query row) serves all G query heads
- * of its GQA group from one read of each K row and each V row:
- *  1. the G queries into threadgroup memory;
+ * One threadgroup per (kv head, head split, split, query row) serves GS =
+ * G / head_split query heads of its GQA group from one read of each K row
+ * and each V row (head_split 1: all G heads, each K/V byte read once; at
+ * short contexts the host splits the heads so that more than n_head_kv x
+ * splits threadgroups exist: attn_plan.h):
+ *  1. the GS queries into threadgroup memory;
  *  per block:
  *  2. scores: SIMD-group sg takes positions sg, sg + NSIMD, ...; its lanes
- *     split head_dim, each K element (fp16 -> float) is multiplied into G
+ *     split head_dim, each K element (fp16 -> float) is multiplied into GS
  *     partial dots, which the butterfly sums; times scale;
  *  3. per head (SIMD-group g % NSIMD): max, then e = exp(s - max) written
  *     back over the scores, and their sum (lane-strided, butterfly);
- *  4. thread d (stride K_TG_SIZE) accumulates e * v over the block's
- *     positions in ascending order for all G heads, and writes the partial.
+ *  4. thread (r, d), r = TID / head_dim below R = TG / head_dim (1 when
+ *     head_dim exceeds the threadgroup: then d strides by K_TG_SIZE),
+ *     accumulates e * v over the block's positions in ascending order for
+ *     heads r, r + R, ... of its GS, and writes those partials.
+ * Every (head, position) score, every head's max and sum and every (head,
+ * element) chain of step 4 is the same float computation whichever
+ * threadgroup and thread runs it, so the partials do not depend on
+ * head_split or the threadgroup size either (tested).
  * The numerics differ from the CPU's F16 recipe (which keeps llama.cpp's F16
  * accumulator); docs/gpu.md derives the stated tolerance against an exact
  * reference.
@@ -41,16 +50,40 @@
 #ifndef K_ATTN_VAHEAD
 #define K_ATTN_VAHEAD 8u
 #endif
+/* K_ATTN_L2AHEAD 1: at the start of each block the threadgroup asks L2 for
+ * that block's K and V rows (when it is the split's first) and the next
+ * block's, one 32-byte sector per request, so the score and V loops'
+ * chains of dependent loads wait on L2 instead of HBM. A hint: no value
+ * depends on it. */
+#ifndef K_ATTN_L2AHEAD
+/* 1 since measured on the H200 2026-12-01 (two interleaved repetitions,
+ * 0.8B Q8_0 bench shape): decode 417-417 / 408-412 / 318-319 tok/s at ctx
+ * 512 / 4k / 32k without it, 462-469 / 456-462 / 363-367 with it */
+#define K_ATTN_L2AHEAD 1
+#endif
+
+/* L2 prefetch of the n halves of K and V rows at kb (16 halves = one
+ * 32-byte sector a request), thread tid of tg. Thread ids are arguments:
+ * Metal has them only as kernel parameters. */
+K_FN void k_attn_prefetch_block(K_DEV_IN k_u16 *kpool, K_DEV_IN k_u16 *vpool, k_u32 kb, k_u32 n, k_u32 tid,
+                                k_u32 tg) {
+    for (k_u32 e = tid * 16u; e < n; e += tg * 16u) {
+        K_PREFETCH(kpool, kb + e);
+        K_PREFETCH(vpool, kb + e);
+    }
+}
 K_KERNEL(attn_partials) {
     K_CHECK_TAG(attn_partials);
-    const k_u32 dh = p.head_dim;
+    const k_u32 dh = p.head_dim, hs = p.head_split;
     if (p.n_head_kv == 0u || p.n_head % p.n_head_kv || p.n_head / p.n_head_kv > K_ATTN_MAX_GROUP ||
-        dh == 0u || dh > K_ATTN_MAX_DIM || p.blocks_per_split == 0u) {
+        dh == 0u || dh > K_ATTN_MAX_DIM || p.blocks_per_split == 0u || hs == 0u ||
+        (p.n_head / p.n_head_kv) % hs) {
         k_raise(status, K_ERR_SHAPE);
         return;
     }
-    const k_u32 G = p.n_head / p.n_head_kv;
-    const k_u32 kvh = K_GX, t = K_GZ;
+    const k_u32 G = p.n_head / p.n_head_kv, GS = G / hs;
+    const k_u32 kvh = K_GX / hs, t = K_GZ;
+    const k_u32 h0 = kvh * G + (K_GX % hs) * GS; /* the first query head served here */
     const k_u32 n_vis = p.pos0 + t + 1u;
     const k_u32 nb_t = (n_vis + K_ATTN_BLOCK - 1u) / K_ATTN_BLOCK;
     const k_u32 b0 = K_GY * p.blocks_per_split;
@@ -60,9 +93,9 @@ K_KERNEL(attn_partials) {
     K_TG_ARRAY(float, ML, 2 * K_ATTN_MAX_GROUP);
     if (kvh >= p.n_head_kv || t >= p.n_rows || b0 >= b1) return; /* whole threadgroup */
 
-    for (k_u32 e = K_TID; e < G * dh; e += K_TG_SIZE) {
+    for (k_u32 e = K_TID; e < GS * dh; e += K_TG_SIZE) {
         const k_u32 g = e / dh, d = e % dh;
-        K_ST(qs, g * dh + d, K_LD(q, t * p.q_stride + (kvh * G + g) * p.q_head_stride + d));
+        K_ST(qs, g * dh + d, K_LD(q, t * p.q_stride + (h0 + g) * p.q_head_stride + d));
     }
     K_BARRIER();
 
@@ -71,6 +104,14 @@ K_KERNEL(attn_partials) {
         const k_u32 len = n_vis - p0 < K_ATTN_BLOCK ? n_vis - p0 : K_ATTN_BLOCK;
         const k_u32 page = K_LD(pages, b);
         const k_u32 kb = (page * p.n_head_kv + kvh) * K_ATTN_BLOCK * dh;
+        if (K_ATTN_L2AHEAD) {
+            if (b == b0) k_attn_prefetch_block(kpool, vpool, kb, len * dh, K_TID, K_TG_SIZE);
+            if (b + 1u < b1) {
+                const k_u32 nlen = n_vis - p0 - K_ATTN_BLOCK < K_ATTN_BLOCK ? n_vis - p0 - K_ATTN_BLOCK : K_ATTN_BLOCK;
+                k_attn_prefetch_block(kpool, vpool, (K_LD(pages, b + 1u) * p.n_head_kv + kvh) * K_ATTN_BLOCK * dh,
+                                      nlen * dh, K_TID, K_TG_SIZE);
+            }
+        }
 
         /* The per-head loops run to the constant K_ATTN_MAX_GROUP with a
          * g < G guard, so part[] and acc[] stay in registers (indexed by a
@@ -99,7 +140,7 @@ K_KERNEL(attn_partials) {
                 const k_u32 d = K_LANE + 32u * i;
                 if (d < dh)
                     K_UNROLL for (k_u32 g = 0; g < K_ATTN_MAX_GROUP; g++)
-                        if (g < G) {
+                        if (g < GS) {
                             const float qv = K_LD(qs, g * dh + d);
                             K_UNROLL for (k_u32 j = 0; j < K_ATTN_KPOS; j++) part[j][g] += kv[j][i] * qv;
                         }
@@ -108,7 +149,7 @@ K_KERNEL(attn_partials) {
                 const k_u32 pj = pp + j * K_NSIMD;
                 if (pj >= len) break; /* uniform per SIMD-group: no lane skips the shuffles alone */
                 K_UNROLL for (k_u32 g = 0; g < K_ATTN_MAX_GROUP; g++) {
-                    if (g >= G) break;
+                    if (g >= GS) break;
                     const float s = k_simd_sum(part[j][g]) * p.scale;
                     if (K_LANE == 0) K_ST(S, g * K_ATTN_BLOCK + pj, s);
                 }
@@ -118,7 +159,7 @@ K_KERNEL(attn_partials) {
         K_BARRIER();
 #endif
 
-        for (k_u32 g = K_SIMD; g < G; g += K_NSIMD) {
+        for (k_u32 g = K_SIMD; g < GS; g += K_NSIMD) {
             float m = K_NEG_INF;
             for (k_u32 pp = K_LANE; pp < len; pp += 32u) m = k_max2(m, K_LD(S, g * K_ATTN_BLOCK + pp));
             m = k_simd_max(m);
@@ -136,9 +177,15 @@ K_KERNEL(attn_partials) {
         }
         K_BARRIER();
 
-        for (k_u32 d = K_TID; d < dh; d += K_TG_SIZE) {
+        /* step 4: acc[k] is head r + k R's chain for element d (R rows of
+         * threads share the heads when head_dim fits the threadgroup
+         * several times: at GS 8, head_dim 256 and 1024 threads every
+         * thread runs 2 chains, where one thread per element ran all 8) */
+        const k_u32 R = K_TG_SIZE >= dh ? K_TG_SIZE / dh : 1u, r = K_TID / dh;
+        if (r < R)
+        for (k_u32 d = K_TID % dh; d < dh; d += K_TG_SIZE) {
             float acc[K_ATTN_MAX_GROUP];
-            K_UNROLL for (k_u32 g = 0; g < K_ATTN_MAX_GROUP; g++) acc[g] = 0.0f;
+            K_UNROLL for (k_u32 k = 0; k < K_ATTN_MAX_GROUP; k++) acc[k] = 0.0f;
             /* K_ATTN_VAHEAD V loads in flight before their adds (latency:
              * one or two threadgroups per SM at short contexts); the adds
              * keep ascending pp order, so the sums are unchanged */
@@ -147,22 +194,22 @@ K_KERNEL(attn_partials) {
                 float v8[K_ATTN_VAHEAD];
                 K_UNROLL for (k_u32 u = 0; u < K_ATTN_VAHEAD; u++) v8[u] = k_h2f(K_LD(vpool, kb + (pp + u) * dh + d));
                 K_UNROLL for (k_u32 u = 0; u < K_ATTN_VAHEAD; u++)
-                    K_UNROLL for (k_u32 g = 0; g < K_ATTN_MAX_GROUP; g++)
-                        if (g < G) acc[g] += K_LD(S, g * K_ATTN_BLOCK + pp + u) * v8[u];
+                    K_UNROLL for (k_u32 k = 0; k < K_ATTN_MAX_GROUP; k++)
+                        if (r + k * R < GS) acc[k] += K_LD(S, (r + k * R) * K_ATTN_BLOCK + pp + u) * v8[u];
             }
             for (; pp < len; pp++) {
                 const float v = k_h2f(K_LD(vpool, kb + pp * dh + d));
-                K_UNROLL for (k_u32 g = 0; g < K_ATTN_MAX_GROUP; g++)
-                    if (g < G) acc[g] += K_LD(S, g * K_ATTN_BLOCK + pp) * v;
+                K_UNROLL for (k_u32 k = 0; k < K_ATTN_MAX_GROUP; k++)
+                    if (r + k * R < GS) acc[k] += K_LD(S, (r + k * R) * K_ATTN_BLOCK + pp) * v;
             }
-            K_UNROLL for (k_u32 g = 0; g < K_ATTN_MAX_GROUP; g++) {
-                if (g >= G) break;
-                const k_u32 o = ((t * p.n_head + kvh * G + g) * p.n_blocks + b) * (2u + dh);
-                K_ST(part, o + 2u + d, acc[g]);
+            K_UNROLL for (k_u32 k = 0; k < K_ATTN_MAX_GROUP; k++) {
+                if (r + k * R >= GS) break;
+                const k_u32 o = ((t * p.n_head + h0 + r + k * R) * p.n_blocks + b) * (2u + dh);
+                K_ST(part, o + 2u + d, acc[k]);
             }
         }
-        if (K_TID < G) {
-            const k_u32 o = ((t * p.n_head + kvh * G + K_TID) * p.n_blocks + b) * (2u + dh);
+        if (K_TID < GS) {
+            const k_u32 o = ((t * p.n_head + h0 + K_TID) * p.n_blocks + b) * (2u + dh);
             K_ST(part, o, K_LD(ML, 2u * K_TID));
             K_ST(part, o + 1u, K_LD(ML, 2u * K_TID + 1u));
         }

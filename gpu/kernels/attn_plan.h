@@ -25,6 +25,21 @@ static inline uint32_t k_attn_n_splits(uint32_t n_blocks, uint32_t blocks_per_sp
     return (n_blocks + blocks_per_split - 1) / blocks_per_split;
 }
 
+/* Threadgroups per GQA group (attn_partials' head_split: each serves
+ * G / head_split query heads), given `groups` = n_head_kv x splits x rows
+ * threadgroups without it: the smallest divisor of G that brings them to
+ * min_groups (else G). At short contexts the split-K splits are few (one
+ * per 256-position block: 2 KV heads x 3 blocks = 6 threadgroups at ctx
+ * 512, 6 of an H200's 132 cores busy) and each threadgroup ran the scores
+ * and V sums of all G heads; at long contexts the splits fill the GPU and
+ * head_split stays 1, so every K/V byte is read once. The bits do not
+ * depend on it (attn.h). */
+static inline uint32_t k_attn_head_split(uint32_t G, uint32_t groups, uint32_t min_groups) {
+    for (uint32_t hs = 1; hs < G; hs++)
+        if (G % hs == 0 && (uint64_t)groups * hs >= min_groups) return hs;
+    return G ? G : 1;
+}
+
 /* Threads of an attn_merge threadgroup: one per head_dim element (whole
  * SIMD-groups, at most 256), so no thread merges more than one element's
  * chain of partials (with 32 threads, 8 chains one after another at head_dim

@@ -188,9 +188,10 @@ typedef struct {
 
 /* ------------------------------------------------------ attn_partials -- */
 /* Split-K decode/verify attention over the F16 KV shadow, first pass: one
- * threadgroup per (kv head, split, query row); it walks its blocks of
- * K_ATTN_BLOCK positions and writes one partial (max, sum, acc[head_dim])
- * per (query head of the GQA group, block). K/V pages are
+ * threadgroup per (kv head x head split, split, query row); it walks its
+ * blocks of K_ATTN_BLOCK positions and writes one partial (max, sum,
+ * acc[head_dim]) per (query head it serves, block): the GQA group's G query
+ * heads are dealt to head_split threadgroups, G / head_split each. K/V pages are
  * [n_head_kv][K_ATTN_BLOCK][head_dim] F16 (the CPU's KV page layout);
  * block b of the history is page pages[b]. Query row t sees positions
  * [0, pos0 + t + 1). */
@@ -210,6 +211,7 @@ typedef struct {
     k_u32 q_stride;         /* floats between query rows; head h at h*q_head_stride */
     k_u32 q_head_stride;
     float scale;
+    k_u32 head_split;       /* threadgroups per GQA group (divides G; attn_plan.h) */
 } k_attn_partials_params;
 #define K_ATTN_PART_FLOATS(p) (2 + (p).head_dim)
 #define K_ARGS_attn_partials(X, K)                                        \

@@ -954,9 +954,11 @@ typedef struct {
 } attn_case;
 
 /* out[t][h][d] for one launch pair (partials with bps blocks per split,
- * merge); 0 on success. */
-static int run_attn(const attn_case *c, uint32_t pos0, uint32_t n_rows, const float *q, uint32_t bps,
-                    int schedule, float *out) {
+ * hs threadgroups per GQA group of tg threads each, merge); 0 on success.
+ * With expect_shape the partials launch must raise K_ERR_SHAPE instead
+ * (1 when it does). */
+static int run_attn_hs(const attn_case *c, uint32_t pos0, uint32_t n_rows, const float *q, uint32_t bps,
+                       uint32_t hs, uint32_t tg, int schedule, float *out, int expect_shape) {
     const uint32_t nb = (pos0 + n_rows + K_ATTN_BLOCK - 1) / K_ATTN_BLOCK;
     const uint32_t qs = c->n_head * c->dh;
     const size_t part_n = (size_t)n_rows * c->n_head * nb * (2 + c->dh);
@@ -964,14 +966,23 @@ static int run_attn(const attn_case *c, uint32_t pos0, uint32_t n_rows, const fl
     fill_nan(part, part_n);
     fill_nan(out, (size_t)n_rows * qs);
     k_attn_partials_params p = {K_TAG_OF(attn_partials), c->n_head, c->n_head_kv, c->dh, n_rows, pos0,
-                                nb, bps, c->n_pages, qs, c->dh, c->scale};
+                                nb, bps, c->n_pages, qs, c->dh, c->scale, hs};
     const size_t pool = (size_t)c->n_pages * c->n_head_kv * K_ATTN_BLOCK * c->dh * 2;
     k_binding b[] = {K_BIND(attn_partials, status, status, 8), K_BIND(attn_partials, p, &p, sizeof p),
                      K_BIND(attn_partials, q, q, sizeof(float) * n_rows * qs),
                      K_BIND(attn_partials, kpool, c->kpool, pool), K_BIND(attn_partials, vpool, c->vpool, pool),
                      K_BIND(attn_partials, pages, c->pages, 4 * nb),
                      K_BIND(attn_partials, part, part, sizeof(float) * part_n)};
-    int rc = launch(K_ID_attn_partials, c->n_head_kv, k_attn_n_splits(nb, bps), n_rows, 128, b, 7, schedule,
+    if (expect_shape) {
+        const uint32_t grid[3] = {c->n_head_kv * (hs ? hs : 1), k_attn_n_splits(nb, bps), n_rows};
+        emul_options opt = {schedule, 0};
+        char err[600];
+        status[0] = status[1] = 0;
+        const int rc = emul_launch(K_ID_attn_partials, grid, tg, b, 7, &opt, err, sizeof err);
+        free(part);
+        return rc == 0 && (status[0] & K_ERR_SHAPE);
+    }
+    int rc = launch(K_ID_attn_partials, c->n_head_kv * hs, k_attn_n_splits(nb, bps), n_rows, tg, b, 7, schedule,
                     "attn_partials");
     if (!rc) {
         k_attn_merge_params m = {K_TAG_OF(attn_merge), c->n_head, c->dh, n_rows, pos0, nb, qs};
@@ -982,6 +993,11 @@ static int run_attn(const attn_case *c, uint32_t pos0, uint32_t n_rows, const fl
     }
     free(part);
     return rc;
+}
+
+static int run_attn(const attn_case *c, uint32_t pos0, uint32_t n_rows, const float *q, uint32_t bps,
+                    int schedule, float *out) {
+    return run_attn_hs(c, pos0, n_rows, q, bps, 1, 128, schedule, out, 0);
 }
 
 static const uint16_t *kv_row(const attn_case *c, const uint16_t *pool, uint32_t kvh, uint32_t pos) {
@@ -1086,17 +1102,37 @@ static void suite_attn(void) {
             if (run_attn(&c, c.pos0 + t, 1, c.q + t * qs, bps, EMUL_REVERSE, o)) goto next;
             if (memcmp(o, base + t * qs, sizeof(float) * qs)) rows_ok = 0;
         }
+        /* every head split (each divisor of G), at threadgroups of 32 (head_dim
+         * past the threadgroup: d strides), 128 and 256 threads (R rows of
+         * threads sharing a head's elements), and at the plan's split count:
+         * the same bits as one threadgroup serving the whole group */
+        int hs_ok = 1, hs_n = 0;
+        const uint32_t G = c.n_head / c.n_head_kv;
+        for (uint32_t hs = 1; hs <= G; hs++) {
+            if (G % hs) continue;
+            const uint32_t tgs[] = {32, 128, 256};
+            for (size_t ti = 0; ti < 3; ti++) {
+                if (hs == 1 && tgs[ti] == 128) continue; /* the base run */
+                const uint32_t bps = k_attn_blocks_per_split(c.n_blocks, c.n_head_kv, n_rows, 4);
+                if (run_attn_hs(&c, c.pos0, n_rows, c.q, bps, hs, tgs[ti], (hs + ti) & 1 ? EMUL_REVERSE : EMUL_FORWARD,
+                                o, 0))
+                    goto next;
+                if (memcmp(o, base, sizeof(float) * n_rows * qs)) hs_ok = 0;
+                hs_n++;
+            }
+        }
         double worst = 0;
         for (uint32_t t = 0; t < n_rows; t++) {
             const double r = attn_check_row(&c, c.pos0 + t, c.q + t * qs, base + t * qs);
             if (!(r <= 1.0)) ok = 0;
             if (r > worst) worst = r;
         }
-        check(ok && split_ok && rows_ok,
+        check(ok && split_ok && rows_ok && hs_ok,
               "n_head=%u kv=%u G=%u head_dim=%u pos0=%u rows=%u blocks=%u: within the derived bound (worst "
-              "%.3f of it)%s%s", c.n_head, c.n_head_kv, c.n_head / c.n_head_kv, c.dh, c.pos0, n_rows,
-              c.n_blocks, worst, split_ok ? ", bit-identical for split counts 1.." : ", SPLIT COUNTS DIFFER",
-              rows_ok ? ", each row alone bit-identical" : ", A ROW ALONE DIFFERS");
+              "%.3f of it)%s%s%s (%d head-split runs)", c.n_head, c.n_head_kv, c.n_head / c.n_head_kv, c.dh, c.pos0,
+              n_rows, c.n_blocks, worst, split_ok ? ", bit-identical for split counts 1.." : ", SPLIT COUNTS DIFFER",
+              rows_ok ? ", each row alone bit-identical" : ", A ROW ALONE DIFFERS",
+              hs_ok ? ", every head split and threadgroup size bit-identical" : ", HEAD SPLITS DIFFER", hs_n);
     next:
         free(c.kpool), free(c.vpool), free(c.pages), free(c.q), free(base), free(o);
     }
@@ -1109,6 +1145,28 @@ static void suite_attn(void) {
             if (bps < 1 || ns < 1 || (ns - 1) * bps >= nb || ns * bps < nb) plan_ok = 0;
         }
     check(plan_ok, "split plan covers every block with no empty split (n_blocks 1..299, kv heads 1..8)");
+    /* the head split: a divisor of G, the smallest reaching the target, 1
+     * once the splits alone reach it */
+    int hsp_ok = 1;
+    for (uint32_t G = 1; G <= 8; G++)
+        for (uint32_t groups = 1; groups < 300; groups++) {
+            const uint32_t hs = k_attn_head_split(G, groups, 128);
+            if (hs < 1 || G % hs || (groups >= 128 && hs != 1) || (groups * hs < 128 && hs != G)) hsp_ok = 0;
+            for (uint32_t h2 = 1; h2 < hs; h2++)
+                if (G % h2 == 0 && groups * h2 >= 128) hsp_ok = 0; /* a smaller divisor would do */
+        }
+    check(hsp_ok, "head split plan: a divisor of G, the smallest reaching 128 threadgroups, 1 once splits reach it");
+    /* a head split that does not divide G, or 0, is refused */
+    {
+        attn_case c = {6, 2, 32, 0, 1, 1, 1, NULL, NULL, NULL, NULL, 0.25f};
+        const size_t pe = (size_t)c.n_pages * c.n_head_kv * K_ATTN_BLOCK * c.dh;
+        c.kpool = calloc(pe, 2), c.vpool = calloc(pe, 2), c.pages = calloc(1, 4), c.q = calloc(6 * 32, 4);
+        float *o = malloc(sizeof(float) * 6 * 32);
+        const int r2 = run_attn_hs(&c, 0, 1, c.q, 1, 2, 128, EMUL_FORWARD, o, 1);
+        const int r0 = run_attn_hs(&c, 0, 1, c.q, 1, 0, 128, EMUL_FORWARD, o, 1);
+        check(r2 && r0, "attn_partials: a head split of 2 for G = 3, or 0, raises K_ERR_SHAPE");
+        free(c.kpool), free(c.vpool), free(c.pages), free(c.q), free(o);
+    }
 }
 
 /* ------------------------------------------------------------ kquant -- */
