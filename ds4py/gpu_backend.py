@@ -35,18 +35,16 @@ semantics) and so the prefix cache (``generate(..., cache=)``); the
 post-final-norm hidden state (``eval(..., return_hidden=True)``,
 ``last_hidden()``); the model's nextn (MTP) head, bundled or a
 ``draft_head`` sidecar (gpu/host/runner_head.c: head priming,
-``nextn_propose``), so ``generate`` drafts with it as on the CPU -- greedy
-or the exact seeded sampling mode, the same adaptive policy and pairing
-classifier; layer taps (``hidden_layers`` on eval and verify: the residual
+``nextn_propose``, ``nextn_step``), so ``generate`` drafts with it as on the
+CPU -- greedy, the exact seeded sampling mode or rejection sampling, the
+same adaptive policy and pairing classifier; verify's ``return_hidden``
+(every row's post-norm hidden state); layer taps (``hidden_layers`` on eval and verify: the residual
 stream after chosen trunk layers), so a DFlash drafter (``dflash=FILE``)
 drafts for a GPU target -- the drafter itself runs on the CPU side, fed the
 device's taps through its TapSession. What it does not do yet,
 refused with a ModelError naming it: precision="exact", weight types other
 than Q8_0 / Q4_K / Q5_K / Q6_K / Q4_64A (Q4_64A: dense matrices only, not
-routed experts), ``verify(return_hidden=True)`` and rejection sampling (it
-needs the head's distributions on the host:
-``generate`` turns such drafting off and says why in ``Generation.draft``;
-an explicit request raises).
+routed experts).
 
 Numerics: the GPU is not bit-identical to the CPU (docs/gpu.md section 7:
 float V accumulation in attention, 1-ulp differences flipping Q8 activation
@@ -74,7 +72,7 @@ __all__ = ["BACKENDS", "GpuModel", "GpuSession", "GpuSnapshot", "load", "backend
 BACKENDS = ("auto", "cpu", "cuda", "metal", "gpu-emul")
 # backend name -> plugin kind (gpu/tools/build_plugin.py KINDS)
 _KIND = {"cuda": "cuda", "gpu-emul": "emul"}
-ABI_VERSION = 4  # gpu/host/plugin.h DS4_GPU_ABI_VERSION this module calls
+ABI_VERSION = 5  # gpu/host/plugin.h DS4_GPU_ABI_VERSION this module calls
 _ERR_CAP = 1024
 # ds4_status codes (csrc/ds4.h) this module tells apart
 _ERR_ARG, _ERR_NOMEM, _ERR_UNSUPPORTED, _ERR_BAD_MODEL, _ERR_INTERNAL = 2, 3, 4, 5, 26
@@ -379,9 +377,9 @@ class GpuSession(_DeviceHandle):
     """One sequence on a GPU backend: :class:`ds4py.Session`'s eval / verify /
     accept / snapshot / restore with the same arguments, results and
     lifetimes (read-only views, valid until the next eval, verify or restore
-    on this session), and the post-norm hidden state (eval's
-    ``return_hidden``, :meth:`last_hidden`). Layer taps, verify's
-    ``return_hidden`` raise ModelError (module doc). The nextn head:
+    on this session), the post-norm hidden state (eval's and verify's
+    ``return_hidden``, :meth:`last_hidden`) and layer taps
+    (``hidden_layers``). The nextn head:
     :attr:`nextn_prime`, :attr:`nextn_covered`, :meth:`nextn_propose`. A
     device failure (not a bad argument) leaves the session unusable."""
 
@@ -547,24 +545,32 @@ class GpuSession(_DeviceHandle):
     def verify(self, tokens, return_hidden: bool = False, hidden_layers=None):
         """As :meth:`ds4py.Session.verify`: 1..VERIFY_MAX rows, logits of every
         row, equal to evaluating them one at a time on this backend; with
-        ``hidden_layers`` also the rows' layer taps ``[n, len, hidden]``, as
-        ``(logits, taps)``. (``return_hidden`` is not done on the GPU yet.)"""
+        ``return_hidden`` also every row's post-final-norm hidden state
+        ``[n, hidden]`` and with ``hidden_layers`` the rows' layer taps
+        ``[n, len, hidden]``, as ``(logits[, hidden][, taps])``."""
         ptr = self._live()
-        if return_hidden:
-            raise _unsupported(self.backend, "verify(return_hidden=True)")
         arr, tok_p = self._tokens(tokens)
         if arr.size > self._plug.verify_max:
             raise ModelError(f"verify takes 1 to {self._plug.verify_max} tokens (got {arr.size})",
                              _ERR_ARG)
         layers, taps, lay_p, taps_p = self._taps(hidden_layers, arr.size)
+        hid_p = self._ffi.NULL   # self._rows holds verify_max rows from the start
+        if return_hidden:
+            if arr.size > self._hid.shape[0]:
+                self._hid = np.zeros((arr.size, self.hidden_size), dtype=np.float32)
+            hid_p = self._fptr(self._hid)
         self._check(self._lib.ds4_gpu_verify_taps(ptr, tok_p, arr.size, self._rows_p,
-                                                  self._ffi.NULL, lay_p,
+                                                  self._ffi.NULL, hid_p, lay_p,
                                                   0 if layers is None else layers.size, taps_p,
                                                   self._err, _ERR_CAP))
         self._stats["launches"] = int(self._lib.ds4_gpu_launches(ptr))
         self._n_rows, self._last_row = arr.size, arr.size - 1
-        rows = self._ro(self._rows[:arr.size])
-        return rows if layers is None else (rows, self._ro(taps))
+        out = [self._ro(self._rows[:arr.size])]
+        if return_hidden:
+            out.append(self._ro(self._hid[:arr.size]))
+        if layers is not None:
+            out.append(self._ro(taps))
+        return out[0] if len(out) == 1 else tuple(out)
 
     def accept(self, k: int) -> None:
         """As :meth:`ds4py.Session.accept`: keep the first k rows of the last

@@ -540,9 +540,8 @@ def test_refuses_backends_and_options(cache):
 
 def test_session_refuses_what_it_lacks(dense_gpu):
     with dense_gpu.new_session() as s:
-        # snapshots and eval's hidden state run on the GPU now: tests/test_gpu_snapshot.py
-        with pytest.raises(ds4py.ModelError, match="return_hidden"):
-            s.verify([1, 2], return_hidden=True)
+        # snapshots, eval's and verify's hidden state run on the GPU now:
+        # tests/test_gpu_snapshot.py
         # layer taps run on the GPU (test_layer_taps); a layer outside the trunk is refused
         with pytest.raises(ds4py.ModelError, match="layer tap 5 is outside the trunk"):
             s.eval([1, 2], hidden_layers=[0, 5])

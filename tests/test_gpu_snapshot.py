@@ -328,3 +328,24 @@ def test_hidden_prefill_equals_decode_and_tracks_the_cpu(gpu, fresh):
             assert np.abs(np.asarray(ch) - hid[:N_HIDDEN]).max() <= MAX_ABS_HIDDEN_VS_CPU
     finally:
         cpu.close()
+
+
+def test_verify_returns_each_rows_hidden(gpu, fresh):
+    """verify(return_hidden=True): every verified row's post-final-norm
+    hidden state, bit for bit the fresh evaluation's at those positions
+    (verify rows equal serial rows on one backend), beside the same logits;
+    with hidden_layers too, (logits, hidden, taps); accept(k) then leaves
+    row k-1's hidden as last_hidden()."""
+    rows, hid = fresh
+    with gpu.new_session() as s:
+        s.eval(TOKENS[:3])
+        lg, h = s.verify(TOKENS[3:7], return_hidden=True)
+        assert h.shape == (4, gpu.config.hidden_size)
+        np.testing.assert_array_equal(h, hid[3:7])
+        np.testing.assert_array_equal(lg, rows[3:7])
+        s.accept(2)
+        np.testing.assert_array_equal(s.last_hidden(), hid[4])
+        out = s.verify(TOKENS[5:7], return_hidden=True, hidden_layers=[0])
+        assert len(out) == 3 and out[2].shape == (2, 1, gpu.config.hidden_size)
+        np.testing.assert_array_equal(out[1], hid[5:7])
+        np.testing.assert_array_equal(out[0], rows[5:7])

@@ -212,12 +212,12 @@ DS4_GPU_API int ds4_gpu_eval_taps(ds4_gpu_session *s, const int32_t *tokens, int
 }
 
 DS4_GPU_API int ds4_gpu_verify_taps(ds4_gpu_session *s, const int32_t *tokens, int64_t n, float *logits,
-                                    int32_t *argmax, const int64_t *layers, int64_t n_layers, float *taps,
-                                    char *err, size_t cap) {
+                                    int32_t *argmax, float *hidden, const int64_t *layers, int64_t n_layers,
+                                    float *taps, char *err, size_t cap) {
     if (!s) return fail(err, cap, DS4_ERR_ARG, "%s", "ds4_gpu_verify_taps: session is NULL");
     ds4_error e;
     pthread_mutex_lock(&lock);
-    const int rc = k_runner_verify_taps(s->r, tokens, n, logits, argmax, layers, n_layers, taps, &e);
+    const int rc = k_runner_verify_taps(s->r, tokens, n, logits, argmax, hidden, layers, n_layers, taps, &e);
     pthread_mutex_unlock(&lock);
     return rc ? pass_error(&e, err, cap) : DS4_OK;
 }

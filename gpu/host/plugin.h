@@ -31,7 +31,7 @@
 
 /* Bumped whenever a signature below changes: Python refuses a plugin of
  * another version (a stale cache entry) instead of calling it wrong. */
-#define DS4_GPU_ABI_VERSION 4
+#define DS4_GPU_ABI_VERSION 5
 
 typedef struct ds4_gpu_model ds4_gpu_model;
 typedef struct ds4_gpu_session ds4_gpu_session;
@@ -87,10 +87,11 @@ int ds4_gpu_eval_taps(ds4_gpu_session *s, const int32_t *tokens, int64_t n, int 
  * would (runner.h). */
 int ds4_gpu_verify(ds4_gpu_session *s, const int32_t *tokens, int64_t n, float *logits,
                    int32_t *argmax, char *err, size_t cap);
-/* ds4_gpu_verify plus the rows' layer taps (as ds4_gpu_eval_taps). */
+/* ds4_gpu_verify plus, where not NULL, every row's post-final-norm hidden
+ * state (n x n_embd) and the rows' layer taps (as ds4_gpu_eval_taps). */
 int ds4_gpu_verify_taps(ds4_gpu_session *s, const int32_t *tokens, int64_t n, float *logits,
-                        int32_t *argmax, const int64_t *layers, int64_t n_layers, float *taps,
-                        char *err, size_t cap);
+                        int32_t *argmax, float *hidden, const int64_t *layers, int64_t n_layers,
+                        float *taps, char *err, size_t cap);
 int ds4_gpu_accept(ds4_gpu_session *s, int64_t k, char *err, size_t cap);
 int ds4_gpu_verify_max(void);
 int64_t ds4_gpu_n_past(const ds4_gpu_session *s);

@@ -1426,11 +1426,11 @@ int k_runner_eval_taps(k_runner *r, const int32_t *tokens, int64_t n, int all_ro
  * each row's own). */
 int k_runner_verify(k_runner *r, const int32_t *tokens, int64_t n, float *logits, int32_t *argmax,
                     ds4_error *err) {
-    return k_runner_verify_taps(r, tokens, n, logits, argmax, NULL, 0, NULL, err);
+    return k_runner_verify_taps(r, tokens, n, logits, argmax, NULL, NULL, 0, NULL, err);
 }
 
 int k_runner_verify_taps(k_runner *r, const int32_t *tokens, int64_t n, float *logits, int32_t *argmax,
-                         const int64_t *layers, int64_t n_layers, float *taps, ds4_error *err) {
+                         float *hidden, const int64_t *layers, int64_t n_layers, float *taps, ds4_error *err) {
     if (n < 1 || n > K_RUNNER_VERIFY_MAX)
         return ds4_fail(err, DS4_ERR_ARG, "verify takes 1 to %d tokens (got %lld)", K_RUNNER_VERIFY_MAX,
                         (long long)n);
@@ -1452,7 +1452,7 @@ int k_runner_verify_taps(k_runner *r, const int32_t *tokens, int64_t n, float *l
         return rc;
     }
     r->capturing = 1;
-    rc = run_rows(r, tokens, n, 1, logits, argmax, NULL, err);
+    rc = run_rows(r, tokens, n, 1, logits, argmax, hidden, err);
     r->capturing = 0;
     tap_end(r);
     /* the rows reach the nextn head when accepted: keep their tokens and

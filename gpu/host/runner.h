@@ -68,9 +68,11 @@ int k_runner_eval_taps(k_runner *r, const int32_t *tokens, int64_t n, int all_ro
  * verify. */
 int k_runner_verify(k_runner *r, const int32_t *tokens, int64_t n, float *logits, int32_t *argmax,
                     ds4_error *err);
-/* k_runner_verify plus the rows' layer taps (as k_runner_eval_taps). */
+/* k_runner_verify plus, when not NULL, every row's post-final-norm hidden
+ * state (n x n_embd, as k_runner_eval_hidden) and the rows' layer taps (as
+ * k_runner_eval_taps). */
 int k_runner_verify_taps(k_runner *r, const int32_t *tokens, int64_t n, float *logits, int32_t *argmax,
-                         const int64_t *layers, int64_t n_layers, float *taps, ds4_error *err);
+                         float *hidden, const int64_t *layers, int64_t n_layers, float *taps, ds4_error *err);
 int k_runner_accept(k_runner *r, int64_t k, ds4_error *err);
 int64_t k_runner_n_past(const k_runner *r);
 /* Bytes of device memory the session and its model hold. */
