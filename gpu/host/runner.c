@@ -1442,11 +1442,18 @@ int k_runner_verify_taps(k_runner *r, const int32_t *tokens, int64_t n, float *l
     const ds4_model_config *c = &r->c;
     const size_t conv = F4((c->ssm_conv_kernel - 1) * conv_dim(c)),
                  ssm = F4(c->ssm_n_v * c->ssm_d_state * c->ssm_d_state);
-    for (int64_t il = 0; il < c->n_main && !rc; il++)
-        if (r->L[il].kind == DS4_LAYER_GDN &&
-            ((rc = kr_copy_dev(r, r->S[il].conv_bak, conv_now(&r->S[il], c), conv, err)) ||
-             (rc = kr_copy_dev(r, r->S[il].ssm_bak, r->S[il].ssm, ssm, err))))
+    /* the fused loop's gdn_seq reads the conv state's half conv_cur and
+     * writes the other, so the pre-verify conv state stays where it is
+     * (accept points conv_cur back at it); the unfused gdn_conv shifts it
+     * in place, so there it is copied aside like the recurrent state */
+    for (int64_t il = 0; il < c->n_main && !rc; il++) {
+        dev_state *S = &r->S[il];
+        if (r->L[il].kind != DS4_LAYER_GDN) continue;
+        S->conv_pre = S->conv_cur;
+        if ((!r->fuse && (rc = kr_copy_dev(r, S->conv_bak, conv_now(S, c), conv, err))) ||
+            (rc = kr_copy_dev(r, S->ssm_bak, S->ssm, ssm, err)))
             break;
+    }
     if (rc) {
         tap_end(r);
         return rc;
@@ -1483,7 +1490,8 @@ int k_runner_accept(k_runner *r, int64_t k, ds4_error *err) {
         for (int64_t il = 0; il < c->n_main && !rc; il++) {
             dev_state *S = &r->S[il];
             if (r->L[il].kind != DS4_LAYER_GDN) continue;
-            if ((rc = kr_copy_dev(r, conv_now(S, c), S->conv_bak, conv, err)) ||
+            S->conv_cur = S->conv_pre; /* the pre-verify conv state (see verify) */
+            if ((!r->fuse && (rc = kr_copy_dev(r, conv_now(S, c), S->conv_bak, conv, err))) ||
                 (rc = kr_copy_dev(r, S->ssm, S->ssm_bak, ssm, err)))
                 break;
 #ifndef PLANT_ACCEPT_NO_REPLAY /* planted fault (tests must turn red): keep the pre-verify state */

@@ -95,7 +95,8 @@ typedef struct {
 typedef struct {
     void *conv_state, *ssm;   /* GDN: the recurrent state (conv: two halves, conv_cur holds it) */
     int conv_cur;             /* GDN: 0/1, the half of conv_state in use (gdn_seq writes the other) */
-    void *conv_bak, *ssm_bak; /* GDN: the state before the last verify */
+    void *conv_bak, *ssm_bak; /* GDN: the state before the last verify (conv_bak: unfused loop only) */
+    int conv_pre;             /* GDN: conv_cur before the last verify (its half is left intact) */
     float *cap_in;            /* GDN: a verify's input rows [qkv | z | ab] (accept replays them) */
     void *kpool, *vpool;      /* attention: F16 KV pages */
 } dev_state;
