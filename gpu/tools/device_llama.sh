@@ -8,7 +8,7 @@
 #
 # SRC.tar.gz: the llama.cpp sources vendored in llama-cpp-python 0.3.36 (the
 # version the CPU bench uses), pruned to what llama-bench needs (made on the
-# development machine: see docs/gpu.md §7). Built for sm_90 only, CUDA graphs
+# development machine by gpu/tools/make_llama_tarball.sh). Built for sm_90 only, CUDA graphs
 # on (its default), flash attention compiled (the default set of KV types).
 # `bench` runs llama-bench with the issue's settings (flash attention on, all
 # layers on the GPU) and prints its markdown table: tg128 at each depth,
