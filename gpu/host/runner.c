@@ -70,11 +70,15 @@
 #endif
 /* Threads of an attn_partials threadgroup on CUDA (a speed knob: the score
  * loop's positions spread over its SIMD-groups; the bits never depend on
- * it). 1024 measured best on the H200 (attn.h: the sweep); the emulator and
+ * it). 1024 measured best on the H200 in the first sweep (attn.h); since the
+ * head split and the L2 look-ahead, 512 (H200, 2026-12-01, two builds
+ * interleaved, 2 repetitions, docs/gpu.md §7): 0.8B Q8_0 prefill +2% / +10%
+ * / +30% at ctx 512 / 4k / 32k, decode within ±2%; MoE decode +4% at 512 and
+ * 4k; golden and demo outputs cmp-identical to 1024's. The emulator and
  * Metal keep 256 (the emulator's fibers cost per thread, and a Metal
- * pipeline's maxTotalThreadsPerThreadgroup may be below 1024: unmeasured). */
+ * pipeline's maxTotalThreadsPerThreadgroup may be below 512: unmeasured). */
 #ifndef K_ATTN_TG
-#define K_ATTN_TG 1024
+#define K_ATTN_TG 512
 #endif
 
 

@@ -43,7 +43,9 @@
  * the runner's K_ATTN_TG): KPOS 1 / VAHEAD 8 / 1024 threads 354 / 303 tok/s,
  * attn_partials 29 / 89 us a launch; KPOS 2 / 8 / 256 311 / 216 (89 / 316
  * us); KPOS 2 / 8 / 1024 341-348 / 282-285; KPOS 1 / 8 / 512 354 / 296;
- * KPOS 1 / 16 / 1024 348 / 291; KPOS 4 with 256 threads 316 / 225-230. */
+ * KPOS 1 / 16 / 1024 348 / 291; KPOS 4 with 256 threads 316 / 225-230.
+ * Re-run 2026-12-01 with the head split and L2 look-ahead (docs/gpu.md §7):
+ * KPOS 1 / VAHEAD 8 kept; the runner's K_ATTN_TG went to 512. */
 #ifndef K_ATTN_KPOS
 #define K_ATTN_KPOS 1u
 #endif
