@@ -111,6 +111,10 @@ PLANTED = [
     # against the dense matvecs of the chosen experts
     ("PLANT_MOE_NEXT_EXPERT", "moe",
      r"ne=13 k=3 .* gate_up: h bit-identical to SwiGLU of the dense"),
+    # the grouped MoE GEMM reads the next expert's rows (in bounds): caught
+    # bit for bit against the per-pair kernels' rows and y
+    ("PLANT_MOE_GEMM_NEXT_EXPERT", "moe",
+     r"ne=13 k=3 .* grouped rows=40: gate/up GEMM \+ swiglu_quant = the per-pair"),
     # the Q4_64A matvec reads each byte's two codes swapped (odd codes from
     # the low nibble): caught by the CPU's dot and the exact value
     ("PLANT_Q4_64A_NIBBLE_SWAP", "q4_64a",

@@ -54,15 +54,17 @@ def binary(tmp_path_factory):
     return build(str(tmp_path_factory.mktemp("gpu-model")))
 
 
-def run_gpu(binary, tmp_path, model, tokens, n_greedy, prefill_chunk=None):
+def run_gpu(binary, tmp_path, model, tokens, n_greedy, prefill_chunk=None, env_extra=None):
     """prefill_chunk: the runner's prompt chunk (K_RUNNER_PREFILL_CHUNK; None:
-    its default, 256), so a prompt can cross chunk boundaries here."""
+    its default, 256), so a prompt can cross chunk boundaries here;
+    env_extra: more K_RUNNER_* settings."""
     toks = os.path.join(tmp_path, "tokens.i32")
     np.asarray(tokens, dtype=np.int32).tofile(toks)
     prefix = os.path.join(tmp_path, "out")
     env = dict(os.environ)
     if prefill_chunk:
         env["K_RUNNER_PREFILL_CHUNK"] = str(prefill_chunk)
+    env.update(env_extra or {})
     r = subprocess.run([binary, model, toks, prefix, str(n_greedy)], capture_output=True, text=True,
                        timeout=600, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -254,6 +256,19 @@ def test_golden_moe_q8_0(binary, tmp_path):
     ufp = np.fromfile(os.path.join(unfused, "out.prefill.f32"), dtype=np.float32)
     ufp = ufp.reshape(len(toks), -1)
     np.testing.assert_array_equal(ufp.view(np.uint32), pre.view(np.uint32))
+    check_grouped_moe(binary, tmp_path, MOE, toks, pre)
+
+
+def check_grouped_moe(binary, tmp_path, model, toks, pre):
+    """The prompt's MoE layers grouped by expert (gpu/kernels/moe_gemm.h,
+    which the runner takes for chunks of more than 16 rows; forced here from
+    2 rows): the same bits as the per-pair kernels, at two chunk sizes."""
+    for chunk in (None, 5):
+        d = os.path.join(str(tmp_path), f"grouped{chunk}")
+        os.makedirs(d)
+        g, _, _ = run_gpu(binary, d, model, toks, 0, prefill_chunk=chunk,
+                          env_extra={"K_RUNNER_MOE_GROUP_MIN": "2"})
+        np.testing.assert_array_equal(g.view(np.uint32), pre.view(np.uint32))
 
 
 def test_kquant_moe_model(binary, tmp_path):
@@ -279,6 +294,7 @@ def test_kquant_moe_model(binary, tmp_path):
     model = ds4py.load(path, n_threads=2)
     check_against_cpu(model, toks, pre)
     check_greedy(model, toks, greedy)
+    check_grouped_moe(binary, tmp_path, path, toks, pre)
 
 
 def test_planted_rollback_fault_turns_red(tmp_path):

@@ -695,6 +695,95 @@ static int moe_quant(k_runner *r, const float *x, int64_t x_stride, int64_t n, i
     return kr_launch(r, K_ID_quantize_q8_K, (blocks + 3) / 4, 1, 1, 128, b, 4, err);
 }
 
+/* Whether moe_grouped can serve n rows of this layer: the sort's capacity,
+ * and the Q8_0 GEMM's order (K_MATVEC_OCTETS_PER_ROW 4, gemm.h) when a
+ * matrix is Q8_0. */
+static int moe_grouped_ok(const k_runner *r, const dev_moe *M, int64_t n) {
+    const int64_t k = r->c.n_expert_used;
+    const int q8 = M->t_gate == K_TYPE_Q8_0 || M->t_up == K_TYPE_Q8_0 || M->t_down == K_TYPE_Q8_0 ||
+                   (M->n_ff_sh && (M->t_sgate == K_TYPE_Q8_0 || M->t_sup == K_TYPE_Q8_0 || M->t_sdown == K_TYPE_Q8_0));
+    const uint32_t up0 = M->u_base + M->u_row0 * K_MOE_ROW_BYTES(M->t_up, (uint32_t)r->c.n_embd);
+    const uint32_t dstride = (uint32_t)r->c.n_embd * K_MOE_ROW_BYTES(M->t_down, (uint32_t)r->c.n_ff_exp);
+    return r->moe_gu && n * k <= (int64_t)K_MOE_GROUP_MAX_PAIRS && (!q8 || K_MATVEC_OCTETS_PER_ROW == 4u) &&
+           (up0 | dstride) % 16u == 0; /* moe_gemm's byte offsets (the others moe_gate_up / moe_down need too) */
+}
+
+/* The routed MoE after moe_route for a prefill chunk, grouped by expert
+ * (gpu/kernels/moe_gemm.h): moe_group, moe_gemm over gate and up into [g |
+ * u] rows per pair, swiglu_quant into moe_down's quantized layout, moe_gemm
+ * over down, moe_combine into y. Every value is the per-pair path's
+ * (moe_gate_up, the quantizers, moe_down) bit for bit; each expert's
+ * weights are read once per tile of up to K_GEMM_TR of its pairs instead
+ * of once per pair. */
+static int moe_grouped(k_runner *r, const dev_moe *M, int64_t n, ds4_error *err) {
+    const ds4_model_config *c = &r->c;
+    const int64_t E = c->n_embd, ne = c->n_expert, k = c->n_expert_used, F = c->n_ff_exp, Fs = M->n_ff_sh;
+    const int64_t nf = F > Fs ? F : Fs, nk = n * k, pairs = nk + (Fs ? n : 0);
+    const uint32_t T = K_MOE_GROUP_TILES((uint32_t)n, (uint32_t)k, (uint32_t)ne, Fs ? 1u : 0u);
+    const uint32_t tile_rows = K_GEMM_NSG * K_GEMM_TOS;
+    int rc;
+    {
+        k_moe_group_params p = {K_TAG_OF(moe_group), (uint32_t)n, (uint32_t)k, (uint32_t)ne, Fs ? 1u : 0u, T};
+        k_binding b[] = {STATUS_BIND(moe_group), K_BIND(moe_group, p, &p, sizeof p),
+                         K_BIND(moe_group, sel, r->moe_sel, 4 * (size_t)nk),
+                         K_BIND(moe_group, order, r->moe_order, 4 * (size_t)pairs),
+                         K_BIND(moe_group, tiles, r->moe_tiles, 8 * (size_t)T)};
+        if ((rc = kr_launch(r, K_ID_moe_group, 1, 1, 1, K_MOE_GROUP_TG, b, 5, err))) return rc;
+    }
+    {
+        const uint32_t up0 = M->u_base + M->u_row0 * K_MOE_ROW_BYTES(M->t_up, (uint32_t)E);
+        k_moe_gemm_params p = {K_TAG_OF(moe_gemm), (uint32_t)n, (uint32_t)k, (uint32_t)ne, T, 0, (uint32_t)E,
+                               (uint32_t)E, (uint32_t)F, (uint32_t)Fs, M->t_gate, M->t_up, M->t_sgate, M->t_sup,
+                               0, M->g_estride, up0, M->u_estride, M->sg_base, M->su_base,
+                               (uint32_t)(2 * nf), (uint32_t)nf};
+        k_binding b[] = {STATUS_BIND(moe_gemm), K_BIND(moe_gemm, p, &p, sizeof p),
+                         K_BIND(moe_gemm, tiles, r->moe_tiles, 8 * (size_t)T),
+                         K_BIND(moe_gemm, order, r->moe_order, 4 * (size_t)pairs),
+                         K_BIND(moe_gemm, xq8, r->xq8, r->xq8_bytes), K_BIND(moe_gemm, xqk, r->xqk, r->xqk_bytes),
+                         K_BIND(moe_gemm, w, M->wgu, M->gu_bytes),
+                         K_BIND(moe_gemm, y, r->moe_gu, F4(pairs * 2 * nf))};
+        if ((rc = kr_launch(r, K_ID_moe_gemm, T, (uint32_t)((nf + tile_rows - 1) / tile_rows), 2, K_GEMM_TG, b, 8,
+                            err)))
+            return rc;
+    }
+    /* SiLU(g) * u quantized for the down types: the routed pairs' rows,
+     * then the shared rows after n k rows of the shared down's type */
+    for (int part = 0; part < (Fs ? 2 : 1); part++) {
+        const uint32_t td = part ? M->t_sdown : M->t_down, fl = td == K_TYPE_Q8_0 ? K_NQ_Q8_0 : K_NQ_Q8_K;
+        const int64_t nn = part ? Fs : F, rows = part ? n : nk;
+        const size_t qoff = part ? (size_t)nk * K_MOE_ACT_BYTES(td, (uint32_t)F) : 0;
+        k_swiglu_quant_params p = {K_TAG_OF(swiglu_quant), (uint32_t)nn, (uint32_t)rows, (uint32_t)(2 * nf),
+                                   (uint32_t)nf, fl};
+        k_binding b[] = {STATUS_BIND(swiglu_quant), K_BIND(swiglu_quant, p, &p, sizeof p),
+                         K_BIND(swiglu_quant, gu, r->moe_gu + (part ? nk * 2 * nf : 0), F4(rows * 2 * nf)),
+                         K_BIND(swiglu_quant, q8, r->moe_hq8 + (fl == K_NQ_Q8_0 ? qoff : 0),
+                                fl == K_NQ_Q8_0 ? r->moe_hq8_bytes - qoff : r->moe_hq8_bytes),
+                         K_BIND(swiglu_quant, qk, r->moe_hqk + (fl == K_NQ_Q8_K ? qoff : 0),
+                                fl == K_NQ_Q8_K ? r->moe_hqk_bytes - qoff : r->moe_hqk_bytes)};
+        if ((rc = kr_launch(r, K_ID_swiglu_quant, (K_SWIGLU_QUANT_UNITS(p) + 3) / 4, 1, 1, 128, b, 5, err))) return rc;
+    }
+    {
+        k_moe_gemm_params p = {K_TAG_OF(moe_gemm), (uint32_t)n, (uint32_t)k, (uint32_t)ne, T, 1, (uint32_t)F,
+                               (uint32_t)Fs, (uint32_t)E, Fs ? (uint32_t)E : 0u, M->t_down, M->t_down, M->t_sdown,
+                               M->t_sdown, 0, (uint32_t)E * K_MOE_ROW_BYTES(M->t_down, (uint32_t)F), 0, 0, M->sd_base,
+                               0, (uint32_t)E, 0};
+        k_binding b[] = {STATUS_BIND(moe_gemm), K_BIND(moe_gemm, p, &p, sizeof p),
+                         K_BIND(moe_gemm, tiles, r->moe_tiles, 8 * (size_t)T),
+                         K_BIND(moe_gemm, order, r->moe_order, 4 * (size_t)pairs),
+                         K_BIND(moe_gemm, xq8, r->moe_hq8, r->moe_hq8_bytes),
+                         K_BIND(moe_gemm, xqk, r->moe_hqk, r->moe_hqk_bytes), K_BIND(moe_gemm, w, M->wdn, M->dn_bytes),
+                         K_BIND(moe_gemm, y, r->moe_dn, F4(pairs * E))};
+        if ((rc = kr_launch(r, K_ID_moe_gemm, T, (uint32_t)((E + tile_rows - 1) / tile_rows), 1, K_GEMM_TG, b, 8, err)))
+            return rc;
+    }
+    k_moe_combine_params p = {K_TAG_OF(moe_combine), (uint32_t)n, (uint32_t)k, (uint32_t)E, Fs ? 1u : 0u,
+                              (uint32_t)E, (uint32_t)E};
+    k_binding b[] = {STATUS_BIND(moe_combine), K_BIND(moe_combine, p, &p, sizeof p),
+                     K_BIND(moe_combine, wt, r->moe_wt, F4(n * (k + 1))),
+                     K_BIND(moe_combine, dn, r->moe_dn, F4(pairs * E)), K_BIND(moe_combine, out, r->y, F4(n * E))};
+    return kr_launch(r, K_ID_moe_combine, (uint32_t)((E + 255) / 256), (uint32_t)n, 1, 256, b, 5, err);
+}
+
 /* moe.c ds4_ffn_moe on the device (gpu/kernels/moe.h): the router logits
  * (moe_logits, F32 x F32 over the float rows x), softmax + top-k +
  * renormalisation (moe_route), the chosen experts' gate/up + SwiGLU and the
@@ -708,6 +797,7 @@ int kr_moe_layer(k_runner *r, dev_layer *L, int64_t n, unsigned ready, ds4_error
     const dev_moe *M = &L->moe;
     const int64_t E = c->n_embd, ne = c->n_expert, k = c->n_expert_used, F = c->n_ff_exp, Fs = M->n_ff_sh;
     const int64_t nf = F > Fs ? F : Fs, pairs = n * k + (Fs ? n : 0);
+    const int grouped = n >= r->moe_group_min && moe_grouped_ok(r, M, n);
     int rc;
     if ((M->want & K_NQ_Q8_0) && !(ready & K_NQ_Q8_0) &&
         (rc = moe_quant(r, r->x, E, E, n, K_TYPE_Q8_0, r->xq8, r->xq8_bytes, err)))
@@ -736,6 +826,7 @@ int kr_moe_layer(k_runner *r, dev_layer *L, int64_t n, unsigned ready, ds4_error
                          K_BIND(moe_route, wt, r->moe_wt, F4(n * (k + 1)))};
         if ((rc = kr_launch(r, K_ID_moe_route, (uint32_t)((n + 3) / 4), 1, 1, 128, b, 5, err))) return rc;
     }
+    if (grouped) return moe_grouped(r, M, n, err); /* prefill chunks */
     {
         k_moe_gate_up_params p = {K_TAG_OF(moe_gate_up), (uint32_t)E, (uint32_t)F, (uint32_t)Fs, (uint32_t)k,
                                   (uint32_t)n, (uint32_t)ne, M->t_gate, M->t_up, M->t_sgate, M->t_sup,
@@ -890,6 +981,13 @@ static int open_moe_scratch(k_runner *r, ds4_error *err) {
         !(r->moe_sel = kr_dalloc(r, 4 * (size_t)(ROWS * k), err)) ||
         !(r->moe_h = kr_dalloc(r, F4(ROWS * (k + 1) * nf), err)) || !(r->moe_hq8 = kr_dalloc(r, r->moe_hq8_bytes, err)) ||
         !(r->moe_hqk = kr_dalloc(r, r->moe_hqk_bytes, err)))
+        return err->code;
+    /* the grouped path's (moe_grouped): [g | u] and down rows per pair, the sort */
+    if (ROWS * k <= (int64_t)K_MOE_GROUP_MAX_PAIRS &&
+        (!(r->moe_gu = kr_dalloc(r, F4(ROWS * (k + 1) * 2 * nf), err)) ||
+         !(r->moe_dn = kr_dalloc(r, F4(ROWS * (k + 1) * c->n_embd), err)) ||
+         !(r->moe_order = kr_dalloc(r, 4 * (size_t)(ROWS * (k + 1)), err)) ||
+         !(r->moe_tiles = kr_dalloc(r, 8 * (size_t)K_MOE_GROUP_TILES(ROWS, (uint32_t)k, (uint32_t)ne, 1u), err))))
         return err->code;
     return 0;
 }
@@ -1123,6 +1221,12 @@ int k_runner_open(k_gpu_model *g, int64_t n_ctx, k_runner **out, ds4_error *err)
         const char *ms = getenv("K_RUNNER_MOE_SPLIT");
         const long msv = ms ? strtol(ms, NULL, 10) : 0;
         r->moe_split = msv >= 1 && msv <= 32 ? (uint32_t)msv : K_MOE_LOGITS_SPLIT;
+        /* K_RUNNER_MOE_GROUP=0: every MoE chunk per pair (moe_gate_up / moe_down);
+         * K_RUNNER_MOE_GROUP_MIN=N: chunks of N rows or more grouped (default:
+         * the prefill GEMM's, wider than K_MATVEC_MAX_ROWS). The same bits. */
+        const char *mg = getenv("K_RUNNER_MOE_GROUP"), *mgm = getenv("K_RUNNER_MOE_GROUP_MIN");
+        const long mgmv = mgm ? strtol(mgm, NULL, 10) : 0;
+        r->moe_group_min = mg && !strcmp(mg, "0") ? INT64_MAX : mgmv >= 1 ? mgmv : K_MATVEC_MAX_ROWS + 1;
         const char *pc = getenv("K_RUNNER_PREFILL_CHUNK");
         const long pcv = pc ? strtol(pc, NULL, 10) : 0;
         r->prefill_chunk = pcv >= 1 && pcv <= ROWS ? pcv : ROWS;

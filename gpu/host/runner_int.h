@@ -143,6 +143,8 @@ struct k_runner {
     int fuse;               /* fused glue kernels (fused.h); K_RUNNER_FUSE=0: the unfused sequence */
     int gemm;               /* prefill GEMM for chunks > 16 rows: 2 gemm_mma.h, 1 gemm.h, 0 (K_RUNNER_GEMM=0) matvecs */
     uint32_t moe_split;     /* SIMD-groups per router row (moe_logits); K_RUNNER_MOE_SPLIT overrides */
+    int64_t moe_group_min;  /* MoE chunks of at least this many rows run grouped by expert (moe_gemm.h);
+                             * K_RUNNER_MOE_GROUP_MIN overrides, K_RUNNER_MOE_GROUP=0 never */
     uint32_t gdn_split;     /* gdn_seq threadgroups per value head (long runs); K_RUNNER_GDN_SPLIT overrides */
     int64_t prefill_chunk;  /* rows per chunk when only the last row's outputs are wanted (<= ROWS) */
     uint32_t attn_tg;       /* attn_partials threads: K_ATTN_TG on CUDA, else 256 */
@@ -165,6 +167,8 @@ struct k_runner {
     float *moe_logits, *moe_wt, *moe_h;
     uint32_t *moe_sel;
     uint8_t *moe_hq8, *moe_hqk;
+    float *moe_gu, *moe_dn;         /* grouped path: [g | u] rows and down rows per pair */
+    uint32_t *moe_order, *moe_tiles; /* grouped path: moe_group's output */
     size_t moe_hq8_bytes, moe_hqk_bytes;
     /* the nextn head (runner_head.c); nothing runs for it while prime is 0 */
     const struct dev_head *nh; /* NULL: the model has no head */

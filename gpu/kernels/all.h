@@ -14,6 +14,7 @@
 #include "fused.h"
 #include "moe.h"
 #include "gemm.h"
+#include "moe_gemm.h"
 #include "quant_q4_64a.h"
 /* int8 tensor-core GEMMs: CUDA and the emulator (K_HAS_MMA); the Metal
  * amalgamation leaves the file out (gpu/tools/amalgamate.py) */

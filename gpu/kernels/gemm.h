@@ -43,21 +43,33 @@ typedef char k_gemm_tile_fits[K_GEMM_TR * 32 * 12 * 4 <= K_GEMM_TILE_MAX_BYTES &
                                   ? 1
                                   : -1];
 
-/* The common preconditions of both kernels; every thread takes the same
- * branch. The Q8_0 order above is K_MATVEC_OCTETS_PER_ROW = 4's. */
-#define K_GEMM_SHAPE_OK(p, blk)                                                                    \
-    ((p).n_in % (blk) == 0u && (p).n_rows > 0u && K_TG_SIZE == K_GEMM_TG &&                        \
-     K_NGX * K_GEMM_TR >= (p).n_rows && K_NGY * K_GEMM_NSG * K_GEMM_TOS >= (p).n_out)
+/* Which rows a tile serves. Tile row r < n is row P = order[start + r]
+ * (grouped: the routed MoE's pairs of one expert, moe.h) or start + r;
+ * its activation row starts at byte (P < split ? (P / div) rb0 : base1 +
+ * (P - split) rb1) of xq, and its outputs at float ybase + P ystride of
+ * y. The dense GEMMs: start = the tile's first row, split past every row,
+ * div 1, rb0 = one activation row's bytes. Plain 4-byte fields: Metal
+ * passes it by value like any struct. */
+typedef struct {
+    k_u32 start, n, grouped, split, div, rb0, base1, rb1, ystride, ybase;
+} k_gemm_map;
+K_FN k_u32 k_gemm_row(K_DEV_IN k_u32 *order, k_gemm_map m, k_u32 r) {
+    return m.grouped ? K_LD(order, m.start + r) : m.start + r;
+}
+K_FN k_u32 k_gemm_act(k_gemm_map m, k_u32 P) {
+    return P < m.split ? (m.div == 1u ? P : P / m.div) * m.rb0 : m.base1 + (P - m.split) * m.rb1;
+}
 
-K_KERNEL_BOUNDED(gemm_q8_0, K_GEMM_TG, 1) {
-    K_CHECK_TAG(gemm_q8_0);
-    if (!K_GEMM_SHAPE_OK(p, 32u) || K_MATVEC_OCTETS_PER_ROW != 4u) {
-        k_raise(status, K_ERR_SHAPE);
-        return;
-    }
-    K_TG_ARRAY(k_u32x4, xt, K_GEMM_TR * 32 * 3);
-    const k_u32 nb = p.n_in / 32u, nr = p.n_rows, lane = K_LANE;
-    const k_u32 r0 = K_GX * K_GEMM_TR, o0 = (K_GY * K_GEMM_NSG + K_SIMD) * K_GEMM_TOS;
+/* One threadgroup's tile of the Q8_0 GEMM: weight rows [o0, o0 +
+ * K_GEMM_TOS) of this SIMD-group of the matrix at byte wbase of w (rows
+ * of n_in / 32 blocks), against the tile's m.n activation rows. xt: the
+ * threadgroup's staging array (K_GEMM_TR * 32 * 3 words); tid / lane:
+ * K_TID / K_LANE (helpers may not read them, common.h). Every thread of
+ * the threadgroup calls it (it has barriers). */
+K_FN void k_gemm_q8_0_tile(K_DEV_IN k_u8 *w, k_u32 wbase, k_u32 n_in, k_u32 n_out, k_u32 o0, K_DEV_IN k_u8 *xq,
+                           K_DEV_IN k_u32 *order, k_gemm_map m, K_DEV float *y, K_TGM k_u32x4 *xt, k_u32 tid,
+                           k_u32 lane) {
+    const k_u32 nb = n_in / 32u;
     /* lane 8 j + t owns the blocks ib = 4 t + j (mod 32) */
     const k_u32 slot = 4u * (lane & 7u) + (lane >> 3);
     K_DEV_IN k_u16 *w16 = (K_DEV_IN k_u16 *)w;
@@ -66,11 +78,11 @@ K_KERNEL_BOUNDED(gemm_q8_0, K_GEMM_TG, 1) {
     K_UNROLL for (k_u32 i = 0; i < K_GEMM_TOS; i++)
         K_UNROLL for (k_u32 r = 0; r < K_GEMM_TR; r++) acc[i][r] = 0.0f;
     for (k_u32 base = 0; base < nb; base += 32u) {
-        /* stage: entry (r, L) = activation row r0 + r's block base + slot(L) */
-        for (k_u32 e = K_TID; e < K_GEMM_TR * 32u; e += K_GEMM_TG) {
+        /* stage: entry (r, L) = tile row r's activation block base + slot(L) */
+        for (k_u32 e = tid; e < K_GEMM_TR * 32u; e += K_GEMM_TG) {
             const k_u32 r = e / 32u, L = e % 32u, ib = base + 4u * (L & 7u) + (L >> 3);
-            if (r0 + r >= nr || ib >= nb) continue; /* never read */
-            const k_u32 xo = ((r0 + r) * nb + ib) * 34u;
+            if (r >= m.n || ib >= nb) continue; /* never read */
+            const k_u32 xo = k_gemm_act(m, k_gemm_row(order, m, r)) + ib * 34u;
             k_u32x4 a, b, c;
             a.x = k_ld_w2(x16, xo + 2u), a.y = k_ld_w2(x16, xo + 6u), a.z = k_ld_w2(x16, xo + 10u),
             a.w = k_ld_w2(x16, xo + 14u);
@@ -89,16 +101,16 @@ K_KERNEL_BOUNDED(gemm_q8_0, K_GEMM_TG, 1) {
             K_UNROLL for (k_u32 i = 0; i < K_GEMM_TOS; i++) {
 #ifdef PLANT_GEMM_OFF_BY_ONE_ROW
                 /* planted fault (tests must turn red): the next row's weights, in bounds */
-                const k_u32 o = o0 + i + 1u < p.n_out ? o0 + i + 1u : p.n_out - 1u;
+                const k_u32 o = o0 + i + 1u < n_out ? o0 + i + 1u : n_out - 1u;
 #else
-                const k_u32 o = o0 + i < p.n_out ? o0 + i : p.n_out - 1u;
+                const k_u32 o = o0 + i < n_out ? o0 + i : n_out - 1u;
 #endif
-                const k_u32 wo = (o * nb + ib) * 34u;
+                const k_u32 wo = wbase + (o * nb + ib) * 34u;
                 K_UNROLL for (k_u32 q = 0; q < 8u; q++) wq[i][q] = k_ld_w2(w16, wo + 2u + 4u * q);
                 dw[i] = k_h2f((k_u16)k_ld_u16_at(w16, wo));
             }
             K_UNROLL for (k_u32 r = 0; r < K_GEMM_TR; r++) {
-                if (r0 + r >= nr) continue;
+                if (r >= m.n) continue;
                 const k_u32 e = 3u * (r * 32u + lane);
                 const k_u32x4 a = K_LD(xt, e), b = K_LD(xt, e + 1u), c = K_LD(xt, e + 2u);
                 const k_u32 xw[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
@@ -114,22 +126,18 @@ K_KERNEL_BOUNDED(gemm_q8_0, K_GEMM_TG, 1) {
     }
     K_UNROLL for (k_u32 i = 0; i < K_GEMM_TOS; i++)
         K_UNROLL for (k_u32 r = 0; r < K_GEMM_TR; r++) {
-            if (r0 + r >= nr) continue; /* uniform: the same r for the whole SIMD-group */
+            if (r >= m.n) continue; /* uniform: the same r for the whole SIMD-group */
             const float s = k_matvec_row_sum(acc[i][r]);
-            if (lane == 0u && o0 + i < p.n_out) K_ST(y, (r0 + r) * p.y_stride + o0 + i, s);
+            if (lane == 0u && o0 + i < n_out) K_ST(y, m.ybase + k_gemm_row(order, m, r) * m.ystride + o0 + i, s);
         }
 }
 
-K_KERNEL_BOUNDED(gemm_kq, K_GEMM_TG, 1) {
-    K_CHECK_TAG(gemm_kq);
-    const k_u32 type = p.wtype, bs = K_KQ_BLOCK_BYTES(type);
-    if (!K_GEMM_SHAPE_OK(p, 256u) || bs == 0u) {
-        k_raise(status, K_ERR_SHAPE);
-        return;
-    }
-    K_TG_ARRAY(k_u32x4, xt, K_GEMM_TR * 32 * 3);
-    const k_u32 nb = p.n_in / 256u, nr = p.n_rows, lane = K_LANE, q6 = type == K_TYPE_Q6_K;
-    const k_u32 r0 = K_GX * K_GEMM_TR, o0 = (K_GY * K_GEMM_NSG + K_SIMD) * K_GEMM_TOS;
+/* The same for the K-quants (Q4_K / Q5_K / Q6_K weights of `type`, Q8_K
+ * activation rows); wbase a multiple of 16 for Q4_K / Q5_K. */
+K_FN void k_gemm_kq_tile(K_DEV_IN k_u8 *w, k_u32 wbase, k_u32 type, k_u32 n_in, k_u32 n_out, k_u32 o0,
+                         K_DEV_IN k_u8 *xq, K_DEV_IN k_u32 *order, k_gemm_map m, K_DEV float *y, K_TGM k_u32x4 *xt,
+                         k_u32 tid, k_u32 lane) {
+    const k_u32 bs = K_KQ_BLOCK_BYTES(type), nb = n_in / 256u, q6 = type == K_TYPE_Q6_K;
     /* lane 8 P + t: share t of the super-blocks ib = P (mod 4) */
     const k_u32 P = lane >> 3, t = lane & 7u;
     K_DEV_IN k_u32x4 *w4 = (K_DEV_IN k_u32x4 *)w;
@@ -141,10 +149,10 @@ K_KERNEL_BOUNDED(gemm_kq, K_GEMM_TG, 1) {
     for (k_u32 base = 0; base < nb; base += 4u) {
         /* stage: entry (r, L) = the Q8_K words lane L's share of super-block
          * base + P meets (quant_kq.h's xw[], in its order), d_x, bsums */
-        for (k_u32 e = K_TID; e < K_GEMM_TR * 32u; e += K_GEMM_TG) {
+        for (k_u32 e = tid; e < K_GEMM_TR * 32u; e += K_GEMM_TG) {
             const k_u32 r = e / 32u, L = e % 32u, ib = base + (L >> 3), tl = L & 7u;
-            if (r0 + r >= nr || ib >= nb) continue; /* never read */
-            const k_u32 xb = ((r0 + r) * nb + ib) * 73u;
+            if (r >= m.n || ib >= nb) continue; /* never read */
+            const k_u32 xb = k_gemm_act(m, k_gemm_row(order, m, r)) / 4u + ib * 73u;
             const k_u32 xlo = 1u + (q6 ? 32u * (tl >> 2) + 2u * (tl & 3u) : 16u * (tl >> 1) + 4u * (tl & 1u));
             k_u32 v[8];
             if (q6) { /* two branches: register indices stay constants */
@@ -175,15 +183,16 @@ K_KERNEL_BOUNDED(gemm_kq, K_GEMM_TG, 1) {
             k_kq_lane Lw[K_GEMM_TOS];
             K_UNROLL for (k_u32 i = 0; i < K_GEMM_TOS; i++) {
 #ifdef PLANT_GEMM_OFF_BY_ONE_ROW
-                const k_u32 o = o0 + i + 1u < p.n_out ? o0 + i + 1u : p.n_out - 1u;
+                const k_u32 o = o0 + i + 1u < n_out ? o0 + i + 1u : n_out - 1u;
 #else
-                const k_u32 o = o0 + i < p.n_out ? o0 + i : p.n_out - 1u;
+                const k_u32 o = o0 + i < n_out ? o0 + i : n_out - 1u;
 #endif
                 const k_u32 blk = o * nb + ib;
-                Lw[i] = q6 ? k_kq6_load(w16, blk * 210u, t) : k_kq45_load(w4, blk * (bs / 16u), type, t);
+                Lw[i] = q6 ? k_kq6_load(w16, wbase + blk * 210u, t)
+                           : k_kq45_load(w4, wbase / 16u + blk * (bs / 16u), type, t);
             }
             K_UNROLL for (k_u32 r = 0; r < K_GEMM_TR; r++) {
-                if (r0 + r >= nr) continue;
+                if (r >= m.n) continue;
                 const k_u32 e = 3u * (r * 32u + lane);
                 const k_u32x4 a = K_LD(xt, e), b = K_LD(xt, e + 1u), c = K_LD(xt, e + 2u);
                 const k_u32 xw[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
@@ -204,12 +213,53 @@ K_KERNEL_BOUNDED(gemm_kq, K_GEMM_TG, 1) {
     }
     K_UNROLL for (k_u32 i = 0; i < K_GEMM_TOS; i++)
         K_UNROLL for (k_u32 r = 0; r < K_GEMM_TR; r++) {
-            if (r0 + r >= nr) continue;
+            if (r >= m.n) continue;
             /* ((S0 + S1) + (S2 + S3)), S_P the octet sums: matvec_kq1's combine
              * (whatever K_MATVEC_ROWS_PER_SIMD, which is Q8_0's) */
             float s = k_octet_sum(acc[i][r]);
             s = s + k_shfl_xor(s, 8u);
             s = s + k_shfl_xor(s, 16u);
-            if (lane == 0u && o0 + i < p.n_out) K_ST(y, (r0 + r) * p.y_stride + o0 + i, s);
+            if (lane == 0u && o0 + i < n_out) K_ST(y, m.ybase + k_gemm_row(order, m, r) * m.ystride + o0 + i, s);
         }
+}
+
+/* The dense GEMMs' tile map: rows [K_GX K_GEMM_TR, + K_GEMM_TR) of n_rows. */
+K_FN k_gemm_map k_gemm_dense_map(k_u32 gx, k_u32 n_rows, k_u32 row_bytes, k_u32 y_stride) {
+    k_gemm_map m;
+    const k_u32 r0 = gx * K_GEMM_TR;
+    m.start = r0, m.n = n_rows - r0 < K_GEMM_TR ? n_rows - r0 : K_GEMM_TR, m.grouped = 0u, m.split = 0xffffffffu;
+    m.div = 1u, m.rb0 = row_bytes, m.base1 = 0u, m.rb1 = 0u, m.ystride = y_stride, m.ybase = 0u;
+    return m;
+}
+
+/* The common preconditions of both kernels; every thread takes the same
+ * branch. The Q8_0 order above is K_MATVEC_OCTETS_PER_ROW = 4's. */
+#define K_GEMM_SHAPE_OK(p, blk)                                                                    \
+    ((p).n_in % (blk) == 0u && (p).n_rows > 0u && K_TG_SIZE == K_GEMM_TG &&                        \
+     K_NGX * K_GEMM_TR >= (p).n_rows && K_NGY * K_GEMM_NSG * K_GEMM_TOS >= (p).n_out)
+
+K_KERNEL_BOUNDED(gemm_q8_0, K_GEMM_TG, 1) {
+    K_CHECK_TAG(gemm_q8_0);
+    if (!K_GEMM_SHAPE_OK(p, 32u) || K_MATVEC_OCTETS_PER_ROW != 4u) {
+        k_raise(status, K_ERR_SHAPE);
+        return;
+    }
+    K_TG_ARRAY(k_u32x4, xt, K_GEMM_TR * 32 * 3);
+    if (K_GX * K_GEMM_TR >= p.n_rows) return; /* a whole threadgroup (a grid wider than the rows) */
+    const k_gemm_map m = k_gemm_dense_map(K_GX, p.n_rows, p.n_in / 32u * 34u, p.y_stride);
+    k_gemm_q8_0_tile(w, 0u, p.n_in, p.n_out, (K_GY * K_GEMM_NSG + K_SIMD) * K_GEMM_TOS, xq, (K_DEV_IN k_u32 *)y, m, y,
+                     xt, K_TID, K_LANE);
+}
+
+K_KERNEL_BOUNDED(gemm_kq, K_GEMM_TG, 1) {
+    K_CHECK_TAG(gemm_kq);
+    if (!K_GEMM_SHAPE_OK(p, 256u) || K_KQ_BLOCK_BYTES(p.wtype) == 0u) {
+        k_raise(status, K_ERR_SHAPE);
+        return;
+    }
+    K_TG_ARRAY(k_u32x4, xt, K_GEMM_TR * 32 * 3);
+    if (K_GX * K_GEMM_TR >= p.n_rows) return; /* a whole threadgroup */
+    const k_gemm_map m = k_gemm_dense_map(K_GX, p.n_rows, p.n_in / 256u * 292u, p.y_stride);
+    k_gemm_kq_tile(w, 0u, p.wtype, p.n_in, p.n_out, (K_GY * K_GEMM_NSG + K_SIMD) * K_GEMM_TOS, xq, (K_DEV_IN k_u32 *)y,
+                   m, y, xt, K_TID, K_LANE);
 }

@@ -83,7 +83,10 @@ typedef uchar k_u8;
     X(35, matvec_q4_64a1) \
     X(36, matvec_q4_64a4) \
     X(37, matvec_q4_64a) \
-    X(38, gdn_norm)
+    X(38, gdn_norm)      \
+    X(39, moe_group)     \
+    X(40, moe_gemm)      \
+    X(41, moe_combine)
 
 /* The int8 tensor-core GEMMs (gemm_mma.h) exist on CUDA and under the
  * emulator only: Metal has no int8 simdgroup matrix, so neither its kernel
@@ -833,6 +836,118 @@ typedef k_matvec_q4_64a_params k_matvec_q4_64a4_params;
 #define K_MATVEC_Q4_64A_RPS(n_rows) ((n_rows) <= 1 ? K_Q4A1_RPS : (n_rows) <= 4 ? K_Q4A4_RPS : K_Q4A16_RPS)
 #define K_MATVEC_Q4_64A_GROUPS(n_rows, n_out, nsg) \
     (((n_out) + K_MATVEC_Q4_64A_RPS(n_rows) * (nsg) - 1) / (K_MATVEC_Q4_64A_RPS(n_rows) * (nsg)))
+
+/* ----------------------------------------- grouped MoE (moe_gemm.h) -- */
+/* Prefill's routed MoE with the rows grouped by expert, so an expert's
+ * weights are read once per tile of K_GEMM_TR pairs instead of once per
+ * pair (gpu/kernels/moe_gemm.h): moe_group sorts the pairs, moe_gemm runs
+ * the prefill GEMM's tiles on them (gate and up, then down), moe_combine
+ * adds the down rows as moe_down does. Every value is the per-pair
+ * kernels' (moe_gate_up / moe_down) bit for bit. */
+#define K_MOE_GROUP_MAX_PAIRS 4096u /* routed pairs (n_rows k) moe_group sorts at once */
+#define K_MOE_TILE_EMPTY 0xffffffffu
+#define K_MOE_GROUP_TG 256u /* the runner's moe_group threadgroup: experts counted in parallel (any size works) */
+/* tiles moe_group may write: sum over experts of ceil(count / TR) <=
+ * ceil(n k / TR) + (experts with a pair), plus the shared expert's */
+#define K_MOE_GROUP_TILES(n_rows, k, n_expert, shared)                                                  \
+    (((n_rows) * (k) + K_GEMM_TR - 1) / K_GEMM_TR +                                                 \
+     ((n_expert) < (n_rows) * (k) ? (n_expert) : (n_rows) * (k)) + ((shared) ? ((n_rows) + K_GEMM_TR - 1) / K_GEMM_TR : 0))
+
+/* One threadgroup: the n_rows k routed pairs P = t k + s (expert sel[P])
+ * and, with `shared`, the shared expert's pairs n_rows k + t (as expert
+ * n_expert), grouped by expert in ascending expert order, each expert's
+ * pairs in ascending P: order[] (every pair once). tiles[2 i], tiles[2 i +
+ * 1] for i < n_tiles: the expert, then start | count << 16 (order[start ..
+ * start + count), count <= K_GEMM_TR); the tiles past the last written
+ * K_MOE_TILE_EMPTY. An expert id >= n_expert raises K_ERR_SHAPE. */
+typedef struct {
+    k_u32 tag;
+    k_u32 n_rows;
+    k_u32 k;
+    k_u32 n_expert; /* 1..K_MOE_MAX_EXPERTS */
+    k_u32 shared;   /* 1: the shared expert's pairs too */
+    k_u32 n_tiles;  /* K_MOE_GROUP_TILES(n_rows, k, n_expert, shared) */
+} k_moe_group_params;
+#define K_ARGS_moe_group(X, K)                                            \
+    X(K, 0, status, k_u32, K_STATUS, 2)                                   \
+    X(K, 1, p, k_moe_group_params, K_PARAMS, 1)                           \
+    X(K, 2, sel, k_u32, K_IN, p.n_rows * p.k)                             \
+    X(K, 3, order, k_u32, K_OUT, p.n_rows * p.k + (p.shared ? p.n_rows : 0)) \
+    X(K, 4, tiles, k_u32, K_OUT, 2 * p.n_tiles)
+
+/* y[P][z y_zoff + o] = row o of matrix z of pair P's expert . P's
+ * activation row, for the tiles of moe_group (grid x: n_tiles, y: weight
+ * tiles of K_GEMM_NSG K_GEMM_TOS rows, z: the matrices, 1 or 2), in
+ * threadgroups of K_GEMM_TG threads. Matrix z of expert e at byte base_z +
+ * e estride_z of w (n_out rows of n_in), the shared expert's (tile expert
+ * n_expert) at sbase_z (n_out_sh rows of n_in_sh); types t_z / ts_z.
+ * Activations: down = 0 (gate / up): token row P / k (shared: P - n_rows
+ * k) of xq8 / xqk, rows of n_in; down = 1: the pair's own quantized SwiGLU
+ * row in moe_down's layout (pair P at P act_bytes(n_in); the shared row of
+ * t at n_rows k act_bytes(type, n_in) + t act_bytes(type, n_in_sh)). */
+typedef struct {
+    k_u32 tag;
+    k_u32 n_rows, k, n_expert;
+    k_u32 n_tiles;
+    k_u32 down;
+    k_u32 n_in, n_in_sh;   /* routed / shared inputs per row */
+    k_u32 n_out, n_out_sh; /* routed / shared matrix rows (0: no shared expert) */
+    k_u32 t0, t1, ts0, ts1; /* ggml types of matrices z = 0, 1 (routed, shared) */
+    k_u32 base0, estride0, base1, estride1, sbase0, sbase1; /* bytes */
+    k_u32 y_stride, y_zoff; /* floats */
+} k_moe_gemm_params;
+#define K_MOE_GEMM_PAIRS(p) ((p).n_rows * (p).k + ((p).n_out_sh ? (p).n_rows : 0u))
+#define K_MOE_GEMM_TYPES_Q8_0(p) (K_MOE_IS_Q8_0((p).t0) | K_MOE_IS_Q8_0((p).t1) | \
+                                  ((p).n_out_sh ? K_MOE_IS_Q8_0((p).ts0) | K_MOE_IS_Q8_0((p).ts1) : 0u))
+#define K_MOE_GEMM_TYPES_Q8_K(p) ((1u - K_MOE_IS_Q8_0((p).t0)) | (1u - K_MOE_IS_Q8_0((p).t1)) | \
+                                  ((p).n_out_sh ? (1u - K_MOE_IS_Q8_0((p).ts0)) | (1u - K_MOE_IS_Q8_0((p).ts1)) : 0u))
+/* activation bytes of activation type q8 (1: Q8_0, 0: Q8_K): down, moe_down's
+ * layout (K_MOE_HQ_NEED with t_down = t0, t_sdown = ts0); else token rows */
+#define K_MOE_GEMM_SH(p) ((p).n_out_sh != 0u)
+#define K_MOE_GEMM_HQ(p, q80)                                                                                   \
+    ((K_MOE_IS_Q8_0((p).t0) == (q80) || (K_MOE_GEMM_SH(p) && K_MOE_IS_Q8_0((p).ts0) == (q80)))                 \
+         ? (p).n_rows * (p).k * K_MOE_ACT_BYTES((q80) ? K_TYPE_Q8_0 : K_TYPE_Q4_K, (p).n_in) +                   \
+               (K_MOE_GEMM_SH(p) && K_MOE_IS_Q8_0((p).ts0) == (q80)                                             \
+                    ? (p).n_rows * K_MOE_ACT_BYTES((q80) ? K_TYPE_Q8_0 : K_TYPE_Q4_K, (p).n_in_sh) : 0u)         \
+         : 1u)
+#define K_MOE_GEMM_X(p, q8)                                                                                    \
+    ((p).down ? K_MOE_GEMM_HQ(p, q8)                                                                           \
+              : ((q8) ? K_MOE_GEMM_TYPES_Q8_0(p) : K_MOE_GEMM_TYPES_Q8_K(p))                                   \
+                    ? (p).n_rows * K_MOE_ACT_BYTES((q8) ? K_TYPE_Q8_0 : K_TYPE_Q4_K, (p).n_in) : 1u)
+#define K_MOE_GEMM_END(base, es, ne, rows, t, n) ((base) + ((ne) - 1u) * (es) + (rows) * K_MOE_ROW_BYTES((t), (n)))
+#define K_MOE_GEMM_W(p)                                                                                         \
+    K_MOE_MAX2(K_MOE_MAX2(K_MOE_GEMM_END((p).base0, (p).estride0, (p).n_expert, (p).n_out, (p).t0, (p).n_in),   \
+                          (p).down ? 0u : K_MOE_GEMM_END((p).base1, (p).estride1, (p).n_expert, (p).n_out, (p).t1, (p).n_in)), \
+               (p).n_out_sh ? K_MOE_MAX2((p).sbase0 + (p).n_out_sh * K_MOE_ROW_BYTES((p).ts0, (p).n_in_sh),      \
+                                         (p).down ? 0u : (p).sbase1 + (p).n_out_sh * K_MOE_ROW_BYTES((p).ts1, (p).n_in_sh)) \
+                            : 0u)
+#define K_ARGS_moe_gemm(X, K)                                             \
+    X(K, 0, status, k_u32, K_STATUS, 2)                                   \
+    X(K, 1, p, k_moe_gemm_params, K_PARAMS, 1)                            \
+    X(K, 2, tiles, k_u32, K_IN, 2 * p.n_tiles)                            \
+    X(K, 3, order, k_u32, K_IN, K_MOE_GEMM_PAIRS(p))                      \
+    X(K, 4, xq8, k_u8, K_IN, K_MOE_GEMM_X(p, 1u))                         \
+    X(K, 5, xqk, k_u8, K_IN, K_MOE_GEMM_X(p, 0u))                         \
+    X(K, 6, w, k_u8, K_IN, K_MOE_GEMM_W(p))                               \
+    X(K, 7, y, float, K_OUT, K_MOE_GEMM_PAIRS(p) * p.y_stride)
+
+/* out[t][o] = moe_down's combine of the down rows dn: y = dn[t k][o] wt[t][0],
+ * y = y + dn[t k + s][o] wt[t][s] for s = 1..k-1, then (shared) y = y +
+ * wt[t][k] dn[n_rows k + t][o]. One thread per (o, t): grid x >= n_out / threads, y
+ * = n_rows. */
+typedef struct {
+    k_u32 tag;
+    k_u32 n_rows, k, n_out;
+    k_u32 shared;   /* 1: dn holds the shared expert's rows after the routed ones */
+    k_u32 d_stride; /* floats between pair rows of dn */
+    k_u32 y_stride; /* floats between rows of out */
+} k_moe_combine_params;
+#define K_ARGS_moe_combine(X, K)                                          \
+    X(K, 0, status, k_u32, K_STATUS, 2)                                   \
+    X(K, 1, p, k_moe_combine_params, K_PARAMS, 1)                         \
+    X(K, 2, wt, float, K_IN, p.n_rows * (p.k + 1))                        \
+    X(K, 3, dn, float, K_IN, (p.n_rows * p.k + (p.shared ? p.n_rows : 0u) - 1) * p.d_stride + p.n_out) \
+    X(K, 4, out, float, K_OUT, (p.n_rows - 1) * p.y_stride + p.n_out)
 
 /* ---------------------------------------------------- derived names -- */
 /* K_ID_<kernel>, K_TAG_OF(kernel), K_ARG_<kernel>_<name> (the slot of an

@@ -79,6 +79,13 @@ static void moe_quant(int t, const float *x, uint32_t rows, uint32_t n, uint32_t
  * `width` activation rows: y[r][o], stride n_out. */
 static int moe_dense(int t, const uint8_t *w, uint32_t n_in, uint32_t n_out, const uint8_t *xq, uint32_t width,
                      float *y) {
+    if (width > K_MATVEC_MAX_ROWS) { /* the matvecs take 16 rows a launch */
+        for (uint32_t r0 = 0; r0 < width; r0 += K_MATVEC_MAX_ROWS) {
+            const uint32_t nr = width - r0 < K_MATVEC_MAX_ROWS ? width - r0 : K_MATVEC_MAX_ROWS;
+            if (moe_dense(t, w, n_in, n_out, xq + r0 * moe_actb(t, n_in), nr, y + (size_t)r0 * n_out)) return -1;
+        }
+        return 0;
+    }
     if (t == DS4_TYPE_Q8_0) {
         k_matvec_q8_0_params p = {K_TAG_OF(matvec_q8_0), n_in, n_out, width, n_out};
         k_binding b[] = {K_BIND(matvec_q8_0, status, status, 8), K_BIND(matvec_q8_0, p, &p, sizeof p),
@@ -391,6 +398,120 @@ static void moe_check_case(const moe_layer_t *L, const moe_out *o, uint32_t n, c
     free(G), free(Uu), free(D), free(y), free(acc), free(tol), free(rowsq);
 }
 
+/* The grouped path (moe_gemm.h) over the rows of `o` (a moe_run of rows
+ * [row0, row0 + n)), from o's routing: moe_group, moe_gemm (gate and up),
+ * swiglu_quant, moe_gemm (down), moe_combine. Checks moe_group's order and
+ * tiles, then y and the quantized SwiGLU rows bit-identical to o's. */
+static void moe_check_grouped(const moe_layer_t *L, uint32_t row0, uint32_t n, const moe_out *o, const char *name,
+                              int schedule) {
+    const moe_case *c = L->c;
+    const uint32_t ne = c->ne, k = c->k, E = c->n_in, nf = c->n_ff > c->n_ff_sh ? c->n_ff : c->n_ff_sh;
+    const uint32_t nk = n * k, P = moe_pairs(c, n), sh = c->n_ff_sh != 0;
+    const uint32_t T = K_MOE_GROUP_TILES(n, k, ne, sh);
+    uint32_t *order = malloc(4 * P), *tiles = malloc(8 * T);
+    memset(order, 0xab, 4 * P), memset(tiles, 0xab, 8 * T);
+    char what[200];
+    snprintf(what, sizeof what, "%s grouped rows=%u", name, n);
+    int ok = 1;
+    {
+        k_moe_group_params pg = {K_TAG_OF(moe_group), n, k, ne, sh, T};
+        k_binding b[] = {K_BIND(moe_group, status, status, 8), K_BIND(moe_group, p, &pg, sizeof pg),
+                         K_BIND(moe_group, sel, o->sel, 4 * nk), K_BIND(moe_group, order, order, 4 * P),
+                         K_BIND(moe_group, tiles, tiles, 8 * T)};
+        /* a threadgroup smaller than the expert count, or larger */
+        ok = launch(K_ID_moe_group, 1, 1, 1, schedule ? 32 : 256, b, 5, schedule, what) == 0;
+    }
+    /* order: every pair once, grouped by expert ascending, pairs ascending
+     * inside; tiles: one expert's consecutive pairs each, <= K_GEMM_TR,
+     * covering order in sequence, then K_MOE_TILE_EMPTY */
+    int order_ok = ok, tiles_ok = ok;
+    uint32_t *seen = calloc(P, sizeof *seen);
+    for (uint32_t i = 0; i < P && order_ok; i++) {
+        const uint32_t q = order[i];
+        if (q >= P || seen[q]++) order_ok = 0;
+        else if (i > 0) {
+            const uint32_t a = order[i - 1], ea = a < nk ? o->sel[a] : ne, eq = q < nk ? o->sel[q] : ne;
+            if (ea > eq || (ea == eq && a >= q)) order_ok = 0;
+        }
+    }
+    uint32_t next = 0, i = 0;
+    for (; i < T && tiles_ok && tiles[2 * i] != K_MOE_TILE_EMPTY; i++) {
+        const uint32_t e = tiles[2 * i], st = tiles[2 * i + 1] & 0xffff, cn = tiles[2 * i + 1] >> 16;
+        if (st != next || cn == 0 || cn > K_GEMM_TR || st + cn > P) tiles_ok = 0;
+        for (uint32_t j = 0; j < cn && tiles_ok; j++) {
+            const uint32_t q = order[st + j];
+            if (q >= P || (q < nk ? o->sel[q] : ne) != e) tiles_ok = 0;
+        }
+        next = st + cn;
+    }
+    if (next != P) tiles_ok = 0;
+    for (; i < T && tiles_ok; i++)
+        if (tiles[2 * i] != K_MOE_TILE_EMPTY) tiles_ok = 0;
+    check(order_ok && tiles_ok, "%s: moe_group orders all %u pairs by expert and tiles them (%u tile slots)", what, P, T);
+    free(seen);
+    /* gate and up into [g | u] rows */
+    float *gu = malloc(sizeof(float) * P * 2 * nf), *dn = malloc(sizeof(float) * P * E), *y = malloc(sizeof(float) * n * E);
+    fill_nan(gu, P * 2 * nf), fill_nan(dn, P * E), fill_nan(y, n * E);
+    const size_t a8 = moe_actb(DS4_TYPE_Q8_0, E), ak = moe_actb(DS4_TYPE_Q4_K, E);
+    const uint32_t tile_rows = K_GEMM_NSG * K_GEMM_TOS;
+    if (ok) {
+        k_moe_gemm_params pm = {K_TAG_OF(moe_gemm), n, k, ne, T, 0, E, E, c->n_ff, c->n_ff_sh,
+                                (uint32_t)c->t_gate, (uint32_t)c->t_up, (uint32_t)c->t_sgate, (uint32_t)c->t_sup,
+                                0, (uint32_t)L->ebg, (uint32_t)(L->u_base + L->u_row0 * moe_rowb(c->t_up, E)),
+                                (uint32_t)L->ebu, (uint32_t)L->sg_base, (uint32_t)L->su_base, 2 * nf, nf};
+        k_binding b[] = {K_BIND(moe_gemm, status, status, 8), K_BIND(moe_gemm, p, &pm, sizeof pm),
+                         K_BIND(moe_gemm, tiles, tiles, 8 * T), K_BIND(moe_gemm, order, order, 4 * P),
+                         K_BIND(moe_gemm, xq8, L->xq8 + row0 * a8, n * a8),
+                         K_BIND(moe_gemm, xqk, L->xqk + row0 * ak, ak ? n * ak : 1),
+                         K_BIND(moe_gemm, w, L->wgu, L->gu_bytes), K_BIND(moe_gemm, y, gu, sizeof(float) * P * 2 * nf)};
+        ok = launch(K_ID_moe_gemm, T, (nf + tile_rows - 1) / tile_rows, 2, K_GEMM_TG, b, 8, schedule, what) == 0;
+    }
+    /* SwiGLU + the down type's quantizer, in moe_down's layout */
+    const size_t hq8_bytes = o->hq8_bytes, hqk_bytes = o->hqk_bytes;
+    uint8_t *hq8 = calloc(1, hq8_bytes), *hqk = calloc(1, hqk_bytes);
+    for (int part = 0; part < (sh ? 2 : 1) && ok; part++) {
+        const int td = part ? c->t_sdown : c->t_down;
+        const uint32_t nn = part ? c->n_ff_sh : c->n_ff, rows = part ? n : nk;
+        const size_t qoff = part ? nk * moe_actb(td, c->n_ff) : 0;
+        const uint32_t fl = td == DS4_TYPE_Q8_0 ? K_NQ_Q8_0 : K_NQ_Q8_K;
+        k_swiglu_quant_params ps = {K_TAG_OF(swiglu_quant), nn, rows, 2 * nf, nf, fl};
+        uint8_t *q8 = fl == K_NQ_Q8_0 ? hq8 + qoff : hq8, *qk = fl == K_NQ_Q8_K ? hqk + qoff : hqk;
+        k_binding b[] = {K_BIND(swiglu_quant, status, status, 8), K_BIND(swiglu_quant, p, &ps, sizeof ps),
+                         K_BIND(swiglu_quant, gu, gu + (part ? nk * 2 * nf : 0), sizeof(float) * rows * 2 * nf),
+                         K_BIND(swiglu_quant, q8, q8, fl == K_NQ_Q8_0 ? hq8_bytes - qoff : 1),
+                         K_BIND(swiglu_quant, qk, qk, fl == K_NQ_Q8_K ? hqk_bytes - qoff : 1)};
+        ok = launch(K_ID_swiglu_quant, (K_SWIGLU_QUANT_UNITS(ps) + 3) / 4, 1, 1, 128, b, 5, schedule, what) == 0;
+    }
+    int hq_ok = ok;
+    for (int part = 0; part < (sh ? 2 : 1) && ok; part++) {
+        const int td = part ? c->t_sdown : c->t_down;
+        const size_t qoff = part ? nk * moe_actb(td, c->n_ff) : 0;
+        const size_t len = part ? n * moe_actb(td, c->n_ff_sh) : nk * moe_actb(td, c->n_ff);
+        if (memcmp((td == DS4_TYPE_Q8_0 ? hq8 : hqk) + qoff, (td == DS4_TYPE_Q8_0 ? o->hq8 : o->hqk) + qoff, len))
+            hq_ok = 0;
+    }
+    check(hq_ok, "%s: gate/up GEMM + swiglu_quant = the per-pair SwiGLU rows quantized, byte for byte", what);
+    if (ok) {
+        k_moe_gemm_params pm = {K_TAG_OF(moe_gemm), n, k, ne, T, 1, c->n_ff, c->n_ff_sh, E, sh ? E : 0,
+                                (uint32_t)c->t_down, (uint32_t)c->t_down, (uint32_t)c->t_sdown, (uint32_t)c->t_sdown,
+                                0, (uint32_t)L->ebd, 0, 0, (uint32_t)L->sd_base, 0, E, 0};
+        k_binding b[] = {K_BIND(moe_gemm, status, status, 8), K_BIND(moe_gemm, p, &pm, sizeof pm),
+                         K_BIND(moe_gemm, tiles, tiles, 8 * T), K_BIND(moe_gemm, order, order, 4 * P),
+                         K_BIND(moe_gemm, xq8, hq8, hq8_bytes), K_BIND(moe_gemm, xqk, hqk, hqk_bytes),
+                         K_BIND(moe_gemm, w, L->wdn, L->dn_bytes), K_BIND(moe_gemm, y, dn, sizeof(float) * P * E)};
+        ok = launch(K_ID_moe_gemm, T, (E + tile_rows - 1) / tile_rows, 1, K_GEMM_TG, b, 8, schedule, what) == 0;
+    }
+    if (ok) {
+        k_moe_combine_params pc = {K_TAG_OF(moe_combine), n, k, E, sh, E, E};
+        k_binding b[] = {K_BIND(moe_combine, status, status, 8), K_BIND(moe_combine, p, &pc, sizeof pc),
+                         K_BIND(moe_combine, wt, o->wt, sizeof(float) * n * (k + 1)),
+                         K_BIND(moe_combine, dn, dn, sizeof(float) * P * E), K_BIND(moe_combine, out, y, sizeof(float) * n * E)};
+        ok = launch(K_ID_moe_combine, (E + 63) / 64, n, 1, 64, b, 5, schedule, what) == 0;
+    }
+    check(ok && !memcmp(y, o->y, sizeof(float) * n * E), "%s: y bit-identical to moe_gate_up + moe_down's", what);
+    free(order), free(tiles), free(gu), free(dn), free(y), free(hq8), free(hqk);
+}
+
 static void moe_logits_checks(void) {
     /* 777 and 2048 (the 35B-A3B router's width): past the loads a lane
      * issues ahead per trip (K_MOE_LOGITS_AHEAD), with a tail and without.
@@ -528,6 +649,7 @@ static void suite_moe(void) {
     static const uint32_t w_all[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 0};
     static const uint32_t w_few[] = {1, 3, 16, 0};
     static const uint32_t w_two[] = {1, 5, 0};
+    static const uint32_t w_wide[] = {17, 64, 0}; /* 64: clipped to the case's rows */
     const int Q8 = DS4_TYPE_Q8_0, Q4 = DS4_TYPE_Q4_K, Q5 = DS4_TYPE_Q5_K, Q6 = DS4_TYPE_Q6_K;
     const moe_case cases[] = {
         /* n_in, n_ff, n_ff_sh, ne, k, gate, up, down, sgate, sup, sdown, fused, shgate, rows, widths */
@@ -539,6 +661,10 @@ static void suite_moe(void) {
         {256, 256, 0, 5, 4, Q5, Q5, Q5, Q8, Q8, Q8, 1, 0, 2, w_two},   /* fused Q5_K gate_up, no shared */
         {64, 64, 32, 20, 6, Q8, Q8, Q8, Q8, Q8, Q8, 0, 1, 3, w_two},  /* k 6 */
         {256, 32, 256, 9, 7, Q4, Q6, Q8, Q5, Q5, Q6, 0, 1, 2, w_two},  /* k 7, n_ff 32 (Q8_0 down), K-quant shared */
+        /* prefill widths (the grouped path's; each row alone and the widest) */
+        {96, 64, 32, 13, 3, Q8, Q8, Q8, Q8, Q8, Q8, 0, 1, 40, w_wide}, /* tiles of 16 and partial ones */
+        {256, 256, 256, 9, 2, Q4, Q5, Q6, Q6, Q4, Q5, 0, 1, 33, w_wide}, /* mixed K-quants */
+        {32, 96, 0, 37, 8, Q8, Q8, Q8, Q8, Q8, Q8, 1, 0, 19, w_wide},  /* fused gate_up, no shared expert */
     };
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         const moe_case *c = &cases[ci];
@@ -583,6 +709,7 @@ static void suite_moe(void) {
         check(ok && inv, "%s: rows of launches of 1..%u rows bit-identical to each row alone (route, h, y)", name,
               c->max_rows);
         if (ok && widest.y) moe_check_case(&L, &widest, c->max_rows, name);
+        if (ok && widest.y) moe_check_grouped(&L, 0, c->max_rows, &widest, name, (int)(ci & 1));
         moe_out_free(&widest);
         for (uint32_t t = 0; t < c->max_rows; t++) moe_out_free(&alone[t]);
         free(alone);
