@@ -56,7 +56,7 @@ def binary(tmp_path_factory):
 
 def run_gpu(binary, tmp_path, model, tokens, n_greedy, prefill_chunk=None, env_extra=None):
     """prefill_chunk: the runner's prompt chunk (K_RUNNER_PREFILL_CHUNK; None:
-    its default, 256), so a prompt can cross chunk boundaries here;
+    its default, 512), so a prompt can cross chunk boundaries here;
     env_extra: more K_RUNNER_* settings."""
     toks = os.path.join(tmp_path, "tokens.i32")
     np.asarray(tokens, dtype=np.int32).tofile(toks)

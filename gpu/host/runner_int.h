@@ -18,9 +18,12 @@
  * every row's logits come back (verify, logprobs, the tests' all-rows
  * evals: the logits scratch is K_RUNNER_CHUNK x vocabulary, 64 MB at a
  * 248k vocabulary); K_RUNNER_PREFILL_CHUNK rows when only the last row's
- * are wanted (prefill), so the GEMM reads each weight once per 256 rows
+ * are wanted (prefill), so the GEMM reads each weight once per 512 rows
  * instead of 64 (H200, 2026-11-29: 128 / 256-row chunks +5% / +8% prefill
- * on the 27B-like shape). The other scratch scales with the larger;
+ * on the 27B-like shape; 2026-12-02, 512 against 256, one call: the
+ * 35B-A3B-like MoE +8%, whose grouped experts get twice the pairs per
+ * tile, the 27B-like +2%, the 0.8B +1%, for ~165 MB more scratch on the
+ * 27B-like). The other scratch scales with the larger;
  * K_RUNNER_PREFILL_CHUNK in the environment lowers it (tests, A/B); -D
  * overrides change the build. Attention runs its rows ATTN_ROWS at a time
  * (its partials buffer grows with rows x context). */
@@ -28,7 +31,7 @@
 #define K_RUNNER_CHUNK 64
 #endif
 #ifndef K_RUNNER_PREFILL_CHUNK
-#define K_RUNNER_PREFILL_CHUNK 256
+#define K_RUNNER_PREFILL_CHUNK 512
 #endif
 #define ROWS (K_RUNNER_PREFILL_CHUNK > K_RUNNER_CHUNK ? K_RUNNER_PREFILL_CHUNK : K_RUNNER_CHUNK) /* scratch rows */
 #define OUT_ROWS K_RUNNER_CHUNK /* logits / argmax scratch rows */

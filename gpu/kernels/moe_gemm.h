@@ -33,7 +33,7 @@
 
 K_KERNEL(moe_group) {
     K_CHECK_TAG(moe_group);
-    K_TG_ARRAY(k_u32, ssel, K_MOE_GROUP_MAX_PAIRS);
+    K_TG_ARRAY(k_u16, ssel, K_MOE_GROUP_MAX_PAIRS); /* expert ids < K_MOE_MAX_EXPERTS */
     K_TG_ARRAY(k_u32, cnt, K_MOE_MAX_EXPERTS + 1);
     K_TG_ARRAY(k_u32, off, K_MOE_MAX_EXPERTS + 1);
     K_TG_ARRAY(k_u32, toff, K_MOE_MAX_EXPERTS + 2);
@@ -47,16 +47,16 @@ K_KERNEL(moe_group) {
         k_u32 e = K_LD(sel, i);
         if (e >= ne) {
             k_raise(status, K_ERR_SHAPE); /* the pair is dropped; the host fails the eval */
-            e = K_MOE_TILE_EMPTY;
+            e = 0xffffu;             /* no expert's id */
         }
-        K_ST(ssel, i, e);
+        K_ST(ssel, i, (k_u16)e);
     }
     K_BARRIER();
     /* counts: thread e scans every pair (broadcast reads) */
     for (k_u32 e = tid; e <= ne; e += TG) {
         k_u32 c = 0u;
         if (e < ne) {
-            for (k_u32 i = 0; i < nk; i++) c += K_LD(ssel, i) == e ? 1u : 0u;
+            for (k_u32 i = 0; i < nk; i++) c += (k_u32)K_LD(ssel, i) == e ? 1u : 0u;
         } else {
             c = p.shared ? p.n_rows : 0u;
         }
@@ -80,7 +80,7 @@ K_KERNEL(moe_group) {
         if (e < ne) {
             k_u32 j = 0u;
             for (k_u32 i = 0; i < nk; i++)
-                if (K_LD(ssel, i) == e) {
+                if ((k_u32)K_LD(ssel, i) == e) {
                     K_ST(order, o + j, i);
                     j++;
                 }

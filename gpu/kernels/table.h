@@ -844,7 +844,7 @@ typedef k_matvec_q4_64a_params k_matvec_q4_64a4_params;
  * the prefill GEMM's tiles on them (gate and up, then down), moe_combine
  * adds the down rows as moe_down does. Every value is the per-pair
  * kernels' (moe_gate_up / moe_down) bit for bit. */
-#define K_MOE_GROUP_MAX_PAIRS 4096u /* routed pairs (n_rows k) moe_group sorts at once */
+#define K_MOE_GROUP_MAX_PAIRS 8192u /* routed pairs (n_rows k) moe_group sorts at once (16 KB of u16 ids) */
 #define K_MOE_TILE_EMPTY 0xffffffffu
 #define K_MOE_GROUP_TG 256u /* the runner's moe_group threadgroup: experts counted in parallel (any size works) */
 /* tiles moe_group may write: sum over experts of ceil(count / TR) <=
