@@ -772,6 +772,17 @@ def _paths_report() -> None:
             sys.stderr.write(f"DS4PY_PATHS: {line}\n")
 
 
+def _moe_path() -> str:
+    """The routed MoE kernels the runner takes (gpu/host/runner.c reads the
+    same variables when a session opens)."""
+    if os.environ.get("K_RUNNER_MOE_GROUP") == "0":
+        return "routed MoE FFN: moe_gate_up/moe_down per (row, expert) pair at every width"
+    m = os.environ.get("K_RUNNER_MOE_GROUP_MIN", "")
+    rows = int(m) if m.isdigit() and int(m) >= 1 else 17
+    return (f"routed MoE FFN: chunks of {rows}+ rows grouped by expert (moe_group, moe_gemm, "
+            f"moe_combine; where its shapes allow), narrower ones moe_gate_up/moe_down per pair")
+
+
 class _GpuLine:
     """The GPU loop's line, made at exit (the launch count is the last step's)."""
 
@@ -780,7 +791,7 @@ class _GpuLine:
         self.head = (f"{model.backend} ({model._plugin.path}): all {len(kinds)} trunk layers "
                      f"on the GPU layer loop (gpu/host/runner.c: {kinds.count('gdn')} gdn, "
                      f"{kinds.count('attn')} attn, "
-                     f"{'routed MoE FFN' if model.config.arch == 'qwen35moe' else 'dense FFN'}), "
+                     f"{_moe_path() if model.config.arch == 'qwen35moe' else 'dense FFN'}), "
                      f"LM head and logits on the "
                      f"device")
         self.stats = model._stats
