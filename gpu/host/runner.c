@@ -695,17 +695,10 @@ static int moe_quant(k_runner *r, const float *x, int64_t x_stride, int64_t n, i
     return kr_launch(r, K_ID_quantize_q8_K, (blocks + 3) / 4, 1, 1, 128, b, 4, err);
 }
 
-/* Whether moe_grouped can serve n rows of this layer: the sort's capacity,
- * and the Q8_0 GEMM's order (K_MATVEC_OCTETS_PER_ROW 4, gemm.h) when a
- * matrix is Q8_0. */
+/* Whether moe_grouped can serve n rows of this layer: its scratch, the
+ * sort's capacity and what kr_open_moe found (dev_moe.group_ok). */
 static int moe_grouped_ok(const k_runner *r, const dev_moe *M, int64_t n) {
-    const int64_t k = r->c.n_expert_used;
-    const int q8 = M->t_gate == K_TYPE_Q8_0 || M->t_up == K_TYPE_Q8_0 || M->t_down == K_TYPE_Q8_0 ||
-                   (M->n_ff_sh && (M->t_sgate == K_TYPE_Q8_0 || M->t_sup == K_TYPE_Q8_0 || M->t_sdown == K_TYPE_Q8_0));
-    const uint32_t up0 = M->u_base + M->u_row0 * K_MOE_ROW_BYTES(M->t_up, (uint32_t)r->c.n_embd);
-    const uint32_t dstride = (uint32_t)r->c.n_embd * K_MOE_ROW_BYTES(M->t_down, (uint32_t)r->c.n_ff_exp);
-    return r->moe_gu && n * k <= (int64_t)K_MOE_GROUP_MAX_PAIRS && (!q8 || K_MATVEC_OCTETS_PER_ROW == 4u) &&
-           (up0 | dstride) % 16u == 0; /* moe_gemm's byte offsets (the others moe_gate_up / moe_down need too) */
+    return r->moe_gu && M->group_ok && n * r->c.n_expert_used <= (int64_t)K_MOE_GROUP_MAX_PAIRS;
 }
 
 /* The routed MoE after moe_route for a prefill chunk, grouped by expert
@@ -731,10 +724,9 @@ static int moe_grouped(k_runner *r, const dev_moe *M, int64_t n, ds4_error *err)
         if ((rc = kr_launch(r, K_ID_moe_group, 1, 1, 1, K_MOE_GROUP_TG, b, 5, err))) return rc;
     }
     {
-        const uint32_t up0 = M->u_base + M->u_row0 * K_MOE_ROW_BYTES(M->t_up, (uint32_t)E);
         k_moe_gemm_params p = {K_TAG_OF(moe_gemm), (uint32_t)n, (uint32_t)k, (uint32_t)ne, T, 0, (uint32_t)E,
                                (uint32_t)E, (uint32_t)F, (uint32_t)Fs, M->t_gate, M->t_up, M->t_sgate, M->t_sup,
-                               0, M->g_estride, up0, M->u_estride, M->sg_base, M->su_base,
+                               0, M->g_estride, M->up0, M->u_estride, M->sg_base, M->su_base,
                                (uint32_t)(2 * nf), (uint32_t)nf};
         k_binding b[] = {STATUS_BIND(moe_gemm), K_BIND(moe_gemm, p, &p, sizeof p),
                          K_BIND(moe_gemm, tiles, r->moe_tiles, 8 * (size_t)T),
@@ -765,7 +757,7 @@ static int moe_grouped(k_runner *r, const dev_moe *M, int64_t n, ds4_error *err)
     {
         k_moe_gemm_params p = {K_TAG_OF(moe_gemm), (uint32_t)n, (uint32_t)k, (uint32_t)ne, T, 1, (uint32_t)F,
                                (uint32_t)Fs, (uint32_t)E, Fs ? (uint32_t)E : 0u, M->t_down, M->t_down, M->t_sdown,
-                               M->t_sdown, 0, (uint32_t)E * K_MOE_ROW_BYTES(M->t_down, (uint32_t)F), 0, 0, M->sd_base,
+                               M->t_sdown, 0, M->d_estride, 0, 0, M->sd_base,
                                0, (uint32_t)E, 0};
         k_binding b[] = {STATUS_BIND(moe_gemm), K_BIND(moe_gemm, p, &p, sizeof p),
                          K_BIND(moe_gemm, tiles, r->moe_tiles, 8 * (size_t)T),
@@ -964,6 +956,10 @@ int kr_open_moe(k_gpu_model *g, const ds4_layer *T, dev_layer *L, ds4_error *err
     M->want = K_NQ_X;
     const uint32_t ty[4] = {M->t_gate, M->t_up, M->t_sgate, M->t_sup};
     for (int i = 0; i < (shared ? 4 : 2); i++) M->want |= ty[i] == K_TYPE_Q8_0 ? K_NQ_Q8_0 : K_NQ_Q8_K;
+    M->up0 = M->u_base + M->u_row0 * K_MOE_ROW_BYTES(M->t_up, (uint32_t)g->c.n_embd);
+    M->d_estride = (uint32_t)g->c.n_embd * K_MOE_ROW_BYTES(M->t_down, (uint32_t)g->c.n_ff_exp);
+    const int q8 = (M->want & K_NQ_Q8_0) || M->t_down == K_TYPE_Q8_0 || (shared && M->t_sdown == K_TYPE_Q8_0);
+    M->group_ok = (!q8 || K_MATVEC_OCTETS_PER_ROW == 4u) && (M->up0 | M->d_estride) % 16u == 0;
     return 0;
 }
 

@@ -68,6 +68,12 @@ typedef struct {
     uint32_t g_estride, u_base, u_estride, u_row0, sg_base, su_base, sd_base;
     size_t gu_bytes, dn_bytes;
     int64_t n_ff_sh; /* 0: no shared expert */
+    /* the grouped prefill path (moe_gemm.h), set at load: the up matrix's
+     * first row and the down experts' stride in bytes, and whether
+     * moe_gemm can take this layer (16-aligned offsets; the Q8_0 GEMM's
+     * order when a matrix is Q8_0) */
+    uint32_t up0, d_estride;
+    int group_ok;
     unsigned want;   /* what pre_norm writes for it: K_NQ_X (the router's float rows) | activation types */
 } dev_moe;
 
