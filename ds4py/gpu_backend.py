@@ -783,6 +783,21 @@ def _moe_path() -> str:
             f"moe_combine; where its shapes allow), narrower ones moe_gate_up/moe_down per pair")
 
 
+def _gemm_path(backend: str) -> str:
+    """The prefill GEMM the runner takes for chunks of more than 16 rows
+    (gpu/host/runner.c reads K_RUNNER_GEMM the same way when a session
+    opens; Metal has no int8 MMA, so it always takes the dp4a GEMM)."""
+    g = os.environ.get("K_RUNNER_GEMM", "")
+    if g == "0":
+        return "prefill matrices: the matvecs in 16-row blocks (K_RUNNER_GEMM=0)"
+    if backend not in ("cuda", "gpu-emul") or g == "dp4a":
+        return "prefill matrices: gemm_q8_0 / gemm_kq (dp4a) above 16 rows"
+    if g == "mma":
+        return "prefill matrices: gemm_q8_0_mma / gemm_kq_mma (int8 MMA) above 16 rows"
+    return ("prefill matrices: gemm_kq_mma (int8 MMA) for K-quants, gemm_q8_0 (dp4a) for Q8_0, "
+            "above 16 rows")
+
+
 class _GpuLine:
     """The GPU loop's line, made at exit (the launch count is the last step's)."""
 
@@ -791,7 +806,8 @@ class _GpuLine:
         self.head = (f"{model.backend} ({model._plugin.path}): all {len(kinds)} trunk layers "
                      f"on the GPU layer loop (gpu/host/runner.c: {kinds.count('gdn')} gdn, "
                      f"{kinds.count('attn')} attn, "
-                     f"{_moe_path() if model.config.arch == 'qwen35moe' else 'dense FFN'}), "
+                     f"{_moe_path() if model.config.arch == 'qwen35moe' else 'dense FFN'}; "
+                     f"{_gemm_path(model.backend)}), "
                      f"LM head and logits on the "
                      f"device")
         self.stats = model._stats

@@ -9,11 +9,11 @@
  * and the on-device argmax. Each step is one kernel of gpu/kernels/ (the
  * file named beside it); the CPU code it reproduces is named there too.
  *
- * Rows are processed in chunks of K_RUNNER_PREFILL_CHUNK (256; K_RUNNER_CHUNK,
+ * Rows are processed in chunks of K_RUNNER_PREFILL_CHUNK (512; K_RUNNER_CHUNK,
  * 64, when every row's logits are wanted): the matrices of a
  * chunk wider than K_MATVEC_MAX_ROWS (16) go through the prefill GEMM
- * (gemm.h's dp4a; K_RUNNER_GEMM=mma: gemm_mma.h on int8 tensor cores, CUDA
- * and the emulator), narrower ones (decode, verify) through the matvecs, the same
+ * (K-quants: gemm_mma.h's staged int8 tensor-core GEMM on CUDA and the
+ * emulator; Q8_0 and Metal: gemm.h's dp4a; K_RUNNER_GEMM picks), narrower ones (decode, verify) through the matvecs, the same
  * bits per value either way; the GDN conv + recurrence of all the chunk's
  * tokens is one gdn_seq launch per layer (state on chip between tokens);
  * attention serves up to 16 rows per split-K launch (row t sees positions
@@ -289,7 +289,7 @@ static int mm_rows(k_runner *r, const mm_job *job, int64_t n_rows, ds4_error *er
     const size_t xrow = q8 ? (size_t)(n_in / 32) * 34 : (size_t)(n_in / 256) * 292;
     uint8_t *const xq = q8 ? r->xq8 : r->xqk;
 #ifdef K_HAS_MMA_KERNELS
-    if (n_rows > K_MATVEC_MAX_ROWS && r->gemm == 2 && (!q8 || K_MATVEC_OCTETS_PER_ROW == 4u) &&
+    if (n_rows > K_MATVEC_MAX_ROWS && (r->gemm == 2 || (r->gemm == 3 && !q8)) && (!q8 || K_MATVEC_OCTETS_PER_ROW == 4u) &&
         K_MMA_GROUPS_Y((uint64_t)w->n_out) <= 65535u) { /* int8 tensor cores (gemm_mma.h): the same bits */
         k_matvec_kq_params p = {K_TAG_OF(gemm_kq_mma), (uint32_t)w->type, (uint32_t)n_in, (uint32_t)w->n_out,
                                 (uint32_t)n_rows, (uint32_t)ys};
@@ -1196,18 +1196,20 @@ int k_runner_open(k_gpu_model *g, int64_t n_ctx, k_runner **out, ds4_error *err)
     {
         const char *f = getenv("K_RUNNER_FUSE");
         r->fuse = !(f && !strcmp(f, "0"));
-        /* K_RUNNER_GEMM: 0 the matvecs, unset or dp4a the dp4a GEMM (gemm.h),
-         * mma the int8 tensor-core GEMM (gemm_mma.h) where the device has it
-         * (CUDA, the emulator; not Metal) -- all the same bits. dp4a is the
-         * default: on the H200 (2026-11-30) the tensor-core GEMM ran a
-         * 27B-like prefill at 0.90x of it and the 0.8B Q8_0 shape at 0.67x
-         * (its fixed-order float epilogue, not the MMAs, is the bound) */
+        /* K_RUNNER_GEMM: 0 the matvecs, dp4a the dp4a GEMM (gemm.h) for
+         * every type, mma the int8 tensor-core GEMMs (gemm_mma.h) for every
+         * type; unset: gemm_kq_mma for the K-quants and gemm.h for Q8_0
+         * where the device has int8 MMA (CUDA, the emulator; not Metal: the
+         * dp4a GEMM everywhere) -- all the same bits. Why that default: on
+         * the H200 (session 20) the staged gemm_kq_mma ran a 27B-like
+         * Q4_K_M prefill at 1.35x of the dp4a GEMM, while gemm_q8_0_mma
+         * (not staged) stays slower than gemm.h at 64-row chunks */
         const char *g = getenv("K_RUNNER_GEMM");
         int mma = 0;
 #ifdef K_HAS_MMA_KERNELS
-        mma = g && !strcmp(g, "mma") && (!strcmp(r->dev->name, "cuda") || !strcmp(r->dev->name, "emul"));
+        mma = !strcmp(r->dev->name, "cuda") || !strcmp(r->dev->name, "emul");
 #endif
-        r->gemm = g && !strcmp(g, "0") ? 0 : mma ? 2 : 1;
+        r->gemm = g && !strcmp(g, "0") ? 0 : g && !strcmp(g, "dp4a") ? 1 : !mma ? 1 : g && !strcmp(g, "mma") ? 2 : 3;
         r->attn_tg = !strcmp(r->dev->name, "cuda") ? K_ATTN_TG : 256;
         const char *ah = getenv("K_RUNNER_ATTN_HS");
         const long ahv = ah ? strtol(ah, NULL, 10) : 0;

@@ -34,14 +34,16 @@
  * products d_w d_x and the activation addressing are done once for both.
  * The integer parts come from MMAs whose K slice is exactly the chain's
  * block (Q8_0: one m16n8k32) or share (Q4_K/Q5_K: the two 16-value runs
- * as two m16n8k16, scaled and summed in integers; the mins as one
- * m16n8k32 of the mins, repeated over their runs, with the Q8_K codes:
- * m_lo bsum_lo + m_hi bsum_hi exactly, given bsums that are the sums of
- * the codes, as every Q8_K quantizer here writes them; Q6_K: each 8-value
- * scale group as an m16n8k16 whose upper 8 k are zero). Integers are
- * exact however they are summed, so every float term is the matvec's,
- * added to the same chain in the same order.
+ * as two m16n8k16, scaled and summed in integers; the min term m_lo
+ * bsum_lo + m_hi bsum_hi from the Q8_K bsums, as the matvec computes it;
+ * Q6_K: each 8-value scale group as an m16n8k16 whose upper 8 k are
+ * zero). Integers are exact however they are summed, so every float term
+ * is the matvec's, added to the same chain in the same order.
  *
+ * gemm_q8_0_mma below is the first version: fragments loaded by each
+ * thread from device memory. gemm_kq_mma (further down) stages each step
+ * in threadgroup memory; docs/gpu.md section 4 ("Staged") has both
+ * measured. The first version's analysis:
  * Where the time goes (counted in the SASS, not yet measured): the fixed
  * order costs ~9 instructions per output and K-quant share whoever
  * computes the integers (two integer scale products, two int -> float
@@ -205,73 +207,210 @@ K_KERNEL_BOUNDED(gemm_q8_0_mma, K_MMA_TG, K_MMA_Q8_TGS) {
     }
 }
 
-/* One weight row's shares t, t + 1 (t even) of a Q4_K/Q5_K super-block as
- * thread c of an A fragment needs them: code bytes 4c..4c+3 of each share's
- * two 16-value runs (lo: low nibbles, weights 64 c' + 16 s + 4c.. for
- * share t + s, hi: high nibbles, the run 32 further; c' = t / 2; Q5_K adds
- * the qh bit), the runs' scales and mins (the same sub-blocks 2c', 2c' + 1
- * for both shares: ggml get_scale_min_k4, decoded by shifts as k_kq45_load
- * does), d and dmin. */
-typedef struct {
-    k_u32 lo[2], hi[2];
-    int sc_lo, sc_hi, m_lo, m_hi;
-    float d, dmin;
-} k_mma_kq45;
+/* ------------------------------------------------------------ gemm_kq_mma --
+ * Staged (session 20): per step, i.e. one chain pair (L, L + 1: shares t,
+ * t + 1 of super-block ib, t = L & 7 even) and one of its super-blocks,
+ * the threadgroup copies what every SIMD-group's fragments need into
+ * threadgroup memory, decoded once, with neighbouring threads reading
+ * neighbouring words; then each SIMD-group reads its fragments there with
+ * 16-byte loads. (The first version had every thread load its own 4-byte
+ * fragment words from device memory and decode both rows' headers itself:
+ * its loads, not its tensor cores nor its float epilogue, bounded it.)
+ * Per weight row j of the threadgroup's K_MMA_WR and word c = 0..3:
+ *   kw[4 j + c]  Q4_K/Q5_K: (lo_t, lo_t+1, hi_t, hi_t+1), the code bytes
+ *                4c..4c+3 of each share's low / high run (nibbles, Q5_K's
+ *                fifth bit in): the A fragment words of thread c;
+ *                Q6_K: kw[4 j + 2c + s] (c < 2) = share t + s's four
+ *                scale groups' words c (k_mma_kq6: k 8..15 of each
+ *                m16n8k16 are zero, threads c >= 2 hold nothing);
+ *   ks[j]        Q4_K/Q5_K: (sc_lo | sc_hi << 8 | m_lo << 16 | m_hi << 24,
+ *                d, dmin) of the pair's sub-blocks 2c', 2c' + 1 (c' = t/2,
+ *                the same for both shares: ggml get_scale_min_k4 decoded by
+ *                shifts); Q6_K: (the four int8 scales, d).
+ * Per activation row a of the threadgroup's K_MMA_TR:
+ *   kx[4 a + c]  Q4_K/Q5_K: (lo_t, lo_t+1, hi_t, hi_t+1) words c of the
+ *                Q8_K codes each run meets (the B fragment words); Q6_K
+ *                kx[4 a + 2c + s] (c < 2): the four groups' words c;
+ *   kd[a]        d_x.
+ * Rows past n_out / n_rows are staged clamped (their outputs are not
+ * stored). The float terms, their chains and the tree are the first
+ * version's, operand for operand (the header above). */
+#define K_MMA_WR (16u * K_MMA_NSG) /* weight rows per threadgroup */
+/* staging elements per thread: (weight row, c) and (activation row, c) */
+#define K_MMA_WE ((4u * K_MMA_WR + K_MMA_TG - 1u) / K_MMA_TG)
+#define K_MMA_XE ((4u * K_MMA_TR + K_MMA_TG - 1u) / K_MMA_TG)
 
-K_FN k_mma_kq45 k_mma_kq45_load(K_DEV_IN k_u32x4 *w4, K_DEV_IN k_u32 *w32, k_u32 chunk0, k_u32 type, k_u32 t, k_u32 c) {
-    k_mma_kq45 R;
-    const k_u32x4 hd = K_LD(w4, chunk0);
-    const k_u32 cp = t >> 1;
-    K_UNROLL for (k_u32 s = 0; s < 2u; s++) {
-        const k_u32 q = K_LD(w32, 4u * chunk0 + (type == K_TYPE_Q4_K ? 4u : 12u) + 4u * (t + s) + c);
-        R.lo[s] = q & 0x0f0f0f0fu, R.hi[s] = (q >> 4) & 0x0f0f0f0fu;
-        if (type == K_TYPE_Q5_K) {
-            const k_u32 h = K_LD(w32, 4u * chunk0 + 4u + 4u * s + c);
-            R.lo[s] |= ((h >> (2u * cp)) & 0x01010101u) << 4;
-            R.hi[s] |= ((h >> (2u * cp + 1u)) & 0x01010101u) << 4;
+/* the low 16 bits of w as a signed integer (a Q8_K bsum) */
+K_FN int k_mma_i16(k_u32 w) { return (int)(w & 0xffffu) - ((w & 0x8000u) ? 65536 : 0); }
+
+/* One step's raw words as a thread loads them from device memory (see
+ * k_mma_kq_load): registers, so that the next step's loads are in flight
+ * while this step computes (one step ahead; K_MMA_PREFETCH 0: none). */
+typedef struct {
+    k_u32 w[K_MMA_WE][8];
+    k_u32 x[K_MMA_XE][8];
+} k_mma_kq_raw;
+
+#ifndef K_MMA_PREFETCH
+#define K_MMA_PREFETCH 0
+#endif
+
+/* Load step (t, ib)'s words: weight element (j, c): Q4_K/Q5_K w[0..1] the
+ * qs words c of shares t, t + 1, w[2..3] Q5_K's qh words, w[4..7] the
+ * header (c == 0); Q6_K c < 2: w[0..5] (ql lo, ql hi, qh) of shares t, t + 1,
+ * c == 2: w[0..3] the 16-bit words holding the 4 scales, w[4] d.
+ * Activation element (a, c): Q4_K/Q5_K x[0..3] the code words, c == 0:
+ * x[4] d_x, x[5..6] the bsum words of the pair's runs; Q6_K c < 2: x[0..7]
+ * the groups' words of shares t, t + 1, c == 2: x[0] d_x. */
+K_FN void k_mma_kq_load(K_DEV_IN k_u8 *w, K_DEV_IN k_u8 *xq, k_u32 type, k_u32 nb, k_u32 n_out, k_u32 nr, k_u32 wr0,
+                        k_u32 r0, k_u32 t, k_u32 ib, k_mma_kq_raw *R, k_u32 tid) {
+    const k_u32 bs = K_KQ_BLOCK_BYTES(type), q6 = type == K_TYPE_Q6_K, cp = t >> 1, h6 = t >> 2;
+    K_DEV_IN k_u32 *w32 = (K_DEV_IN k_u32 *)w;
+    K_DEV_IN k_u16 *w16 = (K_DEV_IN k_u16 *)w;
+    K_DEV_IN k_u32 *x32 = (K_DEV_IN k_u32 *)xq;
+    K_UNROLL for (k_u32 i = 0; i < K_MMA_WE; i++) {
+        const k_u32 e = tid + i * K_MMA_TG;
+        if (e >= 4u * K_MMA_WR) break;
+        const k_u32 j = e >> 2, c = e & 3u, blk = k_mma_min(wr0 + j, n_out - 1u) * nb + ib;
+        if (q6) {
+            const k_u32 wo = blk * 210u;
+            if (c < 2u) {
+                K_UNROLL for (k_u32 s = 0; s < 2u; s++) { /* k_mma_kq6: l = 8 ((t + s) & 3) + 4c */
+                    const k_u32 l = 8u * (t & 3u) + 8u * s + 4u * c;
+                    R->w[i][3u * s] = k_ld_w2(w16, wo + 64u * h6 + l);
+                    R->w[i][3u * s + 1u] = k_ld_w2(w16, wo + 64u * h6 + 32u + l);
+                    R->w[i][3u * s + 2u] = k_ld_w2(w16, wo + 128u + 32u * h6 + l);
+                }
+            } else if (c == 2u) {
+                K_UNROLL for (k_u32 q = 0; q < 4u; q++) R->w[i][q] = k_ld_u16_at(w16, wo + 192u + 8u * h6 + 2u * q);
+                R->w[i][4] = k_ld_u16_at(w16, wo + 208u);
+            }
+        } else {
+            const k_u32 w0 = blk * (bs / 4u), qo = type == K_TYPE_Q4_K ? 4u : 12u;
+            K_UNROLL for (k_u32 s = 0; s < 2u; s++) {
+                R->w[i][s] = K_LD(w32, w0 + qo + 4u * (t + s) + c);
+                if (type == K_TYPE_Q5_K) R->w[i][2u + s] = K_LD(w32, w0 + 4u + 4u * s + c);
+            }
+            if (c == 0u) K_UNROLL for (k_u32 q = 0; q < 4u; q++) R->w[i][4u + q] = K_LD(w32, w0 + q);
         }
     }
-    const k_u32 sh0 = 16u * (cp & 1u), a = hd.y >> sh0, b = hd.z >> sh0, e = hd.w >> sh0;
-    R.sc_lo = (int)(cp < 2u ? a & 63u : (e & 15u) | ((a >> 2) & 0x30u));
-    R.m_lo = (int)(cp < 2u ? b & 63u : ((e >> 4) & 15u) | ((b >> 2) & 0x30u));
-    R.sc_hi = (int)(cp < 2u ? (a >> 8) & 63u : ((e >> 8) & 15u) | ((a >> 10) & 0x30u));
-    R.m_hi = (int)(cp < 2u ? (b >> 8) & 63u : ((e >> 12) & 15u) | ((b >> 10) & 0x30u));
-    R.d = k_h2f((k_u16)(hd.x & 0xffffu)), R.dmin = k_h2f((k_u16)(hd.x >> 16));
-    return R;
-}
-
-/* One weight row's shares t, t + 1 (t even) of a Q6_K super-block for
- * thread c: the 4 scale groups' code bytes 4c..4c+3 (signed; h = t / 4, l
- * = 8 ((t + s) & 3) + 4c of quarters q = 0..3, as k_kq6_load) for c < 2,
- * zero for c >= 2 (the upper 8 k of each m16n8k16 hold nothing), the 4
- * int8 scales (scales[8h + 2q + (l >> 4)]: the same for both shares) and
- * d. */
-typedef struct {
-    k_u32 code[2][4];
-    int sc[4];
-    float d;
-} k_mma_kq6;
-
-K_FN k_mma_kq6 k_mma_kq6_load(K_DEV_IN k_u16 *w16, k_u32 wo, k_u32 t, k_u32 c) {
-    k_mma_kq6 R;
-    const k_u32 h = t >> 2, l0 = 8u * (t & 3u);
-    K_UNROLL for (k_u32 s = 0; s < 2u; s++) {
-        R.code[s][0] = R.code[s][1] = R.code[s][2] = R.code[s][3] = 0u;
-        if (c < 2u) {
-            const k_u32 l = l0 + 8u * s + 4u * c;
-            const k_u32 a = k_ld_w2(w16, wo + 64u * h + l), b = k_ld_w2(w16, wo + 64u * h + 32u + l);
-            const k_u32 qh = k_ld_w2(w16, wo + 128u + 32u * h + l);
-            R.code[s][0] = k_q6_signed((a & 0x0f0f0f0fu) | ((qh & 0x03030303u) << 4));
-            R.code[s][1] = k_q6_signed((b & 0x0f0f0f0fu) | (((qh >> 2) & 0x03030303u) << 4));
-            R.code[s][2] = k_q6_signed(((a >> 4) & 0x0f0f0f0fu) | (((qh >> 4) & 0x03030303u) << 4));
-            R.code[s][3] = k_q6_signed(((b >> 4) & 0x0f0f0f0fu) | (((qh >> 6) & 0x03030303u) << 4));
+    K_UNROLL for (k_u32 i = 0; i < K_MMA_XE; i++) {
+        const k_u32 e = tid + i * K_MMA_TG;
+        if (e >= 4u * K_MMA_TR) break;
+        const k_u32 a = e >> 2, c = e & 3u, xb = (k_mma_min(r0 + a, nr - 1u) * nb + ib) * 73u;
+        if (q6) {
+            if (c < 2u) { /* group q of share t + s: word 1 + 32 h + 8 q + 2 ((t + s) & 3) + c */
+                const k_u32 xo = xb + 1u + 32u * h6 + 2u * (t & 3u) + c;
+                K_UNROLL for (k_u32 s = 0; s < 2u; s++)
+                    K_UNROLL for (k_u32 q = 0; q < 4u; q++) R->x[i][4u * s + q] = K_LD(x32, xo + 2u * s + 8u * q);
+            } else if (c == 2u)
+                R->x[i][0] = K_LD(x32, xb);
+        } else { /* share t + s's runs: lo word 1 + 16 c' + 4 s + c, hi 8 further */
+            const k_u32 xo = xb + 1u + 16u * cp + c;
+            K_UNROLL for (k_u32 q = 0; q < 4u; q++) R->x[i][q] = K_LD(x32, xo + 4u * q);
+            if (c == 0u) { /* bsums 4c' + (0, 1) and 4c' + (2, 3): the runs' 16-value sums */
+                R->x[i][4] = K_LD(x32, xb);
+                R->x[i][5] = K_LD(x32, xb + 65u + 2u * cp), R->x[i][6] = K_LD(x32, xb + 66u + 2u * cp);
+            }
         }
     }
-    K_UNROLL for (k_u32 q = 0; q < 4u; q++) /* scales[8h + 2q + (l0 >> 4)] */
-        R.sc[q] = k_i8((k_ld_u16_at(w16, wo + 192u + 8u * h + 2u * q) >> (8u * (l0 >> 4))) & 0xffu);
-    R.d = k_h2f((k_u16)k_ld_u16_at(w16, wo + 208u));
-    return R;
 }
+
+/* Decode a loaded step into threadgroup memory (the layout above; kd[a]
+ * = (d_x, bsums of the lo runs of shares t, t + 1, of the hi runs)). */
+K_FN void k_mma_kq_store(k_u32 type, k_u32 t, k_mma_kq_raw *R, K_TGM k_u32x4 *kw, K_TGM k_u32x4 *ks,
+                         K_TGM k_u32x4 *kx, K_TGM float *kd, K_TGM k_u32x4 *kb, k_u32 tid) {
+    const k_u32 q6 = type == K_TYPE_Q6_K, cp = t >> 1;
+    K_UNROLL for (k_u32 i = 0; i < K_MMA_WE; i++) {
+        const k_u32 e = tid + i * K_MMA_TG;
+        if (e >= 4u * K_MMA_WR) break;
+        const k_u32 j = e >> 2, c = e & 3u;
+        k_u32x4 v;
+        if (q6) {
+            if (c < 2u) {
+                K_UNROLL for (k_u32 s = 0; s < 2u; s++) {
+                    const k_u32 a = R->w[i][3u * s], b = R->w[i][3u * s + 1u], qh = R->w[i][3u * s + 2u];
+                    v.x = k_q6_signed((a & 0x0f0f0f0fu) | ((qh & 0x03030303u) << 4));
+                    v.y = k_q6_signed((b & 0x0f0f0f0fu) | (((qh >> 2) & 0x03030303u) << 4));
+                    v.z = k_q6_signed(((a >> 4) & 0x0f0f0f0fu) | (((qh >> 4) & 0x03030303u) << 4));
+                    v.w = k_q6_signed(((b >> 4) & 0x0f0f0f0fu) | (((qh >> 6) & 0x03030303u) << 4));
+                    K_ST(kw, 4u * j + 2u * c + s, v);
+                }
+            } else if (c == 2u) {
+                /* scales[8 h + 2q + (l0 >> 4)], l0 = 8 (t & 3), as ints */
+                const k_u32 sh = 8u * ((t & 3u) >> 1);
+                v.x = (k_u32)k_i8((R->w[i][0] >> sh) & 0xffu), v.y = (k_u32)k_i8((R->w[i][1] >> sh) & 0xffu);
+                v.z = (k_u32)k_i8((R->w[i][2] >> sh) & 0xffu), v.w = (k_u32)k_i8((R->w[i][3] >> sh) & 0xffu);
+                K_ST(ks, 2u * j, v);
+                v.x = k_f32_bits(k_h2f((k_u16)R->w[i][4])), v.y = 0u, v.z = 0u, v.w = 0u;
+                K_ST(ks, 2u * j + 1u, v);
+            }
+        } else {
+            k_u32 lo[2], hi[2];
+            K_UNROLL for (k_u32 s = 0; s < 2u; s++) {
+                const k_u32 q = R->w[i][s];
+                lo[s] = q & 0x0f0f0f0fu, hi[s] = (q >> 4) & 0x0f0f0f0fu;
+                if (type == K_TYPE_Q5_K) {
+                    const k_u32 hb = R->w[i][2u + s];
+                    lo[s] |= ((hb >> (2u * cp)) & 0x01010101u) << 4;
+                    hi[s] |= ((hb >> (2u * cp + 1u)) & 0x01010101u) << 4;
+                }
+            }
+            v.x = lo[0], v.y = lo[1], v.z = hi[0], v.w = hi[1];
+            K_ST(kw, 4u * j + c, v);
+            if (c == 0u) {
+                const k_u32 sh0 = 16u * (cp & 1u), a = R->w[i][5] >> sh0, b = R->w[i][6] >> sh0, f = R->w[i][7] >> sh0;
+                const k_u32 sc_lo = cp < 2u ? a & 63u : (f & 15u) | ((a >> 2) & 0x30u);
+                const k_u32 m_lo = cp < 2u ? b & 63u : ((f >> 4) & 15u) | ((b >> 2) & 0x30u);
+                const k_u32 sc_hi = cp < 2u ? (a >> 8) & 63u : ((f >> 8) & 15u) | ((a >> 10) & 0x30u);
+                const k_u32 m_hi = cp < 2u ? (b >> 8) & 63u : ((f >> 12) & 15u) | ((b >> 10) & 0x30u);
+                k_u32x4 u;
+                u.x = sc_lo, u.y = sc_hi, u.z = m_lo, u.w = m_hi;
+                K_ST(ks, 2u * j, u);
+                u.x = k_f32_bits(k_h2f((k_u16)(R->w[i][4] & 0xffffu))), u.y = k_f32_bits(k_h2f((k_u16)(R->w[i][4] >> 16)));
+                u.z = 0u, u.w = 0u;
+                K_ST(ks, 2u * j + 1u, u);
+            }
+        }
+    }
+    K_UNROLL for (k_u32 i = 0; i < K_MMA_XE; i++) {
+        const k_u32 e = tid + i * K_MMA_TG;
+        if (e >= 4u * K_MMA_TR) break;
+        const k_u32 a = e >> 2, c = e & 3u;
+        k_u32x4 v;
+        if (q6) {
+            if (c < 2u) {
+                K_UNROLL for (k_u32 s = 0; s < 2u; s++) {
+                    v.x = R->x[i][4u * s], v.y = R->x[i][4u * s + 1u], v.z = R->x[i][4u * s + 2u], v.w = R->x[i][4u * s + 3u];
+                    K_ST(kx, 4u * a + 2u * c + s, v);
+                }
+            } else if (c == 2u)
+                K_ST(kd, a, k_bits_f32(R->x[i][0]));
+        } else {
+            v.x = R->x[i][0], v.y = R->x[i][1], v.z = R->x[i][2], v.w = R->x[i][3];
+            K_ST(kx, 4u * a + c, v);
+            if (c == 0u) { /* the bsums as ints: lo runs of shares t, t + 1, hi runs */
+                K_ST(kd, a, k_bits_f32(R->x[i][4]));
+                v.x = (k_u32)k_mma_i16(R->x[i][5]), v.y = (k_u32)k_mma_i16(R->x[i][5] >> 16);
+                v.z = (k_u32)k_mma_i16(R->x[i][6]), v.w = (k_u32)k_mma_i16(R->x[i][6] >> 16);
+                K_ST(kb, a, v);
+            }
+        }
+    }
+}
+
+/* The step after (L, ib) in the kernel's order (the next super-block of the
+ * pair's chains, else the next pair with a super-block); L = 32: none. */
+K_FN void k_mma_kq_next(k_u32 nb, k_u32 *L, k_u32 *ib) {
+    if (*ib + 4u < nb) {
+        *ib += 4u;
+        return;
+    }
+    for (*L += 2u; *L < 32u; *L += 2u)
+        if ((*L >> 3) < nb) break;
+    *ib = *L >> 3;
+}
+
 
 K_KERNEL_BOUNDED(gemm_kq_mma, K_MMA_TG, K_MMA_KQ_TGS) {
     K_CHECK_TAG(gemm_kq_mma);
@@ -280,59 +419,77 @@ K_KERNEL_BOUNDED(gemm_kq_mma, K_MMA_TG, K_MMA_KQ_TGS) {
         k_raise(status, K_ERR_SHAPE);
         return;
     }
-    const k_u32 nb = p.n_in / 256u, nr = p.n_rows, lane = K_LANE, g = lane >> 2, c = lane & 3u;
+    const k_u32 nb = p.n_in / 256u, nr = p.n_rows, lane = K_LANE, g = lane >> 2, c = lane & 3u, tid = K_TID;
     const k_u32 q6 = type == K_TYPE_Q6_K;
-    const k_u32 o0 = (K_GY * K_MMA_NSG + K_SIMD) * 16u, r0 = K_GX * K_MMA_TR;
-    if (o0 >= p.n_out) return; /* a whole SIMD-group; no barriers here */
+    const k_u32 wr0 = K_GY * K_MMA_WR, o0 = wr0 + 16u * K_SIMD, r0 = K_GX * K_MMA_TR;
+    if (wr0 >= p.n_out || r0 >= nr) return; /* a whole threadgroup (a grid wider than needed) */
     K_TG_ARRAY(float, tp, 3 * K_MMA_NT * 4 * K_MMA_TG);
-    const k_u32 wa = k_mma_min(o0 + g, p.n_out - 1u) * nb, wb = k_mma_min(o0 + g + 8u, p.n_out - 1u) * nb;
-    k_u32 xg[K_MMA_NT], x0[K_MMA_NT], x1[K_MMA_NT];
-    K_UNROLL for (k_u32 n = 0; n < K_MMA_NT; n++) {
-        xg[n] = k_mma_min(r0 + 8u * n + g, nr - 1u) * nb;
-        x0[n] = k_mma_min(r0 + 8u * n + 2u * c, nr - 1u) * nb;
-        x1[n] = k_mma_min(r0 + 8u * n + 2u * c + 1u, nr - 1u) * nb;
-    }
-    K_DEV_IN k_u32x4 *w4 = (K_DEV_IN k_u32x4 *)w;
-    K_DEV_IN k_u32 *w32 = (K_DEV_IN k_u32 *)w;
-    K_DEV_IN k_u16 *w16 = (K_DEV_IN k_u16 *)w;
-    K_DEV_IN k_u32 *x32 = (K_DEV_IN k_u32 *)xq;
+    K_TG_ARRAY(k_u32x4, kw, 4 * K_MMA_WR);
+    K_TG_ARRAY(k_u32x4, ks, 2 * K_MMA_WR);
+    K_TG_ARRAY(k_u32x4, kx, 4 * K_MMA_TR);
+    K_TG_ARRAY(float, kd, K_MMA_TR);
+    K_TG_ARRAY(k_u32x4, kb, K_MMA_TR);
+    const k_u32 j0 = 16u * K_SIMD + g, j1 = j0 + 8u; /* the A fragment's rows g, g + 8 */
     float t1[K_MMA_NT][4];
     K_UNROLL for (k_u32 n = 0; n < K_MMA_NT; n++)
         K_UNROLL for (k_u32 e = 0; e < 4u; e++) t1[n][e] = 0.0f;
+    const k_i32x4 z = {0, 0, 0, 0};
+    k_mma_kq_raw R;
+#if K_MMA_PREFETCH
+    k_mma_kq_load(w, xq, type, nb, p.n_out, nr, wr0, r0, 0u, 0u, &R, tid); /* step (0, 0) exists: nb >= 1 */
+#endif
     for (k_u32 L = 0; L < 32u; L += 2u) {
         const k_u32 t = L & 7u; /* even: the pair is shares t, t + 1 */
         float accA[K_MMA_NT][4], accB[K_MMA_NT][4];
         K_UNROLL for (k_u32 n = 0; n < K_MMA_NT; n++)
             K_UNROLL for (k_u32 e = 0; e < 4u; e++) accA[n][e] = accB[n][e] = 0.0f;
         /* chains L, L + 1: shares t, t + 1 of the super-blocks ib = L >> 3
-         * (mod 4), ascending */
+         * (mod 4), ascending; the bounds are the whole threadgroup's */
         for (k_u32 ib = L >> 3; ib < nb; ib += 4u) {
+            K_BARRIER(); /* the previous step's fragments are read */
+#if !K_MMA_PREFETCH
+            k_mma_kq_load(w, xq, type, nb, p.n_out, nr, wr0, r0, t, ib, &R, tid);
+#endif
+            k_mma_kq_store(type, t, &R, kw, ks, kx, kd, kb, tid);
+            K_BARRIER();
+#if K_MMA_PREFETCH
+            { /* the next step's words: in flight while this one computes */
+                k_u32 nL = L, nib = ib;
+                k_mma_kq_next(nb, &nL, &nib);
+                if (nL < 32u) k_mma_kq_load(w, xq, type, nb, p.n_out, nr, wr0, r0, nL & 7u, nib, &R, tid);
+            }
+#endif
+            const k_u32x4 sa = K_LD(ks, 2u * j0), sb = K_LD(ks, 2u * j1); /* scales (and mins) */
+            const k_u32x4 da = K_LD(ks, 2u * j0 + 1u), db = K_LD(ks, 2u * j1 + 1u); /* d, dmin */
+            const float dA = k_bits_f32(da.x), dB = k_bits_f32(db.x);
             if (q6) {
-                const k_mma_kq6 A = k_mma_kq6_load(w16, (wa + ib) * 210u, t, c);
-                const k_mma_kq6 B = k_mma_kq6_load(w16, (wb + ib) * 210u, t, c);
-                /* activation word of group q of share t + s: 1 + 32 h + 8 q + 2 ((t + s) & 3) + c */
-                const k_u32 xlo = 1u + 32u * (t >> 2) + 2u * (t & 3u) + c;
+                const k_u32x4 zz = {0u, 0u, 0u, 0u};
+                const k_u32x4 A0 = c < 2u ? K_LD(kw, 4u * j0 + 2u * c) : zz, A1 = c < 2u ? K_LD(kw, 4u * j0 + 2u * c + 1u) : zz;
+                const k_u32x4 B0 = c < 2u ? K_LD(kw, 4u * j1 + 2u * c) : zz, B1 = c < 2u ? K_LD(kw, 4u * j1 + 2u * c + 1u) : zz;
+                const int scA[4] = {(int)sa.x, (int)sa.y, (int)sa.z, (int)sa.w};
+                const int scB[4] = {(int)sb.x, (int)sb.y, (int)sb.z, (int)sb.w};
                 K_UNROLL for (k_u32 n = 0; n < K_MMA_NT; n++) {
-                    if (r0 + 8u * n >= nr) continue;
-                    const k_u32 xb = (xg[n] + ib) * 73u;
-                    const float dx0 = k_bits_f32(K_LD(x32, (x0[n] + ib) * 73u));
-                    const float dx1 = k_bits_f32(K_LD(x32, (x1[n] + ib) * 73u));
-                    const float f0 = A.d * dx0, f1 = A.d * dx1, f2 = B.d * dx0, f3 = B.d * dx1;
+                    if (r0 + 8u * n >= nr) continue; /* uniform: a whole tile past the rows */
+                    const k_u32 xa = 4u * (8u * n + g) + 2u * c;
+                    const k_u32x4 X0 = c < 2u ? K_LD(kx, xa) : zz, X1 = c < 2u ? K_LD(kx, xa + 1u) : zz;
+                    const float dx0 = K_LD(kd, 8u * n + 2u * c), dx1 = K_LD(kd, 8u * n + 2u * c + 1u);
+                    const float f0 = dA * dx0, f1 = dA * dx1, f2 = dB * dx0, f3 = dB * dx1;
                     K_UNROLL for (k_u32 s2 = 0; s2 < 2u; s2++) {
+                        const k_u32x4 a4 = s2 ? A1 : A0, b4 = s2 ? B1 : B0, x4 = s2 ? X1 : X0;
+                        const k_u32 av[4] = {a4.x, a4.y, a4.z, a4.w}, bv[4] = {b4.x, b4.y, b4.z, b4.w};
+                        const k_u32 xv[4] = {x4.x, x4.y, x4.z, x4.w};
                         k_i32x4 sq[4];
                         K_UNROLL for (k_u32 q = 0; q < 4u; q++) {
-                            const k_i32x4 z = {0, 0, 0, 0};
-                            const k_u32 xw = c < 2u ? K_LD(x32, xb + xlo + 2u * s2 + 8u * q) : 0u;
 #ifdef PLANT_MMA_FRAGMENT_SWAP
-                            sq[q] = k_mma_s8_k16(z, q + s2 ? A.code[s2][q] : B.code[s2][q], q + s2 ? B.code[s2][q] : A.code[s2][q], xw);
+                            sq[q] = k_mma_s8_k16(z, q + s2 ? av[q] : bv[q], q + s2 ? bv[q] : av[q], xv[q]);
 #else
-                            sq[q] = k_mma_s8_k16(z, A.code[s2][q], B.code[s2][q], xw);
+                            sq[q] = k_mma_s8_k16(z, av[q], bv[q], xv[q]);
 #endif
                         }
-                        const int p0 = A.sc[0] * sq[0].x + A.sc[1] * sq[1].x + A.sc[2] * sq[2].x + A.sc[3] * sq[3].x;
-                        const int p1 = A.sc[0] * sq[0].y + A.sc[1] * sq[1].y + A.sc[2] * sq[2].y + A.sc[3] * sq[3].y;
-                        const int p2 = B.sc[0] * sq[0].z + B.sc[1] * sq[1].z + B.sc[2] * sq[2].z + B.sc[3] * sq[3].z;
-                        const int p3 = B.sc[0] * sq[0].w + B.sc[1] * sq[1].w + B.sc[2] * sq[2].w + B.sc[3] * sq[3].w;
+                        const int p0 = scA[0] * sq[0].x + scA[1] * sq[1].x + scA[2] * sq[2].x + scA[3] * sq[3].x;
+                        const int p1 = scA[0] * sq[0].y + scA[1] * sq[1].y + scA[2] * sq[2].y + scA[3] * sq[3].y;
+                        const int p2 = scB[0] * sq[0].z + scB[1] * sq[1].z + scB[2] * sq[2].z + scB[3] * sq[3].z;
+                        const int p3 = scB[0] * sq[0].w + scB[1] * sq[1].w + scB[2] * sq[2].w + scB[3] * sq[3].w;
                         /* matvec_kq's term: (d_w * d_x) * (float) part */
                         if (s2 == 0u) {
                             accA[n][0] += f0 * (float)p0, accA[n][1] += f1 * (float)p1;
@@ -344,35 +501,36 @@ K_KERNEL_BOUNDED(gemm_kq_mma, K_MMA_TG, K_MMA_KQ_TGS) {
                     }
                 }
             } else {
-                const k_mma_kq45 A = k_mma_kq45_load(w4, w32, (wa + ib) * (bs / 16u), type, t, c);
-                const k_mma_kq45 B = k_mma_kq45_load(w4, w32, (wb + ib) * (bs / 16u), type, t, c);
-                /* mins repeated over their runs: k 0..15 the lo run, 16..31 the hi run */
-                const k_u32 m0 = (k_u32)A.m_lo * 0x01010101u, m1 = (k_u32)B.m_lo * 0x01010101u;
-                const k_u32 m2 = (k_u32)A.m_hi * 0x01010101u, m3 = (k_u32)B.m_hi * 0x01010101u;
-                /* activation words of share t + s's runs: lo 1 + 16 c' + 4 s + c, hi 8 further */
-                const k_u32 xlo = 1u + 16u * (t >> 1) + c;
+                const k_u32x4 A = K_LD(kw, 4u * j0 + c), B = K_LD(kw, 4u * j1 + c);
+                const k_u32 alo[2] = {A.x, A.y}, ahi[2] = {A.z, A.w}, blo[2] = {B.x, B.y}, bhi[2] = {B.z, B.w};
+                const int Asl = (int)sa.x, Ash = (int)sa.y, Aml = (int)sa.z, Amh = (int)sa.w;
+                const int Bsl = (int)sb.x, Bsh = (int)sb.y, Bml = (int)sb.z, Bmh = (int)sb.w;
+                const float mA = k_bits_f32(da.y), mB = k_bits_f32(db.y);
                 K_UNROLL for (k_u32 n = 0; n < K_MMA_NT; n++) {
                     if (r0 + 8u * n >= nr) continue;
-                    const k_u32 xb = (xg[n] + ib) * 73u;
-                    const float dx0 = k_bits_f32(K_LD(x32, (x0[n] + ib) * 73u));
-                    const float dx1 = k_bits_f32(K_LD(x32, (x1[n] + ib) * 73u));
-                    const float f0 = A.d * dx0, f1 = A.d * dx1, f2 = B.d * dx0, f3 = B.d * dx1;
-                    const float m0f = A.dmin * dx0, m1f = A.dmin * dx1, m2f = B.dmin * dx0, m3f = B.dmin * dx1;
+                    const k_u32x4 X = K_LD(kx, 4u * (8u * n + g) + c);
+                    const k_u32 xlo[2] = {X.x, X.y}, xhi[2] = {X.z, X.w};
+                    /* activation rows 2c, 2c + 1 of the tile: d_x and the runs' bsums */
+                    const k_u32x4 D0 = K_LD(kb, 8u * n + 2u * c), D1 = K_LD(kb, 8u * n + 2u * c + 1u);
+                    const float dx0 = K_LD(kd, 8u * n + 2u * c), dx1 = K_LD(kd, 8u * n + 2u * c + 1u);
+                    const float f0 = dA * dx0, f1 = dA * dx1, f2 = dB * dx0, f3 = dB * dx1;
+                    const float m0f = mA * dx0, m1f = mA * dx1, m2f = mB * dx0, m3f = mB * dx1;
                     K_UNROLL for (k_u32 s2 = 0; s2 < 2u; s2++) {
-                        const k_u32 xl = K_LD(x32, xb + xlo + 4u * s2), xh = K_LD(x32, xb + xlo + 4u * s2 + 8u);
-                        const k_i32x4 z = {0, 0, 0, 0};
+                        const k_u32 xl = xlo[s2], xh = xhi[s2];
 #ifdef PLANT_MMA_FRAGMENT_SWAP
-                        const k_i32x4 sl = k_mma_s8_k16(z, B.lo[s2], A.lo[s2], xl);
+                        const k_i32x4 sl = k_mma_s8_k16(z, blo[s2], alo[s2], xl);
 #else
-                        const k_i32x4 sl = k_mma_s8_k16(z, A.lo[s2], B.lo[s2], xl);
+                        const k_i32x4 sl = k_mma_s8_k16(z, alo[s2], blo[s2], xl);
 #endif
-                        const k_i32x4 sh = k_mma_s8_k16(z, A.hi[s2], B.hi[s2], xh);
-                        const k_i32x4 sm = k_mma_s8_k32(z, m0, m1, m2, m3, xl, xh);
+                        const k_i32x4 sh = k_mma_s8_k16(z, ahi[s2], bhi[s2], xh);
+                        /* the share's run bsums (int16) of rows 2c, 2c + 1: gemm.h's b0, b1 */
+                        const int b00 = (int)(s2 ? D0.y : D0.x), b01 = (int)(s2 ? D0.w : D0.z);
+                        const int b10 = (int)(s2 ? D1.y : D1.x), b11 = (int)(s2 ? D1.w : D1.z);
                         /* matvec_kq's terms: (d_w d_x) part, then - (dmin_w d_x) mpart */
-                        const float v0 = f0 * (float)(A.sc_lo * sl.x + A.sc_hi * sh.x), u0 = m0f * (float)sm.x;
-                        const float v1 = f1 * (float)(A.sc_lo * sl.y + A.sc_hi * sh.y), u1 = m1f * (float)sm.y;
-                        const float v2 = f2 * (float)(B.sc_lo * sl.z + B.sc_hi * sh.z), u2 = m2f * (float)sm.z;
-                        const float v3 = f3 * (float)(B.sc_lo * sl.w + B.sc_hi * sh.w), u3 = m3f * (float)sm.w;
+                        const float v0 = f0 * (float)(Asl * sl.x + Ash * sh.x), u0 = m0f * (float)(Aml * b00 + Amh * b01);
+                        const float v1 = f1 * (float)(Asl * sl.y + Ash * sh.y), u1 = m1f * (float)(Aml * b10 + Amh * b11);
+                        const float v2 = f2 * (float)(Bsl * sl.z + Bsh * sh.z), u2 = m2f * (float)(Bml * b00 + Bmh * b01);
+                        const float v3 = f3 * (float)(Bsl * sl.w + Bsh * sh.w), u3 = m3f * (float)(Bml * b10 + Bmh * b11);
                         if (s2 == 0u) {
                             accA[n][0] += v0, accA[n][0] -= u0, accA[n][1] += v1, accA[n][1] -= u1;
                             accA[n][2] += v2, accA[n][2] -= u2, accA[n][3] += v3, accA[n][3] -= u3;

@@ -643,10 +643,9 @@ typedef k_matvec_kq_params k_gemm_kq_params;
  * K_MMA_NT activation rows. Launch K_MMA_GROUPS_X(n_rows) x
  * K_MMA_GROUPS_Y(n_out) threadgroups of K_MMA_TG threads (anything else
  * raises K_ERR_SHAPE). Same params and tables as the matvecs (n_rows any
- * count). gemm_kq_mma takes the Q4_K/Q5_K min terms from an MMA of the
- * mins with the Q8_K codes, so it needs Q8_K rows whose bsums are the sums
- * of their codes (true of every row quantize_q8_K / the fused quantizers
- * write, and of the CPU's quantizer). */
+ * count). gemm_kq_mma stages each step's weight and activation slices in
+ * threadgroup memory (gemm_mma.h) and takes the Q4_K/Q5_K min terms from
+ * the Q8_K bsums, as the matvec does. */
 #ifndef K_MMA_NSG
 #define K_MMA_NSG 4 /* SIMD-groups per threadgroup (16 weight rows each) */
 #endif

@@ -11,14 +11,15 @@
  * activation rows 17, 45, 130 (not multiples of the 8-row MMA tile nor
  * the 32-row threadgroup tile); y with a row gap that must stay
  * unwritten. The K-quant weights are random bytes with finite scales; the
- * activations come from the CPU's quantizers (their Q8_K bsums are the
- * sums of their codes, which gemm_kq_mma's min term relies on: table.h).
+ * activations come from the CPU's quantizers; two more Q4_K / Q5_K cases
+ * have bsums that are not the sums of their codes (gemm_kq_mma takes the
+ * min term from the bsums, as the matvec and the dp4a GEMM do).
  * Also: a grid one threadgroup short in either dimension or a wrong
  * threadgroup size raises K_ERR_SHAPE. Planted fault: PLANT_MMA_FRAGMENT_SWAP
  * (A fragment registers of rows g and g + 8 swapped: Q8_0's k 16..31,
  * the K-quants' low runs) must turn this suite red. */
 #ifdef K_HAS_MMA
-static void mma_case(int type, uint32_t n_in, uint32_t n_out, uint32_t n_rows) {
+static void mma_case(int type, uint32_t n_in, uint32_t n_out, uint32_t n_rows, int foreign_bsums) {
     const int q8 = type == DS4_TYPE_Q8_0;
     const uint32_t bk = q8 ? 32 : 256, nb = n_in / bk, ys = n_out + 3;
     const size_t bs = q8 ? 34 : type == DS4_TYPE_Q4_K ? 144 : type == DS4_TYPE_Q5_K ? 176 : 210, xbs = q8 ? 34 : 292;
@@ -41,6 +42,14 @@ static void mma_case(int type, uint32_t n_in, uint32_t n_out, uint32_t n_rows) {
         }
         for (uint32_t r = 0; r < n_rows; r++)
             scalar.from_float[DS4_TYPE_Q8_K](xf + r * n_in, xq + r * nb * 292, n_in);
+        if (foreign_bsums) /* bsums that are not the sums of the codes: the GEMMs read them as the matvec does */
+            for (uint32_t blk = 0; blk < n_rows * nb; blk++)
+                for (int i = 0; i < 16; i++) {
+                    int16_t b;
+                    memcpy(&b, xq + blk * 292 + 260 + 2 * i, 2);
+                    b = (int16_t)(b + 7 * i - 50);
+                    memcpy(xq + blk * 292 + 260 + 2 * i, &b, 2);
+                }
     }
     const size_t ny = (size_t)(n_rows - 1) * ys + n_out;
     float *yd = malloc(sizeof(float) * ny), *ym = malloc(sizeof(float) * ny), *y1 = malloc(sizeof(float) * n_out);
@@ -78,8 +87,9 @@ static void mma_case(int type, uint32_t n_in, uint32_t n_out, uint32_t n_rows) {
         if (bad < ny)
             fprintf(stderr, "  first difference: row %zu out %zu: mma %.9g dp4a %.9g\n", bad / ys, bad % ys, ym[bad],
                     yd[bad]);
-        check(bad == ny && nan_out == 0, "%s n_in=%u n_out=%u rows=%u: every value bit-identical to the dp4a GEMM, "
-              "all written, the row gaps unwritten (%zu NaN outputs)", tn, n_in, n_out, n_rows, nan_out);
+        check(bad == ny && nan_out == 0, "%s n_in=%u n_out=%u rows=%u%s: every value bit-identical to the dp4a GEMM, "
+              "all written, the row gaps unwritten (%zu NaN outputs)", tn, n_in, n_out, n_rows,
+              foreign_bsums ? " (bsums not the codes' sums)" : "", nan_out);
     }
     /* the width-1 matvec on the first, a middle and the last row */
     const uint32_t rows3[3] = {0, n_rows / 2, n_rows - 1};
@@ -112,7 +122,7 @@ static void suite_mma(void) {
     for (size_t ii = 0; ii < 4; ii++)
         for (size_t s = 0; s < 3; s++) {
             if (ii >= 2 && s == 2) continue; /* the widest shape on the short rows only (emulator time) */
-            mma_case(DS4_TYPE_Q8_0, q8_ins[ii], shapes[s][0], shapes[s][1]);
+            mma_case(DS4_TYPE_Q8_0, q8_ins[ii], shapes[s][0], shapes[s][1], 0);
         }
     const int types[] = {DS4_TYPE_Q4_K, DS4_TYPE_Q5_K, DS4_TYPE_Q6_K};
     const uint32_t kq_ins[] = {256, 1280, 2304};
@@ -120,8 +130,10 @@ static void suite_mma(void) {
         for (size_t ii = 0; ii < 3; ii++)
             for (size_t s = 0; s < 3; s++) {
                 if (ii >= 1 && s == 2) continue;
-                mma_case(types[it], kq_ins[ii], shapes[s][0], shapes[s][1]);
+                mma_case(types[it], kq_ins[ii], shapes[s][0], shapes[s][1], 0);
             }
+    mma_case(DS4_TYPE_Q4_K, 1280, 37, 45, 1);
+    mma_case(DS4_TYPE_Q5_K, 2304, 70, 33, 1);
     /* a grid one threadgroup short (either dimension) and a wrong
      * threadgroup size raise K_ERR_SHAPE (or are refused at launch on
      * CUDA, above the kernel's __launch_bounds__) */
