@@ -772,14 +772,18 @@ def _paths_report() -> None:
             sys.stderr.write(f"DS4PY_PATHS: {line}\n")
 
 
-def _moe_path() -> str:
+def _moe_path(backend: str) -> str:
     """The routed MoE kernels the runner takes (gpu/host/runner.c reads the
     same variables when a session opens)."""
     if os.environ.get("K_RUNNER_MOE_GROUP") == "0":
         return "routed MoE FFN: moe_gate_up/moe_down per (row, expert) pair at every width"
     m = os.environ.get("K_RUNNER_MOE_GROUP_MIN", "")
     rows = int(m) if m.isdigit() and int(m) >= 1 else 17
-    return (f"routed MoE FFN: chunks of {rows}+ rows grouped by expert (moe_group, moe_gemm, "
+    gemm_env = os.environ.get("K_RUNNER_GEMM", "")
+    mma = backend in ("cuda", "gpu-emul") and gemm_env not in ("0", "dp4a")
+    gemm = ("moe_gemm_mma (int8 MMA) for layers whose matrices are all K-quants, else moe_gemm"
+            if mma else "moe_gemm")
+    return (f"routed MoE FFN: chunks of {rows}+ rows grouped by expert (moe_group, {gemm}, "
             f"moe_combine; where its shapes allow), narrower ones moe_gate_up/moe_down per pair")
 
 
@@ -803,10 +807,11 @@ class _GpuLine:
 
     def __init__(self, model: GpuModel):
         kinds = [k for k in model.config.layer_kinds if k != "nextn"]
+        ffn = _moe_path(model.backend) if model.config.arch == "qwen35moe" else "dense FFN"
         self.head = (f"{model.backend} ({model._plugin.path}): all {len(kinds)} trunk layers "
                      f"on the GPU layer loop (gpu/host/runner.c: {kinds.count('gdn')} gdn, "
                      f"{kinds.count('attn')} attn, "
-                     f"{_moe_path() if model.config.arch == 'qwen35moe' else 'dense FFN'}; "
+                     f"{ffn}; "
                      f"{_gemm_path(model.backend)}), "
                      f"LM head and logits on the "
                      f"device")

@@ -262,12 +262,15 @@ def test_golden_moe_q8_0(binary, tmp_path):
 def check_grouped_moe(binary, tmp_path, model, toks, pre):
     """The prompt's MoE layers grouped by expert (gpu/kernels/moe_gemm.h,
     which the runner takes for chunks of more than 16 rows; forced here from
-    2 rows): the same bits as the per-pair kernels, at two chunk sizes."""
-    for chunk in (None, 5):
-        d = os.path.join(str(tmp_path), f"grouped{chunk}")
+    2 rows): the same bits as the per-pair kernels, at two chunk sizes, with
+    the runner's default GEMMs (moe_gemm_mma where a layer's matrices are all
+    K-quants: the emulator has int8 MMA) and with K_RUNNER_GEMM=dp4a
+    (moe_gemm everywhere)."""
+    for chunk, gemm in ((None, None), (5, None), (None, "dp4a")):
+        d = os.path.join(str(tmp_path), f"grouped{chunk}{gemm}")
         os.makedirs(d)
-        g, _, _ = run_gpu(binary, d, model, toks, 0, prefill_chunk=chunk,
-                          env_extra={"K_RUNNER_MOE_GROUP_MIN": "2"})
+        env = {"K_RUNNER_MOE_GROUP_MIN": "2", **({"K_RUNNER_GEMM": gemm} if gemm else {})}
+        g, _, _ = run_gpu(binary, d, model, toks, 0, prefill_chunk=chunk, env_extra=env)
         np.testing.assert_array_equal(g.view(np.uint32), pre.view(np.uint32))
 
 

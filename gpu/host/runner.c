@@ -706,17 +706,22 @@ static int moe_grouped_ok(const k_runner *r, const dev_moe *M, int64_t n) {
  * u] rows per pair, swiglu_quant into moe_down's quantized layout, moe_gemm
  * over down, moe_combine into y. Every value is the per-pair path's
  * (moe_gate_up, the quantizers, moe_down) bit for bit; each expert's
- * weights are read once per tile of up to K_GEMM_TR of its pairs instead
- * of once per pair. */
+ * weights are read once per tile of up to K_GEMM_TR of its pairs (moe_gemm)
+ * or K_MMA_TR (moe_gemm_mma: int8 tensor cores, where the device has them,
+ * every matrix of the layer is a K-quant and K_RUNNER_GEMM is not dp4a)
+ * instead of once per pair. */
 static int moe_grouped(k_runner *r, const dev_moe *M, int64_t n, ds4_error *err) {
     const ds4_model_config *c = &r->c;
     const int64_t E = c->n_embd, ne = c->n_expert, k = c->n_expert_used, F = c->n_ff_exp, Fs = M->n_ff_sh;
     const int64_t nf = F > Fs ? F : Fs, nk = n * k, pairs = nk + (Fs ? n : 0);
-    const uint32_t T = K_MOE_GROUP_TILES((uint32_t)n, (uint32_t)k, (uint32_t)ne, Fs ? 1u : 0u);
-    const uint32_t tile_rows = K_GEMM_NSG * K_GEMM_TOS;
+    uint32_t gemm_id = K_ID_moe_gemm, TR = K_GEMM_TR, tile_rows = K_GEMM_NSG * K_GEMM_TOS, TG = K_GEMM_TG;
+#ifdef K_HAS_MMA_KERNELS
+    if (r->gemm >= 2 && M->all_kq) gemm_id = K_ID_moe_gemm_mma, TR = K_MMA_TR, tile_rows = K_MMA_WR, TG = K_MMA_TG;
+#endif
+    const uint32_t T = K_MOE_GROUP_TILES((uint32_t)n, (uint32_t)k, (uint32_t)ne, Fs ? 1u : 0u, TR);
     int rc;
     {
-        k_moe_group_params p = {K_TAG_OF(moe_group), (uint32_t)n, (uint32_t)k, (uint32_t)ne, Fs ? 1u : 0u, T};
+        k_moe_group_params p = {K_TAG_OF(moe_group), (uint32_t)n, (uint32_t)k, (uint32_t)ne, Fs ? 1u : 0u, T, TR};
         k_binding b[] = {STATUS_BIND(moe_group), K_BIND(moe_group, p, &p, sizeof p),
                          K_BIND(moe_group, sel, r->moe_sel, 4 * (size_t)nk),
                          K_BIND(moe_group, order, r->moe_order, 4 * (size_t)pairs),
@@ -724,7 +729,7 @@ static int moe_grouped(k_runner *r, const dev_moe *M, int64_t n, ds4_error *err)
         if ((rc = kr_launch(r, K_ID_moe_group, 1, 1, 1, K_MOE_GROUP_TG, b, 5, err))) return rc;
     }
     {
-        k_moe_gemm_params p = {K_TAG_OF(moe_gemm), (uint32_t)n, (uint32_t)k, (uint32_t)ne, T, 0, (uint32_t)E,
+        k_moe_gemm_params p = {K_TAG(gemm_id), (uint32_t)n, (uint32_t)k, (uint32_t)ne, T, 0, (uint32_t)E,
                                (uint32_t)E, (uint32_t)F, (uint32_t)Fs, M->t_gate, M->t_up, M->t_sgate, M->t_sup,
                                0, M->g_estride, M->up0, M->u_estride, M->sg_base, M->su_base,
                                (uint32_t)(2 * nf), (uint32_t)nf};
@@ -734,8 +739,7 @@ static int moe_grouped(k_runner *r, const dev_moe *M, int64_t n, ds4_error *err)
                          K_BIND(moe_gemm, xq8, r->xq8, r->xq8_bytes), K_BIND(moe_gemm, xqk, r->xqk, r->xqk_bytes),
                          K_BIND(moe_gemm, w, M->wgu, M->gu_bytes),
                          K_BIND(moe_gemm, y, r->moe_gu, F4(pairs * 2 * nf))};
-        if ((rc = kr_launch(r, K_ID_moe_gemm, T, (uint32_t)((nf + tile_rows - 1) / tile_rows), 2, K_GEMM_TG, b, 8,
-                            err)))
+        if ((rc = kr_launch(r, gemm_id, T, (uint32_t)((nf + tile_rows - 1) / tile_rows), 2, TG, b, 8, err)))
             return rc;
     }
     /* SiLU(g) * u quantized for the down types: the routed pairs' rows,
@@ -755,7 +759,7 @@ static int moe_grouped(k_runner *r, const dev_moe *M, int64_t n, ds4_error *err)
         if ((rc = kr_launch(r, K_ID_swiglu_quant, (K_SWIGLU_QUANT_UNITS(p) + 3) / 4, 1, 1, 128, b, 5, err))) return rc;
     }
     {
-        k_moe_gemm_params p = {K_TAG_OF(moe_gemm), (uint32_t)n, (uint32_t)k, (uint32_t)ne, T, 1, (uint32_t)F,
+        k_moe_gemm_params p = {K_TAG(gemm_id), (uint32_t)n, (uint32_t)k, (uint32_t)ne, T, 1, (uint32_t)F,
                                (uint32_t)Fs, (uint32_t)E, Fs ? (uint32_t)E : 0u, M->t_down, M->t_down, M->t_sdown,
                                M->t_sdown, 0, M->d_estride, 0, 0, M->sd_base,
                                0, (uint32_t)E, 0};
@@ -765,7 +769,7 @@ static int moe_grouped(k_runner *r, const dev_moe *M, int64_t n, ds4_error *err)
                          K_BIND(moe_gemm, xq8, r->moe_hq8, r->moe_hq8_bytes),
                          K_BIND(moe_gemm, xqk, r->moe_hqk, r->moe_hqk_bytes), K_BIND(moe_gemm, w, M->wdn, M->dn_bytes),
                          K_BIND(moe_gemm, y, r->moe_dn, F4(pairs * E))};
-        if ((rc = kr_launch(r, K_ID_moe_gemm, T, (uint32_t)((E + tile_rows - 1) / tile_rows), 1, K_GEMM_TG, b, 8, err)))
+        if ((rc = kr_launch(r, gemm_id, T, (uint32_t)((E + tile_rows - 1) / tile_rows), 1, TG, b, 8, err)))
             return rc;
     }
     k_moe_combine_params p = {K_TAG_OF(moe_combine), (uint32_t)n, (uint32_t)k, (uint32_t)E, Fs ? 1u : 0u,
@@ -960,6 +964,7 @@ int kr_open_moe(k_gpu_model *g, const ds4_layer *T, dev_layer *L, ds4_error *err
     M->d_estride = (uint32_t)g->c.n_embd * K_MOE_ROW_BYTES(M->t_down, (uint32_t)g->c.n_ff_exp);
     const int q8 = (M->want & K_NQ_Q8_0) || M->t_down == K_TYPE_Q8_0 || (shared && M->t_sdown == K_TYPE_Q8_0);
     M->group_ok = (!q8 || K_MATVEC_OCTETS_PER_ROW == 4u) && (M->up0 | M->d_estride) % 16u == 0;
+    M->all_kq = !q8;
     return 0;
 }
 
@@ -983,7 +988,9 @@ static int open_moe_scratch(k_runner *r, ds4_error *err) {
         (!(r->moe_gu = kr_dalloc(r, F4(ROWS * (k + 1) * 2 * nf), err)) ||
          !(r->moe_dn = kr_dalloc(r, F4(ROWS * (k + 1) * c->n_embd), err)) ||
          !(r->moe_order = kr_dalloc(r, 4 * (size_t)(ROWS * (k + 1)), err)) ||
-         !(r->moe_tiles = kr_dalloc(r, 8 * (size_t)K_MOE_GROUP_TILES(ROWS, (uint32_t)k, (uint32_t)ne, 1u), err))))
+         !(r->moe_tiles = kr_dalloc(r, 8 * (size_t)K_MOE_GROUP_TILES(ROWS, (uint32_t)k, (uint32_t)ne, 1u,
+                                                                   K_GEMM_TR < K_MMA_TR ? K_GEMM_TR : K_MMA_TR),
+                                         err))))
         return err->code;
     return 0;
 }

@@ -74,6 +74,7 @@ typedef struct {
      * order when a matrix is Q8_0) */
     uint32_t up0, d_estride;
     int group_ok;
+    int all_kq;      /* every matrix a K-quant: moe_gemm_mma (int8 MMA) can take the grouped GEMMs */
     unsigned want;   /* what pre_norm writes for it: K_NQ_X (the router's float rows) | activation types */
 } dev_moe;
 

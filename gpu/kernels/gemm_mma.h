@@ -235,7 +235,6 @@ K_KERNEL_BOUNDED(gemm_q8_0_mma, K_MMA_TG, K_MMA_Q8_TGS) {
  * Rows past n_out / n_rows are staged clamped (their outputs are not
  * stored). The float terms, their chains and the tree are the first
  * version's, operand for operand (the header above). */
-#define K_MMA_WR (16u * K_MMA_NSG) /* weight rows per threadgroup */
 /* staging elements per thread: (weight row, c) and (activation row, c) */
 #define K_MMA_WE ((4u * K_MMA_WR + K_MMA_TG - 1u) / K_MMA_TG)
 #define K_MMA_XE ((4u * K_MMA_TR + K_MMA_TG - 1u) / K_MMA_TG)
@@ -262,8 +261,8 @@ typedef struct {
  * Activation element (a, c): Q4_K/Q5_K x[0..3] the code words, c == 0:
  * x[4] d_x, x[5..6] the bsum words of the pair's runs; Q6_K c < 2: x[0..7]
  * the groups' words of shares t, t + 1, c == 2: x[0] d_x. */
-K_FN void k_mma_kq_load(K_DEV_IN k_u8 *w, K_DEV_IN k_u8 *xq, k_u32 type, k_u32 nb, k_u32 n_out, k_u32 nr, k_u32 wr0,
-                        k_u32 r0, k_u32 t, k_u32 ib, k_mma_kq_raw *R, k_u32 tid) {
+K_FN void k_mma_kq_load(K_DEV_IN k_u8 *w, k_u32 wbase, K_DEV_IN k_u8 *xq, K_DEV_IN k_u32 *order, k_gemm_map m,
+                        k_u32 type, k_u32 nb, k_u32 n_out, k_u32 wr0, k_u32 t, k_u32 ib, k_mma_kq_raw *R, k_u32 tid) {
     const k_u32 bs = K_KQ_BLOCK_BYTES(type), q6 = type == K_TYPE_Q6_K, cp = t >> 1, h6 = t >> 2;
     K_DEV_IN k_u32 *w32 = (K_DEV_IN k_u32 *)w;
     K_DEV_IN k_u16 *w16 = (K_DEV_IN k_u16 *)w;
@@ -273,7 +272,7 @@ K_FN void k_mma_kq_load(K_DEV_IN k_u8 *w, K_DEV_IN k_u8 *xq, k_u32 type, k_u32 n
         if (e >= 4u * K_MMA_WR) break;
         const k_u32 j = e >> 2, c = e & 3u, blk = k_mma_min(wr0 + j, n_out - 1u) * nb + ib;
         if (q6) {
-            const k_u32 wo = blk * 210u;
+            const k_u32 wo = wbase + blk * 210u;
             if (c < 2u) {
                 K_UNROLL for (k_u32 s = 0; s < 2u; s++) { /* k_mma_kq6: l = 8 ((t + s) & 3) + 4c */
                     const k_u32 l = 8u * (t & 3u) + 8u * s + 4u * c;
@@ -286,7 +285,7 @@ K_FN void k_mma_kq_load(K_DEV_IN k_u8 *w, K_DEV_IN k_u8 *xq, k_u32 type, k_u32 n
                 R->w[i][4] = k_ld_u16_at(w16, wo + 208u);
             }
         } else {
-            const k_u32 w0 = blk * (bs / 4u), qo = type == K_TYPE_Q4_K ? 4u : 12u;
+            const k_u32 w0 = wbase / 4u + blk * (bs / 4u), qo = type == K_TYPE_Q4_K ? 4u : 12u;
             K_UNROLL for (k_u32 s = 0; s < 2u; s++) {
                 R->w[i][s] = K_LD(w32, w0 + qo + 4u * (t + s) + c);
                 if (type == K_TYPE_Q5_K) R->w[i][2u + s] = K_LD(w32, w0 + 4u + 4u * s + c);
@@ -297,7 +296,8 @@ K_FN void k_mma_kq_load(K_DEV_IN k_u8 *w, K_DEV_IN k_u8 *xq, k_u32 type, k_u32 n
     K_UNROLL for (k_u32 i = 0; i < K_MMA_XE; i++) {
         const k_u32 e = tid + i * K_MMA_TG;
         if (e >= 4u * K_MMA_TR) break;
-        const k_u32 a = e >> 2, c = e & 3u, xb = (k_mma_min(r0 + a, nr - 1u) * nb + ib) * 73u;
+        const k_u32 a = e >> 2, c = e & 3u; /* tile row a, clamped to the tile's rows */
+        const k_u32 xb = k_gemm_act(m, k_gemm_row(order, m, k_mma_min(a, m.n - 1u))) / 4u + ib * 73u;
         if (q6) {
             if (c < 2u) { /* group q of share t + s: word 1 + 32 h + 8 q + 2 ((t + s) & 3) + c */
                 const k_u32 xo = xb + 1u + 32u * h6 + 2u * (t & 3u) + c;
@@ -412,31 +412,44 @@ K_FN void k_mma_kq_next(k_u32 nb, k_u32 *L, k_u32 *ib) {
 }
 
 
-K_KERNEL_BOUNDED(gemm_kq_mma, K_MMA_TG, K_MMA_KQ_TGS) {
-    K_CHECK_TAG(gemm_kq_mma);
-    const k_u32 type = p.wtype, bs = K_KQ_BLOCK_BYTES(type);
-    if (!K_MMA_SHAPE_OK(p, 256u) || bs == 0u) {
-        k_raise(status, K_ERR_SHAPE);
-        return;
+/* The pair's two chains joined, then the tree; after the last pair the
+ * output is stored (tile row 8n + 2c + (e & 1), weight row o0 + g + 8 (e
+ * >> 1); rows past m.n / n_out not), through the row map. */
+#define K_MMA_PAIR_DONE_MAP(L, accA, accB, t1, tp, y, order, m, n_out, o0, g, c, tid)                \
+    K_UNROLL for (k_u32 n = 0; n < K_MMA_NT; n++) {                                                \
+        if (8u * n >= (m).n) continue;                                                             \
+        K_UNROLL for (k_u32 e = 0; e < 4u; e++) {                                                  \
+            float v = accA[n][e] + accB[n][e];                                                     \
+            K_MMA_TREE(L, v, t1[n][e], tp, K_MMA_SLOT(2u, n, e, tid), K_MMA_SLOT(3u, n, e, tid),     \
+                       K_MMA_SLOT(4u, n, e, tid));                                                 \
+            if ((L) == 30u) {                                                                      \
+                const k_u32 row_ = 8u * n + 2u * (c) + (e & 1u), o_ = (o0) + (g) + 8u * (e >> 1);     \
+                if (row_ < (m).n && o_ < (n_out))                                                  \
+                    K_ST(y, (m).ybase + k_gemm_row(order, m, row_) * (m).ystride + o_, v);          \
+            }                                                                                      \
+        }                                                                                          \
     }
-    const k_u32 nb = p.n_in / 256u, nr = p.n_rows, lane = K_LANE, g = lane >> 2, c = lane & 3u, tid = K_TID;
-    const k_u32 q6 = type == K_TYPE_Q6_K;
-    const k_u32 wr0 = K_GY * K_MMA_WR, o0 = wr0 + 16u * K_SIMD, r0 = K_GX * K_MMA_TR;
-    if (wr0 >= p.n_out || r0 >= nr) return; /* a whole threadgroup (a grid wider than needed) */
-    K_TG_ARRAY(float, tp, 3 * K_MMA_NT * 4 * K_MMA_TG);
-    K_TG_ARRAY(k_u32x4, kw, 4 * K_MMA_WR);
-    K_TG_ARRAY(k_u32x4, ks, 2 * K_MMA_WR);
-    K_TG_ARRAY(k_u32x4, kx, 4 * K_MMA_TR);
-    K_TG_ARRAY(float, kd, K_MMA_TR);
-    K_TG_ARRAY(k_u32x4, kb, K_MMA_TR);
-    const k_u32 j0 = 16u * K_SIMD + g, j1 = j0 + 8u; /* the A fragment's rows g, g + 8 */
+
+/* One threadgroup's tile: weight rows [wr0, wr0 + K_MMA_WR) of the matrix
+ * at byte wbase of w (n_out rows of n_in; wbase a multiple of 16) against
+ * the map's m.n <= K_MMA_TR activation rows (Q8_K) of xq, written through
+ * the map (gemm.h k_gemm_map: dense rows, or moe_gemm_mma's pairs of one
+ * expert). Every thread of the threadgroup calls it (barriers); tid, lane,
+ * sg: K_TID, K_LANE, K_SIMD. */
+K_FN void k_mma_kq_tile(K_DEV_IN k_u8 *w, k_u32 wbase, k_u32 type, k_u32 n_in, k_u32 n_out, k_u32 wr0,
+                        K_DEV_IN k_u8 *xq, K_DEV_IN k_u32 *order, k_gemm_map m, K_DEV float *y, K_TGM float *tp,
+                        K_TGM k_u32x4 *kw, K_TGM k_u32x4 *ks, K_TGM k_u32x4 *kx, K_TGM float *kd, K_TGM k_u32x4 *kb,
+                        k_u32 tid, k_u32 lane, k_u32 sg) {
+    const k_u32 nb = n_in / 256u, g = lane >> 2, c = lane & 3u, q6 = type == K_TYPE_Q6_K;
+    const k_u32 o0 = wr0 + 16u * sg;
+    const k_u32 j0 = 16u * sg + g, j1 = j0 + 8u; /* the A fragment's rows g, g + 8 */
     float t1[K_MMA_NT][4];
     K_UNROLL for (k_u32 n = 0; n < K_MMA_NT; n++)
         K_UNROLL for (k_u32 e = 0; e < 4u; e++) t1[n][e] = 0.0f;
     const k_i32x4 z = {0, 0, 0, 0};
     k_mma_kq_raw R;
 #if K_MMA_PREFETCH
-    k_mma_kq_load(w, xq, type, nb, p.n_out, nr, wr0, r0, 0u, 0u, &R, tid); /* step (0, 0) exists: nb >= 1 */
+    k_mma_kq_load(w, wbase, xq, order, m, type, nb, n_out, wr0, 0u, 0u, &R, tid); /* step (0, 0) exists: nb >= 1 */
 #endif
     for (k_u32 L = 0; L < 32u; L += 2u) {
         const k_u32 t = L & 7u; /* even: the pair is shares t, t + 1 */
@@ -448,7 +461,7 @@ K_KERNEL_BOUNDED(gemm_kq_mma, K_MMA_TG, K_MMA_KQ_TGS) {
         for (k_u32 ib = L >> 3; ib < nb; ib += 4u) {
             K_BARRIER(); /* the previous step's fragments are read */
 #if !K_MMA_PREFETCH
-            k_mma_kq_load(w, xq, type, nb, p.n_out, nr, wr0, r0, t, ib, &R, tid);
+            k_mma_kq_load(w, wbase, xq, order, m, type, nb, n_out, wr0, t, ib, &R, tid);
 #endif
             k_mma_kq_store(type, t, &R, kw, ks, kx, kd, kb, tid);
             K_BARRIER();
@@ -456,7 +469,7 @@ K_KERNEL_BOUNDED(gemm_kq_mma, K_MMA_TG, K_MMA_KQ_TGS) {
             { /* the next step's words: in flight while this one computes */
                 k_u32 nL = L, nib = ib;
                 k_mma_kq_next(nb, &nL, &nib);
-                if (nL < 32u) k_mma_kq_load(w, xq, type, nb, p.n_out, nr, wr0, r0, nL & 7u, nib, &R, tid);
+                if (nL < 32u) k_mma_kq_load(w, wbase, xq, order, m, type, nb, n_out, wr0, nL & 7u, nib, &R, tid);
             }
 #endif
             const k_u32x4 sa = K_LD(ks, 2u * j0), sb = K_LD(ks, 2u * j1); /* scales (and mins) */
@@ -469,7 +482,7 @@ K_KERNEL_BOUNDED(gemm_kq_mma, K_MMA_TG, K_MMA_KQ_TGS) {
                 const int scA[4] = {(int)sa.x, (int)sa.y, (int)sa.z, (int)sa.w};
                 const int scB[4] = {(int)sb.x, (int)sb.y, (int)sb.z, (int)sb.w};
                 K_UNROLL for (k_u32 n = 0; n < K_MMA_NT; n++) {
-                    if (r0 + 8u * n >= nr) continue; /* uniform: a whole tile past the rows */
+                    if (8u * n >= m.n) continue; /* uniform: a whole tile past the rows */
                     const k_u32 xa = 4u * (8u * n + g) + 2u * c;
                     const k_u32x4 X0 = c < 2u ? K_LD(kx, xa) : zz, X1 = c < 2u ? K_LD(kx, xa + 1u) : zz;
                     const float dx0 = K_LD(kd, 8u * n + 2u * c), dx1 = K_LD(kd, 8u * n + 2u * c + 1u);
@@ -507,7 +520,7 @@ K_KERNEL_BOUNDED(gemm_kq_mma, K_MMA_TG, K_MMA_KQ_TGS) {
                 const int Bsl = (int)sb.x, Bsh = (int)sb.y, Bml = (int)sb.z, Bmh = (int)sb.w;
                 const float mA = k_bits_f32(da.y), mB = k_bits_f32(db.y);
                 K_UNROLL for (k_u32 n = 0; n < K_MMA_NT; n++) {
-                    if (r0 + 8u * n >= nr) continue;
+                    if (8u * n >= m.n) continue;
                     const k_u32x4 X = K_LD(kx, 4u * (8u * n + g) + c);
                     const k_u32 xlo[2] = {X.x, X.y}, xhi[2] = {X.z, X.w};
                     /* activation rows 2c, 2c + 1 of the tile: d_x and the runs' bsums */
@@ -542,6 +555,63 @@ K_KERNEL_BOUNDED(gemm_kq_mma, K_MMA_TG, K_MMA_KQ_TGS) {
                 }
             }
         }
-        K_MMA_PAIR_DONE(L, accA, accB, t1, tp, y, p, r0, o0, g, c, nr);
+        K_MMA_PAIR_DONE_MAP(L, accA, accB, t1, tp, y, order, m, n_out, o0, g, c, tid);
     }
+}
+
+K_KERNEL_BOUNDED(gemm_kq_mma, K_MMA_TG, K_MMA_KQ_TGS) {
+    K_CHECK_TAG(gemm_kq_mma);
+    const k_u32 type = p.wtype, bs = K_KQ_BLOCK_BYTES(type);
+    if (!K_MMA_SHAPE_OK(p, 256u) || bs == 0u) {
+        k_raise(status, K_ERR_SHAPE);
+        return;
+    }
+    const k_u32 wr0 = K_GY * K_MMA_WR, r0 = K_GX * K_MMA_TR;
+    if (wr0 >= p.n_out || r0 >= p.n_rows) return; /* a whole threadgroup (a grid wider than needed) */
+    /* the threadgroup memory k_mma_kq_tile works in (one declaration a
+     * line: the emulator tells arrays apart by their line) */
+    K_TG_ARRAY(float, tp, 3 * K_MMA_NT * 4 * K_MMA_TG);
+    K_TG_ARRAY(k_u32x4, kw, 4 * K_MMA_WR);
+    K_TG_ARRAY(k_u32x4, ks, 2 * K_MMA_WR);
+    K_TG_ARRAY(k_u32x4, kx, 4 * K_MMA_TR);
+    K_TG_ARRAY(float, kd, K_MMA_TR);
+    K_TG_ARRAY(k_u32x4, kb, K_MMA_TR);
+    k_gemm_map m;
+    m.start = r0, m.n = p.n_rows - r0 < K_MMA_TR ? p.n_rows - r0 : K_MMA_TR, m.grouped = 0u, m.split = 0xffffffffu;
+    m.div = 1u, m.rb0 = p.n_in / 256u * 292u, m.base1 = 0u, m.rb1 = 0u, m.ystride = p.y_stride, m.ybase = 0u;
+    k_mma_kq_tile(w, 0u, type, p.n_in, p.n_out, wr0, xq, (K_DEV_IN k_u32 *)y, m, y, tp, kw, ks, kx, kd, kb, K_TID,
+                  K_LANE, K_SIMD);
+}
+
+/* The grouped MoE's GEMM (moe_gemm.h) on the staged tensor-core tile: tile
+ * K_GX of moe_group's table (tile_rows = K_MMA_TR), weight rows [K_GY
+ * K_MMA_WR, + K_MMA_WR) of matrix K_GZ of the tile's expert. Every value
+ * is gemm_kq_mma's and so the matvec's (the same tile body), as moe_gemm's
+ * is: y is the per-pair kernels' bit for bit (suite moe). */
+K_KERNEL_BOUNDED(moe_gemm_mma, K_MMA_TG, K_MMA_KQ_TGS) {
+    K_CHECK_TAG(moe_gemm_mma);
+    const k_u32 sh = p.n_out_sh != 0u, nz = K_NGZ;
+    const k_u32 nmax = p.n_out > p.n_out_sh ? p.n_out : p.n_out_sh;
+#define K_MOE_KQ(t) (K_KQ_BLOCK_BYTES(t) != 0u)
+    const int types_ok = K_MOE_KQ(p.t0) && (nz < 2u || K_MOE_KQ(p.t1)) &&
+                         (!sh || (K_MOE_KQ(p.ts0) && (nz < 2u || K_MOE_KQ(p.ts1))));
+#undef K_MOE_KQ
+    if (!types_ok || K_TG_SIZE != K_MMA_TG || p.k == 0u || nz > (p.down ? 1u : 2u) || K_NGX < p.n_tiles ||
+        K_NGY * K_MMA_WR < nmax || p.y_stride < (nz - 1u) * p.y_zoff + nmax ||
+        (p.base0 | p.estride0 | p.base1 | p.estride1 | p.sbase0 | p.sbase1) % 16u) {
+        k_raise(status, K_ERR_SHAPE);
+        return;
+    }
+    const k_moe_tile T = k_moe_gemm_tile(p, tiles, K_GX, K_GZ, K_GY * K_MMA_WR, K_MMA_TR);
+    if (T.what == 2u) k_raise(status, K_ERR_SHAPE);
+    if (T.what != 0u) return; /* a whole threadgroup, before any barrier */
+    /* the threadgroup memory k_mma_kq_tile works in (one declaration a line) */
+    K_TG_ARRAY(float, tp, 3 * K_MMA_NT * 4 * K_MMA_TG);
+    K_TG_ARRAY(k_u32x4, kw, 4 * K_MMA_WR);
+    K_TG_ARRAY(k_u32x4, ks, 2 * K_MMA_WR);
+    K_TG_ARRAY(k_u32x4, kx, 4 * K_MMA_TR);
+    K_TG_ARRAY(float, kd, K_MMA_TR);
+    K_TG_ARRAY(k_u32x4, kb, K_MMA_TR);
+    k_mma_kq_tile(w, T.wbase, T.type, T.n_in, T.n_out, K_GY * K_MMA_WR, xqk, order, T.m, y, tp, kw, ks, kx, kd, kb,
+                  K_TID, K_LANE, K_SIMD);
 }

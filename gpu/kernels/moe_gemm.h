@@ -38,8 +38,9 @@ K_KERNEL(moe_group) {
     K_TG_ARRAY(k_u32, off, K_MOE_MAX_EXPERTS + 1);
     K_TG_ARRAY(k_u32, toff, K_MOE_MAX_EXPERTS + 2);
     const k_u32 ne = p.n_expert, nk = p.n_rows * p.k, TG = K_TG_SIZE, tid = K_TID;
-    if (ne == 0u || ne > K_MOE_MAX_EXPERTS || p.k == 0u || nk > K_MOE_GROUP_MAX_PAIRS || K_NGX != 1u ||
-        p.n_tiles < K_MOE_GROUP_TILES(p.n_rows, p.k, ne, p.shared)) {
+    const k_u32 TR = p.tile_rows;
+    if (ne == 0u || ne > K_MOE_MAX_EXPERTS || p.k == 0u || nk > K_MOE_GROUP_MAX_PAIRS || K_NGX != 1u || TR == 0u ||
+        TR > K_MOE_TILE_MAX_ROWS || p.n_tiles < K_MOE_GROUP_TILES(p.n_rows, p.k, ne, p.shared, TR)) {
         k_raise(status, K_ERR_SHAPE);
         return;
     }
@@ -70,7 +71,7 @@ K_KERNEL(moe_group) {
             K_ST(off, e, o);
             K_ST(toff, e, to);
             o += c;
-            to += (c + K_GEMM_TR - 1u) / K_GEMM_TR;
+            to += (c + TR - 1u) / TR;
         }
         K_ST(toff, ne + 1u, to);
     }
@@ -87,16 +88,61 @@ K_KERNEL(moe_group) {
         } else {
             for (k_u32 j = 0; j < c; j++) K_ST(order, o + j, nk + j);
         }
-        for (k_u32 q = 0; q * K_GEMM_TR < c; q++) {
-            const k_u32 n = c - q * K_GEMM_TR < K_GEMM_TR ? c - q * K_GEMM_TR : K_GEMM_TR;
+        for (k_u32 q = 0; q * TR < c; q++) {
+            const k_u32 n = c - q * TR < TR ? c - q * TR : TR;
             K_ST(tiles, 2u * (to + q), e);
-            K_ST(tiles, 2u * (to + q) + 1u, (o + q * K_GEMM_TR) | (n << 16));
+            K_ST(tiles, 2u * (to + q) + 1u, (o + q * TR) | (n << 16));
         }
     }
     for (k_u32 i = K_LD(toff, ne + 1u) + tid; i < p.n_tiles; i += TG) {
         K_ST(tiles, 2u * i, K_MOE_TILE_EMPTY);
         K_ST(tiles, 2u * i + 1u, 0u);
     }
+}
+
+/* What tile `tile` of matrix z asks of the threadgroup whose weight rows
+ * start at wr0 (moe_gemm and moe_gemm_mma): what = 0 run it (the expert's
+ * matrix at byte wbase of w, its type and shape, the row map of its pairs),
+ * 1 nothing (past the tiles, an empty tile, or past the matrix's rows), 2 a
+ * malformed tile (K_ERR_SHAPE: an expert id past n_expert, a shared tile
+ * with no shared expert, a count of 0 or past tr). */
+typedef struct {
+    k_u32 what, type, n_in, n_out, wbase;
+    k_gemm_map m;
+} k_moe_tile;
+
+K_FN k_moe_tile k_moe_gemm_tile(k_moe_gemm_params p, K_DEV_IN k_u32 *tiles, k_u32 tile, k_u32 z, k_u32 wr0, k_u32 tr) {
+    k_moe_tile T;
+    T.what = 1u, T.type = 0u, T.n_in = 0u, T.n_out = 0u, T.wbase = 0u;
+    T.m.start = 0u, T.m.n = 0u, T.m.grouped = 1u, T.m.split = 0u, T.m.div = 1u, T.m.rb0 = 0u, T.m.base1 = 0u;
+    T.m.rb1 = 0u, T.m.ystride = 0u, T.m.ybase = 0u;
+    if (tile >= p.n_tiles) return T;
+    const k_u32 e = K_LD(tiles, 2u * tile), word = K_LD(tiles, 2u * tile + 1u);
+    if (e == K_MOE_TILE_EMPTY) return T;
+    const k_u32 shared = e == p.n_expert, cnt = word >> 16, nk = p.n_rows * p.k;
+    if (e > p.n_expert || (shared && p.n_out_sh == 0u) || cnt == 0u || cnt > tr) {
+        T.what = 2u;
+        return T;
+    }
+    const k_u32 type = shared ? (z ? p.ts1 : p.ts0) : (z ? p.t1 : p.t0);
+    T.type = type, T.n_in = shared ? p.n_in_sh : p.n_in, T.n_out = shared ? p.n_out_sh : p.n_out;
+    if (wr0 >= T.n_out) return T; /* past this matrix's rows */
+    const k_u32 wbase = shared ? (z ? p.sbase1 : p.sbase0) : (z ? p.base1 + e * p.estride1 : p.base0 + e * p.estride0);
+#ifdef PLANT_MOE_GEMM_NEXT_EXPERT /* planted fault (tests must turn red): the next expert's rows, in bounds */
+    T.wbase = !shared && e + 1u < p.n_expert ? wbase + (z ? p.estride1 : p.estride0) : wbase;
+#else
+    T.wbase = wbase;
+#endif
+    T.m.start = word & 0xffffu, T.m.n = cnt, T.m.grouped = 1u, T.m.split = nk;
+    if (p.down) { /* the pair's own row; the shared rows after the routed ones */
+        T.m.div = 1u, T.m.rb0 = K_MOE_ACT_BYTES(type, p.n_in);
+        T.m.base1 = nk * K_MOE_ACT_BYTES(type, p.n_in), T.m.rb1 = K_MOE_ACT_BYTES(type, p.n_in_sh);
+    } else { /* token row t = P / k; the shared pair n_rows k + t reads row t */
+        T.m.div = p.k, T.m.rb0 = K_MOE_ACT_BYTES(type, T.n_in), T.m.base1 = 0u, T.m.rb1 = T.m.rb0;
+    }
+    T.m.ystride = p.y_stride, T.m.ybase = z * p.y_zoff;
+    T.what = 0u;
+    return T;
 }
 
 K_KERNEL_BOUNDED(moe_gemm, K_GEMM_TG, 1) {
@@ -115,34 +161,12 @@ K_KERNEL_BOUNDED(moe_gemm, K_GEMM_TG, 1) {
         k_raise(status, K_ERR_SHAPE);
         return;
     }
-    const k_u32 tile = K_GX, z = K_GZ;
-    if (tile >= p.n_tiles) return; /* a whole threadgroup, before any barrier */
-    const k_u32 e = K_LD(tiles, 2u * tile), word = K_LD(tiles, 2u * tile + 1u);
-    if (e == K_MOE_TILE_EMPTY) return;
-    const k_u32 shared = e == p.n_expert, cnt = word >> 16, nk = p.n_rows * p.k;
-    if (e > p.n_expert || (shared && !sh) || cnt == 0u || cnt > K_GEMM_TR) {
-        k_raise(status, K_ERR_SHAPE);
-        return;
-    }
-    const k_u32 type = shared ? (z ? p.ts1 : p.ts0) : (z ? p.t1 : p.t0);
-    const k_u32 n_in = shared ? p.n_in_sh : p.n_in, n_out = shared ? p.n_out_sh : p.n_out;
-    if (K_GY * K_GEMM_NSG * K_GEMM_TOS >= n_out) return; /* past this matrix's rows: a whole threadgroup */
-    const k_u32 wbase = shared ? (z ? p.sbase1 : p.sbase0) : (z ? p.base1 + e * p.estride1 : p.base0 + e * p.estride0);
-    k_gemm_map m;
-    m.start = word & 0xffffu, m.n = cnt, m.grouped = 1u, m.split = nk;
-    if (p.down) { /* the pair's own row; the shared rows after the routed ones */
-        m.div = 1u, m.rb0 = K_MOE_ACT_BYTES(type, p.n_in);
-        m.base1 = nk * K_MOE_ACT_BYTES(type, p.n_in), m.rb1 = K_MOE_ACT_BYTES(type, p.n_in_sh);
-    } else { /* token row t = P / k; the shared pair n_rows k + t reads row t */
-        m.div = p.k, m.rb0 = K_MOE_ACT_BYTES(type, n_in), m.base1 = 0u, m.rb1 = m.rb0;
-    }
-    m.ystride = p.y_stride, m.ybase = z * p.y_zoff;
+    const k_moe_tile T = k_moe_gemm_tile(p, tiles, K_GX, K_GZ, K_GY * K_GEMM_NSG * K_GEMM_TOS, K_GEMM_TR);
+    if (T.what == 2u) k_raise(status, K_ERR_SHAPE);
+    if (T.what != 0u) return; /* a whole threadgroup, before any barrier */
+    const k_u32 type = T.type, n_in = T.n_in, n_out = T.n_out, wb = T.wbase;
+    const k_gemm_map m = T.m;
     const k_u32 o0 = (K_GY * K_GEMM_NSG + K_SIMD) * K_GEMM_TOS;
-#ifdef PLANT_MOE_GEMM_NEXT_EXPERT /* planted fault (tests must turn red): the next expert's rows, in bounds */
-    const k_u32 wb = !shared && e + 1u < p.n_expert ? wbase + (z ? p.estride1 : p.estride0) : wbase;
-#else
-    const k_u32 wb = wbase;
-#endif
     if (type == K_TYPE_Q8_0)
         k_gemm_q8_0_tile(w, wb, n_in, n_out, o0, xq8, order, m, y, xt, K_TID, K_LANE);
     else

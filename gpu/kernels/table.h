@@ -86,7 +86,8 @@ typedef uchar k_u8;
     X(38, gdn_norm)      \
     X(39, moe_group)     \
     X(40, moe_gemm)      \
-    X(41, moe_combine)
+    X(41, moe_combine)   \
+    K_MMA_KERNEL_LIST_TAIL(X)
 
 /* The int8 tensor-core GEMMs (gemm_mma.h) exist on CUDA and under the
  * emulator only: Metal has no int8 simdgroup matrix, so neither its kernel
@@ -94,8 +95,10 @@ typedef uchar k_u8;
  * and a Metal runner keeps the dp4a GEMM (docs/gpu.md section 4). */
 #if defined(K_DEVICE_METAL) || defined(__OBJC__) || defined(K_NO_MMA)
 #define K_MMA_KERNEL_LIST(X)
+#define K_MMA_KERNEL_LIST_TAIL(X)
 #else
 #define K_MMA_KERNEL_LIST(X) X(33, gemm_q8_0_mma) X(34, gemm_kq_mma)
+#define K_MMA_KERNEL_LIST_TAIL(X) X(42, moe_gemm_mma) /* after 41: the largest id stays last */
 #define K_HAS_MMA_KERNELS 1
 #endif
 
@@ -654,6 +657,7 @@ typedef k_matvec_kq_params k_gemm_kq_params;
 #endif
 #define K_MMA_TG (32 * K_MMA_NSG)
 #define K_MMA_TR (8 * K_MMA_NT)
+#define K_MMA_WR (16u * K_MMA_NSG) /* weight rows per threadgroup */
 #define K_MMA_GROUPS_X(n_rows) (((n_rows) + K_MMA_TR - 1) / K_MMA_TR)
 #define K_MMA_GROUPS_Y(n_out) (((n_out) + 16 * K_MMA_NSG - 1) / (16 * K_MMA_NSG))
 typedef k_matvec_q8_0_params k_gemm_q8_0_mma_params;
@@ -846,18 +850,19 @@ typedef k_matvec_q4_64a_params k_matvec_q4_64a4_params;
 #define K_MOE_GROUP_MAX_PAIRS 8192u /* routed pairs (n_rows k) moe_group sorts at once (16 KB of u16 ids) */
 #define K_MOE_TILE_EMPTY 0xffffffffu
 #define K_MOE_GROUP_TG 256u /* the runner's moe_group threadgroup: experts counted in parallel (any size works) */
-/* tiles moe_group may write: sum over experts of ceil(count / TR) <=
- * ceil(n k / TR) + (experts with a pair), plus the shared expert's */
-#define K_MOE_GROUP_TILES(n_rows, k, n_expert, shared)                                                  \
-    (((n_rows) * (k) + K_GEMM_TR - 1) / K_GEMM_TR +                                                 \
-     ((n_expert) < (n_rows) * (k) ? (n_expert) : (n_rows) * (k)) + ((shared) ? ((n_rows) + K_GEMM_TR - 1) / K_GEMM_TR : 0))
+#define K_MOE_TILE_MAX_ROWS 64u /* tile_rows: moe_gemm takes K_GEMM_TR, moe_gemm_mma K_MMA_TR */
+/* tiles of tr rows moe_group may write: sum over experts of ceil(count /
+ * tr) <= ceil(n k / tr) + (experts with a pair), plus the shared expert's */
+#define K_MOE_GROUP_TILES(n_rows, k, n_expert, shared, tr)                                              \
+    (((n_rows) * (k) + (tr) - 1) / (tr) +                                                           \
+     ((n_expert) < (n_rows) * (k) ? (n_expert) : (n_rows) * (k)) + ((shared) ? ((n_rows) + (tr) - 1) / (tr) : 0))
 
 /* One threadgroup: the n_rows k routed pairs P = t k + s (expert sel[P])
  * and, with `shared`, the shared expert's pairs n_rows k + t (as expert
  * n_expert), grouped by expert in ascending expert order, each expert's
  * pairs in ascending P: order[] (every pair once). tiles[2 i], tiles[2 i +
  * 1] for i < n_tiles: the expert, then start | count << 16 (order[start ..
- * start + count), count <= K_GEMM_TR); the tiles past the last written
+ * start + count), count <= tile_rows); the tiles past the last written
  * K_MOE_TILE_EMPTY. An expert id >= n_expert raises K_ERR_SHAPE. */
 typedef struct {
     k_u32 tag;
@@ -865,7 +870,8 @@ typedef struct {
     k_u32 k;
     k_u32 n_expert; /* 1..K_MOE_MAX_EXPERTS */
     k_u32 shared;   /* 1: the shared expert's pairs too */
-    k_u32 n_tiles;  /* K_MOE_GROUP_TILES(n_rows, k, n_expert, shared) */
+    k_u32 n_tiles;  /* K_MOE_GROUP_TILES(n_rows, k, n_expert, shared, tile_rows) */
+    k_u32 tile_rows; /* pairs per tile, 1..K_MOE_TILE_MAX_ROWS: the GEMM's tile (K_GEMM_TR / K_MMA_TR) */
 } k_moe_group_params;
 #define K_ARGS_moe_group(X, K)                                            \
     X(K, 0, status, k_u32, K_STATUS, 2)                                   \
@@ -929,6 +935,13 @@ typedef struct {
     X(K, 5, xqk, k_u8, K_IN, K_MOE_GEMM_X(p, 0u))                         \
     X(K, 6, w, k_u8, K_IN, K_MOE_GEMM_W(p))                               \
     X(K, 7, y, float, K_OUT, K_MOE_GEMM_PAIRS(p) * p.y_stride)
+/* moe_gemm_mma (gemm_mma.h; CUDA and the emulator): the same products on
+ * int8 tensor cores (gemm_kq_mma's staged tile) for tiles of up to
+ * K_MMA_TR pairs (moe_group's tile_rows), grid y: weight tiles of
+ * K_MMA_WR = 16 K_MMA_NSG rows, K_MMA_TG threads; K-quant matrices only
+ * (a Q8_0 matrix raises K_ERR_SHAPE: the runner takes moe_gemm). */
+typedef k_moe_gemm_params k_moe_gemm_mma_params;
+#define K_ARGS_moe_gemm_mma(X, K) K_ARGS_moe_gemm(X, K)
 
 /* out[t][o] = moe_down's combine of the down rows dn: y = dn[t k][o] wt[t][0],
  * y = y + dn[t k + s][o] wt[t][s] for s = 1..k-1, then (shared) y = y +

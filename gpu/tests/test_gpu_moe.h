@@ -401,20 +401,29 @@ static void moe_check_case(const moe_layer_t *L, const moe_out *o, uint32_t n, c
 /* The grouped path (moe_gemm.h) over the rows of `o` (a moe_run of rows
  * [row0, row0 + n)), from o's routing: moe_group, moe_gemm (gate and up),
  * swiglu_quant, moe_gemm (down), moe_combine. Checks moe_group's order and
- * tiles, then y and the quantized SwiGLU rows bit-identical to o's. */
+ * tiles, then y and the quantized SwiGLU rows bit-identical to o's. mma:
+ * moe_gemm_mma (gemm_mma.h, tiles of K_MMA_TR pairs) instead of moe_gemm,
+ * as the runner takes it where every matrix of the layer is a K-quant. */
 static void moe_check_grouped(const moe_layer_t *L, uint32_t row0, uint32_t n, const moe_out *o, const char *name,
-                              int schedule) {
+                              int schedule, int mma) {
     const moe_case *c = L->c;
     const uint32_t ne = c->ne, k = c->k, E = c->n_in, nf = c->n_ff > c->n_ff_sh ? c->n_ff : c->n_ff_sh;
     const uint32_t nk = n * k, P = moe_pairs(c, n), sh = c->n_ff_sh != 0;
-    const uint32_t T = K_MOE_GROUP_TILES(n, k, ne, sh);
+#ifdef K_HAS_MMA_KERNELS
+    const uint32_t TR = mma ? K_MMA_TR : K_GEMM_TR, WR = mma ? K_MMA_WR : K_GEMM_NSG * K_GEMM_TOS;
+    const uint32_t TG = mma ? K_MMA_TG : K_GEMM_TG, GEMM = mma ? K_ID_moe_gemm_mma : K_ID_moe_gemm;
+#else
+    const uint32_t TR = K_GEMM_TR, WR = K_GEMM_NSG * K_GEMM_TOS, TG = K_GEMM_TG, GEMM = K_ID_moe_gemm;
+    if (mma) return;
+#endif
+    const uint32_t T = K_MOE_GROUP_TILES(n, k, ne, sh, TR);
     uint32_t *order = malloc(4 * P), *tiles = malloc(8 * T);
     memset(order, 0xab, 4 * P), memset(tiles, 0xab, 8 * T);
     char what[200];
-    snprintf(what, sizeof what, "%s grouped rows=%u", name, n);
+    snprintf(what, sizeof what, "%s grouped%s rows=%u", name, mma ? " (moe_gemm_mma)" : "", n);
     int ok = 1;
     {
-        k_moe_group_params pg = {K_TAG_OF(moe_group), n, k, ne, sh, T};
+        k_moe_group_params pg = {K_TAG_OF(moe_group), n, k, ne, sh, T, TR};
         k_binding b[] = {K_BIND(moe_group, status, status, 8), K_BIND(moe_group, p, &pg, sizeof pg),
                          K_BIND(moe_group, sel, o->sel, 4 * nk), K_BIND(moe_group, order, order, 4 * P),
                          K_BIND(moe_group, tiles, tiles, 8 * T)};
@@ -422,7 +431,7 @@ static void moe_check_grouped(const moe_layer_t *L, uint32_t row0, uint32_t n, c
         ok = launch(K_ID_moe_group, 1, 1, 1, schedule ? 32 : 256, b, 5, schedule, what) == 0;
     }
     /* order: every pair once, grouped by expert ascending, pairs ascending
-     * inside; tiles: one expert's consecutive pairs each, <= K_GEMM_TR,
+     * inside; tiles: one expert's consecutive pairs each, <= TR,
      * covering order in sequence, then K_MOE_TILE_EMPTY */
     int order_ok = ok, tiles_ok = ok;
     uint32_t *seen = calloc(P, sizeof *seen);
@@ -437,7 +446,7 @@ static void moe_check_grouped(const moe_layer_t *L, uint32_t row0, uint32_t n, c
     uint32_t next = 0, i = 0;
     for (; i < T && tiles_ok && tiles[2 * i] != K_MOE_TILE_EMPTY; i++) {
         const uint32_t e = tiles[2 * i], st = tiles[2 * i + 1] & 0xffff, cn = tiles[2 * i + 1] >> 16;
-        if (st != next || cn == 0 || cn > K_GEMM_TR || st + cn > P) tiles_ok = 0;
+        if (st != next || cn == 0 || cn > TR || st + cn > P) tiles_ok = 0;
         for (uint32_t j = 0; j < cn && tiles_ok; j++) {
             const uint32_t q = order[st + j];
             if (q >= P || (q < nk ? o->sel[q] : ne) != e) tiles_ok = 0;
@@ -453,9 +462,9 @@ static void moe_check_grouped(const moe_layer_t *L, uint32_t row0, uint32_t n, c
     float *gu = malloc(sizeof(float) * P * 2 * nf), *dn = malloc(sizeof(float) * P * E), *y = malloc(sizeof(float) * n * E);
     fill_nan(gu, P * 2 * nf), fill_nan(dn, P * E), fill_nan(y, n * E);
     const size_t a8 = moe_actb(DS4_TYPE_Q8_0, E), ak = moe_actb(DS4_TYPE_Q4_K, E);
-    const uint32_t tile_rows = K_GEMM_NSG * K_GEMM_TOS;
+    const uint32_t tile_rows = WR;
     if (ok) {
-        k_moe_gemm_params pm = {K_TAG_OF(moe_gemm), n, k, ne, T, 0, E, E, c->n_ff, c->n_ff_sh,
+        k_moe_gemm_params pm = {K_TAG(GEMM), n, k, ne, T, 0, E, E, c->n_ff, c->n_ff_sh,
                                 (uint32_t)c->t_gate, (uint32_t)c->t_up, (uint32_t)c->t_sgate, (uint32_t)c->t_sup,
                                 0, (uint32_t)L->ebg, (uint32_t)(L->u_base + L->u_row0 * moe_rowb(c->t_up, E)),
                                 (uint32_t)L->ebu, (uint32_t)L->sg_base, (uint32_t)L->su_base, 2 * nf, nf};
@@ -464,7 +473,7 @@ static void moe_check_grouped(const moe_layer_t *L, uint32_t row0, uint32_t n, c
                          K_BIND(moe_gemm, xq8, L->xq8 + row0 * a8, n * a8),
                          K_BIND(moe_gemm, xqk, L->xqk + row0 * ak, ak ? n * ak : 1),
                          K_BIND(moe_gemm, w, L->wgu, L->gu_bytes), K_BIND(moe_gemm, y, gu, sizeof(float) * P * 2 * nf)};
-        ok = launch(K_ID_moe_gemm, T, (nf + tile_rows - 1) / tile_rows, 2, K_GEMM_TG, b, 8, schedule, what) == 0;
+        ok = launch(GEMM, T, (nf + tile_rows - 1) / tile_rows, 2, TG, b, 8, schedule, what) == 0;
     }
     /* SwiGLU + the down type's quantizer, in moe_down's layout */
     const size_t hq8_bytes = o->hq8_bytes, hqk_bytes = o->hqk_bytes;
@@ -492,14 +501,14 @@ static void moe_check_grouped(const moe_layer_t *L, uint32_t row0, uint32_t n, c
     }
     check(hq_ok, "%s: gate/up GEMM + swiglu_quant = the per-pair SwiGLU rows quantized, byte for byte", what);
     if (ok) {
-        k_moe_gemm_params pm = {K_TAG_OF(moe_gemm), n, k, ne, T, 1, c->n_ff, c->n_ff_sh, E, sh ? E : 0,
+        k_moe_gemm_params pm = {K_TAG(GEMM), n, k, ne, T, 1, c->n_ff, c->n_ff_sh, E, sh ? E : 0,
                                 (uint32_t)c->t_down, (uint32_t)c->t_down, (uint32_t)c->t_sdown, (uint32_t)c->t_sdown,
                                 0, (uint32_t)L->ebd, 0, 0, (uint32_t)L->sd_base, 0, E, 0};
         k_binding b[] = {K_BIND(moe_gemm, status, status, 8), K_BIND(moe_gemm, p, &pm, sizeof pm),
                          K_BIND(moe_gemm, tiles, tiles, 8 * T), K_BIND(moe_gemm, order, order, 4 * P),
                          K_BIND(moe_gemm, xq8, hq8, hq8_bytes), K_BIND(moe_gemm, xqk, hqk, hqk_bytes),
                          K_BIND(moe_gemm, w, L->wdn, L->dn_bytes), K_BIND(moe_gemm, y, dn, sizeof(float) * P * E)};
-        ok = launch(K_ID_moe_gemm, T, (E + tile_rows - 1) / tile_rows, 1, K_GEMM_TG, b, 8, schedule, what) == 0;
+        ok = launch(GEMM, T, (E + tile_rows - 1) / tile_rows, 1, TG, b, 8, schedule, what) == 0;
     }
     if (ok) {
         k_moe_combine_params pc = {K_TAG_OF(moe_combine), n, k, E, sh, E, E};
@@ -709,7 +718,10 @@ static void suite_moe(void) {
         check(ok && inv, "%s: rows of launches of 1..%u rows bit-identical to each row alone (route, h, y)", name,
               c->max_rows);
         if (ok && widest.y) moe_check_case(&L, &widest, c->max_rows, name);
-        if (ok && widest.y) moe_check_grouped(&L, 0, c->max_rows, &widest, name, (int)(ci & 1));
+        if (ok && widest.y) moe_check_grouped(&L, 0, c->max_rows, &widest, name, (int)(ci & 1), 0);
+        const int all_kq = c->t_gate != Q8 && c->t_up != Q8 && c->t_down != Q8 &&
+                           (!c->n_ff_sh || (c->t_sgate != Q8 && c->t_sup != Q8 && c->t_sdown != Q8));
+        if (ok && widest.y && all_kq) moe_check_grouped(&L, 0, c->max_rows, &widest, name, (int)(ci & 1), 1);
         moe_out_free(&widest);
         for (uint32_t t = 0; t < c->max_rows; t++) moe_out_free(&alone[t]);
         free(alone);
