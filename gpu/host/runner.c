@@ -1217,6 +1217,7 @@ int k_runner_open(k_gpu_model *g, int64_t n_ctx, k_runner **out, ds4_error *err)
         mma = !strcmp(r->dev->name, "cuda") || !strcmp(r->dev->name, "emul");
 #endif
         r->gemm = g && !strcmp(g, "0") ? 0 : g && !strcmp(g, "dp4a") ? 1 : !mma ? 1 : g && !strcmp(g, "mma") ? 2 : 3;
+        /* (K_RUNNER_GEMM=kq names the default: gemm_kq_mma for the K-quants, gemm.h for Q8_0) */
         r->attn_tg = !strcmp(r->dev->name, "cuda") ? K_ATTN_TG : 256;
         const char *ah = getenv("K_RUNNER_ATTN_HS");
         const long ahv = ah ? strtol(ah, NULL, 10) : 0;

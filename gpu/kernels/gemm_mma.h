@@ -134,60 +134,99 @@ K_FN k_u32 k_mma_min(k_u32 a, k_u32 b) { return a < b ? a : b; }
         }                                                                                          \
     }
 
+/* gemm_q8_0_mma, staged like gemm_kq_mma (below): per step, one chain
+ * pair (L, L + 1: blocks jb = ib and ib + 4) of one round, the threadgroup
+ * copies into threadgroup memory per weight row j and word c = 0..3
+ * qw[4 j + c] = (codes word c of block ib, word c + 4 of it, the same of
+ * block ib + 4): the A fragment words of thread c; qs[j] = (d_w of the two
+ * blocks); per activation row a qx[4 a + c] likewise (the B fragment
+ * words) and qd[a] = (d_x of the two blocks). Rows past n_out / n_rows and
+ * a second block past nb are staged clamped and not used. */
+K_FN void k_mma_q8_stage(K_DEV_IN k_u16 *w16, K_DEV_IN k_u16 *x16, k_u32 nb, k_u32 n_out, k_u32 nr, k_u32 wr0,
+                         k_u32 r0, k_u32 ib, K_TGM k_u32x4 *qw, K_TGM k_u32x4 *qs, K_TGM k_u32x4 *qx,
+                         K_TGM k_u32x4 *qd, k_u32 tid) {
+    const k_u32 jb1 = ib + 4u < nb ? ib + 4u : nb - 1u;
+    for (k_u32 e = tid; e < 4u * K_MMA_WR; e += K_MMA_TG) {
+        const k_u32 j = e >> 2, c = e & 3u, row = k_mma_min(wr0 + j, n_out - 1u) * nb;
+        const k_u32 o0 = (row + ib) * 34u, o1 = (row + jb1) * 34u;
+        k_u32x4 v;
+        v.x = k_ld_w2(w16, o0 + 2u + 4u * c), v.y = k_ld_w2(w16, o0 + 18u + 4u * c);
+        v.z = k_ld_w2(w16, o1 + 2u + 4u * c), v.w = k_ld_w2(w16, o1 + 18u + 4u * c);
+        K_ST(qw, e, v);
+        if (c == 0u) {
+            v.x = k_f32_bits(k_h2f((k_u16)k_ld_u16_at(w16, o0))), v.y = k_f32_bits(k_h2f((k_u16)k_ld_u16_at(w16, o1)));
+            v.z = 0u, v.w = 0u;
+            K_ST(qs, j, v);
+        }
+    }
+    for (k_u32 e = tid; e < 4u * K_MMA_TR; e += K_MMA_TG) {
+        const k_u32 a = e >> 2, c = e & 3u, row = k_mma_min(r0 + a, nr - 1u) * nb;
+        const k_u32 o0 = (row + ib) * 34u, o1 = (row + jb1) * 34u;
+        k_u32x4 v;
+        v.x = k_ld_w2(x16, o0 + 2u + 4u * c), v.y = k_ld_w2(x16, o0 + 18u + 4u * c);
+        v.z = k_ld_w2(x16, o1 + 2u + 4u * c), v.w = k_ld_w2(x16, o1 + 18u + 4u * c);
+        K_ST(qx, e, v);
+        if (c == 0u) {
+            v.x = k_f32_bits(k_h2f((k_u16)k_ld_u16_at(x16, o0))), v.y = k_f32_bits(k_h2f((k_u16)k_ld_u16_at(x16, o1)));
+            v.z = 0u, v.w = 0u;
+            K_ST(qd, a, v);
+        }
+    }
+}
+
 K_KERNEL_BOUNDED(gemm_q8_0_mma, K_MMA_TG, K_MMA_Q8_TGS) {
     K_CHECK_TAG(gemm_q8_0_mma);
     if (!K_MMA_SHAPE_OK(p, 32u) || K_MATVEC_OCTETS_PER_ROW != 4u) {
         k_raise(status, K_ERR_SHAPE);
         return;
     }
-    const k_u32 nb = p.n_in / 32u, nr = p.n_rows, lane = K_LANE, g = lane >> 2, c = lane & 3u;
-    const k_u32 o0 = (K_GY * K_MMA_NSG + K_SIMD) * 16u, r0 = K_GX * K_MMA_TR;
-    if (o0 >= p.n_out) return; /* a whole SIMD-group; no barriers here */
+    const k_u32 nb = p.n_in / 32u, nr = p.n_rows, lane = K_LANE, g = lane >> 2, c = lane & 3u, tid = K_TID;
+    const k_u32 wr0 = K_GY * K_MMA_WR, o0 = wr0 + 16u * K_SIMD, r0 = K_GX * K_MMA_TR;
+    if (wr0 >= p.n_out || r0 >= nr) return; /* a whole threadgroup (a grid wider than needed) */
+    /* one declaration a line: the emulator tells arrays apart by their line */
     K_TG_ARRAY(float, tp, 3 * K_MMA_NT * 4 * K_MMA_TG);
-    /* A fragment rows (clamped for the loads; stores are guarded), in
-     * blocks; the activation rows each tile's B fragment (column g) and C
-     * fragment (columns 2c, 2c + 1) read, clamped, in blocks */
-    const k_u32 wa = k_mma_min(o0 + g, p.n_out - 1u) * nb, wb = k_mma_min(o0 + g + 8u, p.n_out - 1u) * nb;
-    k_u32 xg[K_MMA_NT], x0[K_MMA_NT], x1[K_MMA_NT];
-    K_UNROLL for (k_u32 n = 0; n < K_MMA_NT; n++) {
-        xg[n] = k_mma_min(r0 + 8u * n + g, nr - 1u) * nb;
-        x0[n] = k_mma_min(r0 + 8u * n + 2u * c, nr - 1u) * nb;
-        x1[n] = k_mma_min(r0 + 8u * n + 2u * c + 1u, nr - 1u) * nb;
-    }
+    K_TG_ARRAY(k_u32x4, qw, 4 * K_MMA_WR);
+    K_TG_ARRAY(k_u32x4, qs, K_MMA_WR);
+    K_TG_ARRAY(k_u32x4, qx, 4 * K_MMA_TR);
+    K_TG_ARRAY(k_u32x4, qd, K_MMA_TR);
     K_DEV_IN k_u16 *w16 = (K_DEV_IN k_u16 *)w;
     K_DEV_IN k_u16 *x16 = (K_DEV_IN k_u16 *)xq;
+    const k_u32 j0 = 16u * K_SIMD + g, j1 = j0 + 8u; /* the A fragment's rows g, g + 8 */
     float t1[K_MMA_NT][4];
     K_UNROLL for (k_u32 n = 0; n < K_MMA_NT; n++)
         K_UNROLL for (k_u32 e = 0; e < 4u; e++) t1[n][e] = 0.0f;
+    const k_i32x4 z = {0, 0, 0, 0};
     for (k_u32 L = 0; L < 32u; L += 2u) {
         float accA[K_MMA_NT][4], accB[K_MMA_NT][4];
         K_UNROLL for (k_u32 n = 0; n < K_MMA_NT; n++)
             K_UNROLL for (k_u32 e = 0; e < 4u; e++) accA[n][e] = accB[n][e] = 0.0f;
         /* chain L + h (h = 0, 1): blocks ib = 4 ((L + h) & 7) + (L >> 3)
-         * (mod 32), ascending; the pair's blocks are 4 apart, so one pass
-         * over k takes ib and ib + 4 */
+         * (mod 32), ascending; the pair's blocks are 4 apart, so one step
+         * takes ib and ib + 4; the bounds are the whole threadgroup's */
         for (k_u32 ib = 4u * (L & 7u) + (L >> 3); ib < nb; ib += 32u) {
-            K_UNROLL for (k_u32 h = 0; h < 2u; h++) {
-                const k_u32 jb = ib + 4u * h;
-                if (jb >= nb) continue; /* uniform */
-                const k_u32 oa = (wa + jb) * 34u, ob = (wb + jb) * 34u;
-                const k_u32 a0 = k_ld_w2(w16, oa + 2u + 4u * c), a1 = k_ld_w2(w16, ob + 2u + 4u * c);
+            K_BARRIER(); /* the previous step's fragments are read */
+            k_mma_q8_stage(w16, x16, nb, p.n_out, nr, wr0, r0, ib, qw, qs, qx, qd, tid);
+            K_BARRIER();
+            const k_u32x4 A = K_LD(qw, 4u * j0 + c), B = K_LD(qw, 4u * j1 + c);
+            const k_u32x4 sa = K_LD(qs, j0), sb = K_LD(qs, j1);
+            const int two = ib + 4u < nb; /* uniform */
+            K_UNROLL for (k_u32 n = 0; n < K_MMA_NT; n++) {
+                if (r0 + 8u * n >= nr) continue; /* uniform: a whole tile past the rows */
+                const k_u32x4 X = K_LD(qx, 4u * (8u * n + g) + c);
+                const k_u32x4 D0 = K_LD(qd, 8u * n + 2u * c), D1 = K_LD(qd, 8u * n + 2u * c + 1u);
+                K_UNROLL for (k_u32 h = 0; h < 2u; h++) {
+                    if (h == 1u && !two) continue;
 #ifdef PLANT_MMA_FRAGMENT_SWAP
-                /* planted fault (tests must turn red): A registers of rows g, g + 8
-                 * swapped (here for codes 16..31; the K-quants' low run of the
-                 * first share, Q6_K's first scale group) */
-                const k_u32 a3 = k_ld_w2(w16, oa + 18u + 4u * c), a2 = k_ld_w2(w16, ob + 18u + 4u * c);
+                    /* planted fault (tests must turn red): A registers of rows g, g + 8
+                     * swapped for codes 16..31 */
+                    const k_i32x4 s = h ? k_mma_s8_k32(z, A.z, B.z, B.w, A.w, X.z, X.w)
+                                        : k_mma_s8_k32(z, A.x, B.x, B.y, A.y, X.x, X.y);
 #else
-                const k_u32 a2 = k_ld_w2(w16, oa + 18u + 4u * c), a3 = k_ld_w2(w16, ob + 18u + 4u * c);
+                    const k_i32x4 s = h ? k_mma_s8_k32(z, A.z, B.z, A.w, B.w, X.z, X.w)
+                                        : k_mma_s8_k32(z, A.x, B.x, A.y, B.y, X.x, X.y);
 #endif
-                const float da = k_h2f((k_u16)k_ld_u16_at(w16, oa)), db = k_h2f((k_u16)k_ld_u16_at(w16, ob));
-                K_UNROLL for (k_u32 n = 0; n < K_MMA_NT; n++) {
-                    if (r0 + 8u * n >= nr) continue; /* uniform: a whole tile past the rows */
-                    const k_u32 xo = (xg[n] + jb) * 34u;
-                    k_i32x4 s = {0, 0, 0, 0};
-                    s = k_mma_s8_k32(s, a0, a1, a2, a3, k_ld_w2(x16, xo + 2u + 4u * c), k_ld_w2(x16, xo + 18u + 4u * c));
-                    const float dx0 = k_h2f((k_u16)k_ld_u16_at(x16, (x0[n] + jb) * 34u));
-                    const float dx1 = k_h2f((k_u16)k_ld_u16_at(x16, (x1[n] + jb) * 34u));
+                    const float da = k_bits_f32(h ? sa.y : sa.x), db = k_bits_f32(h ? sb.y : sb.x);
+                    const float dx0 = k_bits_f32(h ? D0.y : D0.x), dx1 = k_bits_f32(h ? D1.y : D1.x);
                     /* matvec_q8_0's term: (float) sumi * (d_w * d_x) */
                     if (h == 0u) {
                         accA[n][0] += (float)s.x * (da * dx0);
