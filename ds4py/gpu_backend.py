@@ -796,10 +796,10 @@ def _gemm_path(backend: str) -> str:
         return "prefill matrices: the matvecs in 16-row blocks (K_RUNNER_GEMM=0)"
     if backend not in ("cuda", "gpu-emul") or g == "dp4a":
         return "prefill matrices: gemm_q8_0 / gemm_kq (dp4a) above 16 rows"
-    if g == "mma":
-        return "prefill matrices: gemm_q8_0_mma / gemm_kq_mma (int8 MMA) above 16 rows"
-    return ("prefill matrices: gemm_kq_mma (int8 MMA) for K-quants, gemm_q8_0 (dp4a) for Q8_0, "
-            "above 16 rows")
+    if g == "kq":
+        return ("prefill matrices: gemm_kq_mma (int8 MMA) for K-quants, gemm_q8_0 (dp4a) for Q8_0, "
+                "above 16 rows")
+    return "prefill matrices: gemm_q8_0_mma / gemm_kq_mma (int8 MMA) above 16 rows"
 
 
 class _GpuLine:

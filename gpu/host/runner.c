@@ -12,8 +12,8 @@
  * Rows are processed in chunks of K_RUNNER_PREFILL_CHUNK (512; K_RUNNER_CHUNK,
  * 64, when every row's logits are wanted): the matrices of a
  * chunk wider than K_MATVEC_MAX_ROWS (16) go through the prefill GEMM
- * (K-quants: gemm_mma.h's staged int8 tensor-core GEMM on CUDA and the
- * emulator; Q8_0 and Metal: gemm.h's dp4a; K_RUNNER_GEMM picks), narrower ones (decode, verify) through the matvecs, the same
+ * (gemm_mma.h's staged int8 tensor-core GEMMs on CUDA and the emulator,
+ * gemm.h's dp4a on Metal; K_RUNNER_GEMM picks), narrower ones (decode, verify) through the matvecs, the same
  * bits per value either way; the GDN conv + recurrence of all the chunk's
  * tokens is one gdn_seq launch per layer (state on chip between tokens);
  * attention serves up to 16 rows per split-K launch (row t sees positions
@@ -1203,21 +1203,21 @@ int k_runner_open(k_gpu_model *g, int64_t n_ctx, k_runner **out, ds4_error *err)
     {
         const char *f = getenv("K_RUNNER_FUSE");
         r->fuse = !(f && !strcmp(f, "0"));
-        /* K_RUNNER_GEMM: 0 the matvecs, dp4a the dp4a GEMM (gemm.h) for
-         * every type, mma the int8 tensor-core GEMMs (gemm_mma.h) for every
-         * type; unset: gemm_kq_mma for the K-quants and gemm.h for Q8_0
-         * where the device has int8 MMA (CUDA, the emulator; not Metal: the
-         * dp4a GEMM everywhere) -- all the same bits. Why that default: on
-         * the H200 (session 20) the staged gemm_kq_mma ran a 27B-like
-         * Q4_K_M prefill at 1.35x of the dp4a GEMM, while gemm_q8_0_mma
-         * (not staged) stays slower than gemm.h at 64-row chunks */
+        /* K_RUNNER_GEMM: 0 the matvecs, dp4a the dp4a GEMMs (gemm.h) for
+         * every type, kq gemm_kq_mma for the K-quants and gemm.h for Q8_0;
+         * unset or mma: the int8 tensor-core GEMMs (gemm_mma.h) for every
+         * type where the device has int8 MMA (CUDA, the emulator; Metal:
+         * the dp4a GEMMs) -- all the same bits. Why that default: on the
+         * H200 (session 20) the staged tensor-core GEMMs ran 5120 x 17408
+         * at 512 rows 1.72x (Q4_K), 1.28x (Q6_K) and 1.60x (Q8_0) the dp4a
+         * GEMMs; the 0.8B Q8_0 shape's prefill +23% / +19% at 512 / 4k
+         * against kq in the same call */
         const char *g = getenv("K_RUNNER_GEMM");
         int mma = 0;
 #ifdef K_HAS_MMA_KERNELS
         mma = !strcmp(r->dev->name, "cuda") || !strcmp(r->dev->name, "emul");
 #endif
-        r->gemm = g && !strcmp(g, "0") ? 0 : g && !strcmp(g, "dp4a") ? 1 : !mma ? 1 : g && !strcmp(g, "mma") ? 2 : 3;
-        /* (K_RUNNER_GEMM=kq names the default: gemm_kq_mma for the K-quants, gemm.h for Q8_0) */
+        r->gemm = g && !strcmp(g, "0") ? 0 : g && !strcmp(g, "dp4a") ? 1 : !mma ? 1 : g && !strcmp(g, "kq") ? 3 : 2;
         r->attn_tg = !strcmp(r->dev->name, "cuda") ? K_ATTN_TG : 256;
         const char *ah = getenv("K_RUNNER_ATTN_HS");
         const long ahv = ah ? strtol(ah, NULL, 10) : 0;
