@@ -142,36 +142,29 @@ K_FN k_u32 k_mma_min(k_u32 a, k_u32 b) { return a < b ? a : b; }
  * blocks); per activation row a qx[4 a + c] likewise (the B fragment
  * words) and qd[a] = (d_x of the two blocks). Rows past n_out / n_rows and
  * a second block past nb are staged clamped and not used. */
+K_FN void k_mma_q8_stage_rows(K_DEV_IN k_u16 *q16, k_u32 nb, k_u32 n, k_u32 first, k_u32 count, k_u32 ib,
+                              k_u32 jb1, K_TGM k_u32x4 *qc, K_TGM k_u32x4 *qd, k_u32 tid) {
+    for (k_u32 e = tid; e < 4u * count; e += K_MMA_TG) {
+        const k_u32 j = e >> 2, c = e & 3u, row = k_mma_min(first + j, n - 1u) * nb;
+        const k_u32 o0 = (row + ib) * 34u, o1 = (row + jb1) * 34u;
+        k_u32x4 v;
+        v.x = k_ld_w2(q16, o0 + 2u + 4u * c), v.y = k_ld_w2(q16, o0 + 18u + 4u * c);
+        v.z = k_ld_w2(q16, o1 + 2u + 4u * c), v.w = k_ld_w2(q16, o1 + 18u + 4u * c);
+        K_ST(qc, e, v);
+        if (c == 0u) {
+            v.x = k_f32_bits(k_h2f((k_u16)k_ld_u16_at(q16, o0))), v.y = k_f32_bits(k_h2f((k_u16)k_ld_u16_at(q16, o1)));
+            v.z = 0u, v.w = 0u;
+            K_ST(qd, j, v);
+        }
+    }
+}
+
 K_FN void k_mma_q8_stage(K_DEV_IN k_u16 *w16, K_DEV_IN k_u16 *x16, k_u32 nb, k_u32 n_out, k_u32 nr, k_u32 wr0,
                          k_u32 r0, k_u32 ib, K_TGM k_u32x4 *qw, K_TGM k_u32x4 *qs, K_TGM k_u32x4 *qx,
                          K_TGM k_u32x4 *qd, k_u32 tid) {
     const k_u32 jb1 = ib + 4u < nb ? ib + 4u : nb - 1u;
-    for (k_u32 e = tid; e < 4u * K_MMA_WR; e += K_MMA_TG) {
-        const k_u32 j = e >> 2, c = e & 3u, row = k_mma_min(wr0 + j, n_out - 1u) * nb;
-        const k_u32 o0 = (row + ib) * 34u, o1 = (row + jb1) * 34u;
-        k_u32x4 v;
-        v.x = k_ld_w2(w16, o0 + 2u + 4u * c), v.y = k_ld_w2(w16, o0 + 18u + 4u * c);
-        v.z = k_ld_w2(w16, o1 + 2u + 4u * c), v.w = k_ld_w2(w16, o1 + 18u + 4u * c);
-        K_ST(qw, e, v);
-        if (c == 0u) {
-            v.x = k_f32_bits(k_h2f((k_u16)k_ld_u16_at(w16, o0))), v.y = k_f32_bits(k_h2f((k_u16)k_ld_u16_at(w16, o1)));
-            v.z = 0u, v.w = 0u;
-            K_ST(qs, j, v);
-        }
-    }
-    for (k_u32 e = tid; e < 4u * K_MMA_TR; e += K_MMA_TG) {
-        const k_u32 a = e >> 2, c = e & 3u, row = k_mma_min(r0 + a, nr - 1u) * nb;
-        const k_u32 o0 = (row + ib) * 34u, o1 = (row + jb1) * 34u;
-        k_u32x4 v;
-        v.x = k_ld_w2(x16, o0 + 2u + 4u * c), v.y = k_ld_w2(x16, o0 + 18u + 4u * c);
-        v.z = k_ld_w2(x16, o1 + 2u + 4u * c), v.w = k_ld_w2(x16, o1 + 18u + 4u * c);
-        K_ST(qx, e, v);
-        if (c == 0u) {
-            v.x = k_f32_bits(k_h2f((k_u16)k_ld_u16_at(x16, o0))), v.y = k_f32_bits(k_h2f((k_u16)k_ld_u16_at(x16, o1)));
-            v.z = 0u, v.w = 0u;
-            K_ST(qd, a, v);
-        }
-    }
+    k_mma_q8_stage_rows(w16, nb, n_out, wr0, K_MMA_WR, ib, jb1, qw, qs, tid); /* weight rows */
+    k_mma_q8_stage_rows(x16, nb, nr, r0, K_MMA_TR, ib, jb1, qx, qd, tid);     /* activation rows */
 }
 
 K_KERNEL_BOUNDED(gemm_q8_0_mma, K_MMA_TG, K_MMA_Q8_TGS) {
