@@ -69,7 +69,7 @@ cat "$OUT/harness.log"
 
 # Sanitizers: memcheck over every suite; racecheck / synccheck over the
 # suites whose kernels share threadgroup memory or wait at barriers.
-BARRIER_SUITES="rmsnorm attn gdn argmax fused gdnseq gemm mma"  # the suites whose kernels use threadgroup memory and barriers (fused: norm_quant, qk_norm_rope; gdnseq: gdn_seq; gemm: the activation tile; mma: per-thread tree slots, no barrier)
+BARRIER_SUITES="rmsnorm attn gdn argmax fused gdnseq gemm mma moe"  # the suites whose kernels use threadgroup memory and barriers (fused: norm_quant, qk_norm_rope; gdnseq: gdn_seq; gemm: the activation tile; mma: the staged slices and the per-thread tree slots; moe: moe_group, moe_gemm, moe_gemm_mma)
 sanitize() {
     local tool=$1 limit=$2
     shift 2

@@ -19,9 +19,10 @@
 #     and prefill; also the 0.8B shape's first 4 rows of logits for a CPU
 #     cross-check (same recipe expanded here: the sha256 is printed);
 #  4. a per-kernel GPU-time profile of decode (K_CUDA_PROFILE=1).
-# Prefill GEMM: the default is the dp4a GEMM (gemm.h); step 2 compares its
-# outputs with K_RUNNER_GEMM=mma (the int8 tensor-core GEMM, gemm_mma.h) and
-# =0 (matvecs) bit for bit, step 3 times the prefill with mma beside it.
+# Prefill GEMM: the default is the staged int8 tensor-core GEMMs (gemm_mma.h,
+# = K_RUNNER_GEMM=mma); step 2 compares its outputs with K_RUNNER_GEMM=dp4a
+# (gemm.h), =kq (tensor cores for K-quants only) and =0 (matvecs) bit for
+# bit, step 3 times the prefill with dp4a beside it.
 # The routed MoE (golden moe-q8_0 correctness, the moe35b bench recipe: 21 GB
 # expanded, so give it time, or run it alone with
 # RECIPES=gpu/bench/moe35b-q4_k_m.json) runs in steps 2-4 too.
@@ -70,11 +71,11 @@ K_CUDA_GRAPH=1 timeout 120 $BIN --spec tests/golden/models/dense-q8_0.gguf $W/s1
 K_CUDA_GRAPH=1 timeout 120 $BIN --spec ds4py/models/demo-q8_0.gguf gpu/bench/demo_tokens.i32 64
 step memcheck
 timeout 150 compute-sanitizer --tool memcheck --print-limit 20 $BIN tests/golden/models/dense-q8_0.gguf $W/s16.i32 $W/mc 4 2>&1 | tail -5
-step "prefill GEMM A/B (dp4a default / K_RUNNER_GEMM=mma / 0 matvecs): the same outputs bit for bit"
+step "prefill GEMM A/B (mma default / K_RUNNER_GEMM=dp4a / kq / 0 matvecs): the same outputs bit for bit"
 # the golden model's 100 rows go as chunks of 64 + 36 through the Q8_0 GEMM;
 # prefill.f32 (one eval of all rows) must also equal decode.f32 (one eval per
 # row: the matvecs) -- batch invariance across the GEMM and the matvecs
-for g in mma 0; do
+for g in dp4a kq 0; do
   K_RUNNER_GEMM=$g timeout 120 $BIN tests/golden/models/dense-q8_0.gguf $W/s100.i32 $W/golden_$g 16
   for f in prefill.f32 decode.f32 greedy.i32; do cmp -s $W/golden.$f $W/golden_$g.$f && echo "GEMM=$g SAME golden.$f" || echo "GEMM=$g DIFFERS golden.$f"; done
 done
@@ -95,10 +96,10 @@ if [ -f "$W/dense08b-q4_k_m.gguf" ]; then
   # K-quant (Q4_K + Q6_K) prefill through the GEMMs: 40 rows (> 16), mma vs
   # dp4a vs the matvecs, and prefill (GEMM) == decode (matvecs), bit for bit
   "$PYBIN" -c "import numpy as np; np.array([(37 * i + 11) % 1000 for i in range(40)], dtype=np.int32).tofile('$W/b40.i32')"
-  for g in mma dp4a 0; do
+  for g in mma dp4a kq 0; do
     K_RUNNER_GEMM=$g timeout 300 $BIN $W/dense08b-q4_k_m.gguf $W/b40.i32 $W/kq40_$g 2
   done
-  for g in dp4a 0; do cmp -s $W/kq40_mma.prefill.f32 $W/kq40_$g.prefill.f32 && echo "GEMM=$g SAME kq40.prefill.f32" || echo "GEMM=$g DIFFERS kq40.prefill.f32"; done
+  for g in dp4a kq 0; do cmp -s $W/kq40_mma.prefill.f32 $W/kq40_$g.prefill.f32 && echo "GEMM=$g SAME kq40.prefill.f32" || echo "GEMM=$g DIFFERS kq40.prefill.f32"; done
   cmp -s $W/kq40_mma.prefill.f32 $W/kq40_mma.decode.f32 && echo "MMA PREFILL == DECODE kq40" || echo "MMA PREFILL != DECODE kq40"
 fi
 (cd $W && tar cf - golden.* demo.* bench08.* moe.* 2>/dev/null) > "$OUT/model_outputs.tar"
@@ -111,16 +112,15 @@ step bench decode
 # on this H200: 249 / 245 / 213 tok/s decode at depth 0 / 4k / 32k (issue 19)
 [ -f "$W/moe35b-q4_k_m.gguf" ] && timeout 300 $BIN --bench $W/moe35b-q4_k_m.gguf ${MOE_CTX:-128,4096} 32
 [ -f "$W/moe35b-q4_k_m.gguf" ] && timeout 120 $BIN --spec $W/moe35b-q4_k_m.gguf $W/b4.i32 32
-step "bench prefill A/B: the int8 tensor-core GEMM (K_RUNNER_GEMM=mma) against the default dp4a GEMM"
-[ -f "$W/dense27b-q4_k_m.gguf" ] && K_RUNNER_GEMM=mma timeout 240 $BIN --bench $W/dense27b-q4_k_m.gguf 512,4096 4
-[ -f "$W/dense27b-q4_k_m.gguf" ] && timeout 240 $BIN --bench $W/dense27b-q4_k_m.gguf 512,4096 4
-[ -f "$W/dense08b-q8_0.gguf" ] && K_RUNNER_GEMM=mma timeout 120 $BIN --bench $W/dense08b-q8_0.gguf 512,4096 4
-[ -f "$W/dense08b-q8_0.gguf" ] && timeout 120 $BIN --bench $W/dense08b-q8_0.gguf 512,4096 4
-[ -f "$W/dense08b-q4_k_m.gguf" ] && K_RUNNER_GEMM=mma timeout 120 $BIN --bench $W/dense08b-q4_k_m.gguf 512,4096 4
-[ -f "$W/dense08b-q4_k_m.gguf" ] && timeout 120 $BIN --bench $W/dense08b-q4_k_m.gguf 512,4096 4
-# GPU time per kernel over a 512-token prefill (the GEMM's share), then the same with mma
+step "bench prefill A/B: the default tensor-core GEMMs against the dp4a GEMMs (K_RUNNER_GEMM=dp4a)"
+for m in dense27b-q4_k_m dense08b-q8_0 dense08b-q4_k_m moe35b-q4_k_m; do
+  [ -f "$W/$m.gguf" ] || continue
+  timeout 240 $BIN --bench $W/$m.gguf 512,4096 4 | sed "s/^/$m default /"
+  K_RUNNER_GEMM=dp4a timeout 240 $BIN --bench $W/$m.gguf 512,4096 4 | sed "s/^/$m dp4a /"
+done
+# GPU time per kernel over a 512-token prefill (the GEMM's share), then the same with dp4a
 [ -f "$W/dense27b-q4_k_m.gguf" ] && K_CUDA_PROFILE=1 timeout 240 $BIN --bench $W/dense27b-q4_k_m.gguf 512 1 | grep "PROFILE ctx=512 prefill" | head -12
-[ -f "$W/dense27b-q4_k_m.gguf" ] && K_RUNNER_GEMM=mma K_CUDA_PROFILE=1 timeout 240 $BIN --bench $W/dense27b-q4_k_m.gguf 512 1 | grep "PROFILE ctx=512 prefill" | head -12
+[ -f "$W/dense27b-q4_k_m.gguf" ] && K_RUNNER_GEMM=dp4a K_CUDA_PROFILE=1 timeout 240 $BIN --bench $W/dense27b-q4_k_m.gguf 512 1 | grep "PROFILE ctx=512 prefill" | head -12
 if [ -z "${QUICK:-}" ]; then  # QUICK=1: the default build only (no unfused / graph A/B)
 step "bench decode, unfused glue kernels (K_RUNNER_FUSE=0: the A/B of the fusion)"
 [ -f "$W/dense08b-q4_k_m.gguf" ] && K_RUNNER_FUSE=0 timeout 240 $BIN --bench $W/dense08b-q4_k_m.gguf 128,4096 64
