@@ -669,6 +669,26 @@ def test_cli_json_and_paths_report(dense_gpu, cache):
     assert r.returncode == 2 and "error: backend 'metal'" in r.stderr, r.stderr
 
 
+def test_paths_report_names_the_prefill_gemms(monkeypatch):
+    """DS4PY_PATHS' GEMM words follow gpu/host/runner.c's K_RUNNER_GEMM
+    rule: the int8 tensor-core GEMMs by default where the device has them
+    (CUDA, the emulator), the dp4a GEMMs on Metal; the MoE line names
+    moe_gemm_mma where the K-quant GEMM is the tensor-core one."""
+    from ds4py.gpu_backend import _gemm_path, _moe_path
+    monkeypatch.delenv("K_RUNNER_GEMM", raising=False)
+    for backend in ("cuda", "gpu-emul"):
+        assert "gemm_q8_0_mma / gemm_kq_mma" in _gemm_path(backend)
+        assert "moe_gemm_mma" in _moe_path(backend)
+    assert "(dp4a)" in _gemm_path("metal") and "moe_gemm_mma" not in _moe_path("metal")
+    want = {"mma": "gemm_q8_0_mma / gemm_kq_mma", "kq": "gemm_q8_0 (dp4a) for Q8_0",
+            "dp4a": "(dp4a) above", "0": "the matvecs"}
+    for g, words in want.items():
+        monkeypatch.setenv("K_RUNNER_GEMM", g)
+        assert words in _gemm_path("cuda") and words in _gemm_path("gpu-emul"), g
+        assert ("moe_gemm_mma" in _moe_path("cuda")) == (g not in ("0", "dp4a")), g
+        assert "moe_gemm_mma" not in _moe_path("metal")
+
+
 def test_greedy_steps_choose_on_the_device(dense_gpu, monkeypatch):
     """Greedy generate on a GPU session takes each next token from the
     device's argmax (step_argmax: 4 bytes back, not the logits) and gets

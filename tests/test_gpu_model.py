@@ -79,6 +79,19 @@ def run_gpu(binary, tmp_path, model, tokens, n_greedy, prefill_chunk=None, env_e
     return pre, dec, greedy
 
 
+def run_gpu_prefill(binary, tmp_path, model, tokens, env_extra):
+    """Only the all-rows prefill (K_TEST_PREFILL_ONLY: no prompt eval, no
+    decode), for checks of one more GEMM path against a run_gpu's rows."""
+    os.makedirs(tmp_path, exist_ok=True)
+    toks = os.path.join(tmp_path, "tokens.i32")
+    np.asarray(tokens, dtype=np.int32).tofile(toks)
+    prefix = os.path.join(tmp_path, "out")
+    r = subprocess.run([binary, model, toks, prefix, "0"], capture_output=True, text=True,
+                       timeout=600, env={**os.environ, "K_TEST_PREFILL_ONLY": "1", **env_extra})
+    assert r.returncode == 0, r.stdout + r.stderr
+    return np.fromfile(prefix + ".prefill.f32", dtype=np.float32).reshape(len(tokens), -1)
+
+
 def log_softmax(x):
     x = x.astype(np.float64)
     x = x - x.max(axis=1, keepdims=True)
@@ -138,6 +151,11 @@ def test_golden_dense_q8_0(binary, tmp_path):
     model = ds4py.load(DENSE, n_threads=2)
     check_against_cpu(model, toks, pre)
     check_greedy(model, toks, greedy)
+    # 24 rows in one chunk through the dp4a gemm_q8_0 (gemm.h: Metal's; the
+    # default is gemm_q8_0_mma): the rows of the 40-row chunks' run
+    pm = run_gpu_prefill(binary, os.path.join(str(tmp_path), "dp4a"), DENSE, toks[:24],
+                         {"K_RUNNER_GEMM": "dp4a"})
+    np.testing.assert_array_equal(pm.view(np.uint32), pre[:24].view(np.uint32))
 
 
 @pytest.mark.parametrize("quant", ["Q8_0", "Q4_K_M"])
@@ -180,6 +198,11 @@ def test_prefill_gemm_kquant(binary, tmp_path):
     pre, dec, _ = run_gpu(binary, str(tmp_path), path, toks, 0)
     np.testing.assert_array_equal(pre.view(np.uint32), dec.view(np.uint32))
     check_against_cpu(model, toks, pre)
+    # the same rows through the dp4a GEMMs (gemm.h: Metal's; the default is
+    # the int8 tensor-core GEMMs, gemm_mma.h): the same bits
+    pm = run_gpu_prefill(binary, os.path.join(str(tmp_path), "dp4a"), path, toks,
+                         {"K_RUNNER_GEMM": "dp4a"})
+    np.testing.assert_array_equal(pm.view(np.uint32), pre.view(np.uint32))
 
 
 @pytest.mark.parametrize("name, words", [
@@ -263,15 +286,17 @@ def check_grouped_moe(binary, tmp_path, model, toks, pre):
     """The prompt's MoE layers grouped by expert (gpu/kernels/moe_gemm.h,
     which the runner takes for chunks of more than 16 rows; forced here from
     2 rows): the same bits as the per-pair kernels, at two chunk sizes, with
-    the runner's default GEMMs (moe_gemm_mma where a layer's matrices are all
-    K-quants: the emulator has int8 MMA) and with K_RUNNER_GEMM=dp4a
-    (moe_gemm everywhere)."""
-    for chunk, gemm in ((None, None), (5, None), (None, "dp4a")):
-        d = os.path.join(str(tmp_path), f"grouped{chunk}{gemm}")
+    the default GEMMs (moe_gemm_mma where a layer's matrices are all K-quants:
+    the emulator has int8 MMA) and with K_RUNNER_GEMM=dp4a (moe_gemm)."""
+    for chunk in (None, 5):
+        d = os.path.join(str(tmp_path), f"grouped{chunk}")
         os.makedirs(d)
-        env = {"K_RUNNER_MOE_GROUP_MIN": "2", **({"K_RUNNER_GEMM": gemm} if gemm else {})}
-        g, _, _ = run_gpu(binary, d, model, toks, 0, prefill_chunk=chunk, env_extra=env)
+        g, _, _ = run_gpu(binary, d, model, toks, 0, prefill_chunk=chunk,
+                          env_extra={"K_RUNNER_MOE_GROUP_MIN": "2"})
         np.testing.assert_array_equal(g.view(np.uint32), pre.view(np.uint32))
+    g = run_gpu_prefill(binary, os.path.join(str(tmp_path), "grouped_dp4a"), model, toks,
+                        {"K_RUNNER_MOE_GROUP_MIN": "2", "K_RUNNER_GEMM": "dp4a"})
+    np.testing.assert_array_equal(g.view(np.uint32), pre.view(np.uint32))
 
 
 def test_kquant_moe_model(binary, tmp_path):

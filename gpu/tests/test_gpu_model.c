@@ -418,6 +418,10 @@ int main(int argc, char **argv) {
     }
     const int64_t prefill_launches = k_runner_launches(r);
     k_runner_close(r);
+    if (getenv("K_TEST_PREFILL_ONLY")) { /* tests that compare one more GEMM path's prefill: nothing else */
+        k_gpu_model_close(gm), d->close(d), ds4_model_free(m), free(lg), free(am), free(toks);
+        return 0;
+    }
     /* the same tokens as a prompt (only the last row's logits wanted): the
      * runner's prefill chunks (K_RUNNER_PREFILL_CHUNK rows, not the
      * all-rows eval's K_RUNNER_CHUNK), which must not change the bits */
