@@ -167,9 +167,9 @@ K_KERNEL(gdn_delta) {
  * verbatim on its rows, with the state rows in registers instead of device
  * memory, and (split 1) the gated norm; split > 1 stores the raw rows for
  * gdn_norm. The conv window of token t is [the state rows, half cur of
- * conv ; in rows 0..t]: read, never shifted in place; the new state goes
- * to the other half. Bit-identity with the single-token kernels
- * is tested (test_gpu_emul gdnseq). */
+ * conv ; in rows 0..t]: read (into registers, below), never shifted in
+ * place in memory; the new state goes to the other half. Bit-identity
+ * with the single-token kernels is tested (test_gpu_emul gdnseq). */
 K_KERNEL_BOUNDED(gdn_seq, K_GDN_SEQ_MAX_TG, 1) {
     K_CHECK_TAG(gdn_seq);
     const k_u32 d = p.d, cd = (2u * p.n_k + p.n_v) * d, G = p.split > 1u ? p.split : 1u;
@@ -179,25 +179,21 @@ K_KERNEL_BOUNDED(gdn_seq, K_GDN_SEQ_MAX_TG, 1) {
         k_raise(status, K_ERR_SHAPE);
         return;
     }
-    K_TG_ARRAY(float, qn, K_GDN_MAX_D);
-    K_TG_ARRAY(float, kn, K_GDN_MAX_D);
-    K_TG_ARRAY(float, vn, K_GDN_MAX_D);
+    /* the conv outputs of token t in half t & 1 (double-buffered: see
+     * "Barriers" below) */
+    K_TG_ARRAY(float, qn, 2 * K_GDN_MAX_D);
+    K_TG_ARRAY(float, kn, 2 * K_GDN_MAX_D);
+    K_TG_ARRAY(float, vn, 2 * K_GDN_MAX_D);
     K_TG_ARRAY(float, on, K_GDN_MAX_D);
     K_TG_ARRAY(float, part, 32);
-#ifdef PLANT_GDN_SEQ_STALE_CONV
-    /* planted fault (tests must turn red): every token's conv window starts
-     * at the state, as if the state were never shifted between tokens */
-#define K_GDN_SEQ_POS_(t, kk) ((int)(kk) - (int)(p.k - 1u))
-#else
-#define K_GDN_SEQ_POS_(t, kk) ((int)(t) + (int)(kk) - (int)(p.k - 1u))
-#endif
+    K_TG_ARRAY(float, npart, 32);
     /* value head j, state rows [m0, m0 + dr) of it (G threadgroups a head) */
     const k_u32 j = K_GX / G, kh = j % p.n_k; /* tiled (spec §3.8, pitfall 3) */
     const k_u32 dr = d / G, m0 = (K_GX % G) * dr, m1 = m0 + dr;
     if (j >= p.n_v) return; /* a whole threadgroup */
     K_DEV float *S = s + j * d * d;
     const k_u32 cin = p.cur * (p.k - 1u) * cd, cout = (1u - p.cur) * (p.k - 1u) * cd;
-    const k_u32 per = (d + 31u) / 32u;
+    const k_u32 per = (d + 31u) / 32u, nch = 2u * d + dr, nw = K_TG_SIZE >> 5;
     const int in_regs = per <= K_GDN_SEQ_COLS;
     const k_u32 reg_rows = in_regs ? K_GDN_SEQ_RPS : 0u; /* rows m = SIMD + r NSIMD, r < reg_rows */
     float st[K_GDN_SEQ_RPS][K_GDN_SEQ_COLS];
@@ -209,23 +205,24 @@ K_KERNEL_BOUNDED(gdn_seq, K_GDN_SEQ_MAX_TG, 1) {
         }
     }
     const float oscale = 1.0f / k_sqrt((float)d);
+    const float ssm_a = K_LD(hp, j), dt_bias = K_LD(hp, p.n_v + j); /* the same every token */
+    /* local channel c < d: q of kh; < 2d: k of kh; else v row m0 + c - 2d of j
+     * (the q/k channels are computed by every threadgroup that reads them:
+     * the same bits) */
+#define K_GDN_SEQ_CH_(c) \
+    ((c) < d ? kh * d + (c) : (c) < 2u * d ? (p.n_k + kh) * d + ((c) - d) : (2u * p.n_k + j) * d + m0 + ((c) - 2u * d))
     /* Loaded a token ahead (the same values, only earlier: the same bits):
      * the newest conv input of this thread's first two channels, the
      * token's beta / alpha logits and the z of its first two rows. Every
      * token otherwise waited on device memory three times over (the conv's
      * new row, then ab, then z), each wait a whole memory latency with
      * nothing else in flight. */
-    /* local channel c < d: q of kh; < 2d: k of kh; else v row m0 + c - 2d of j
-     * (the q/k channels are computed by every threadgroup that reads them:
-     * the same bits) */
-#define K_GDN_SEQ_CH_(c) \
-    ((c) < d ? kh * d + (c) : (c) < 2u * d ? (p.n_k + kh) * d + ((c) - d) : (2u * p.n_k + j) * d + m0 + ((c) - 2u * d))
 #define K_GDN_SEQ_FETCH_(t_, NX, ZV, AB)                                                            \
     do {                                                                                           \
         K_DEV_IN float *r_ = in + (t_) * p.in_stride;                                              \
         K_UNROLL for (k_u32 q_ = 0; q_ < 2u; q_++) {                                              \
             const k_u32 c_ = K_TID + q_ * K_TG_SIZE, m_ = K_TID + q_ * K_TG_SIZE;                   \
-            NX[q_] = c_ < 2u * d + dr ? K_LD(r_, K_GDN_SEQ_CH_(c_)) : 0.0f;                          \
+            NX[q_] = c_ < nch ? K_LD(r_, K_GDN_SEQ_CH_(c_)) : 0.0f;                                 \
             ZV[q_] = m_ < d ? K_LD(r_, p.z_off + j * d + m_) : 0.0f;                                 \
         }                                                                                          \
         AB[0] = K_LD(r_, p.ab_off + j), AB[1] = K_LD(r_, p.ab_off + p.n_v + j);                     \
@@ -238,36 +235,101 @@ K_KERNEL_BOUNDED(gdn_seq, K_GDN_SEQ_MAX_TG, 1) {
         else K_ST(on, (m), (v));                                                                   \
     } while (0)
     K_DEV float *const o_raw = o; /* the rows loops name their sums o */
+    /* The conv of the thread's first two channels (c = tid, tid + tgs) in
+     * registers: their taps, and the window of the k - 1 inputs before
+     * the token (win[q][kk] = the input of position t - (k - 1) + kk;
+     * before token 0 the stored state rows), shifted by one after each
+     * token. The values gdn_conv reads from the state and from earlier
+     * rows of `in`, without a device-memory wait per token. Channels
+     * past 2 tgs (d > 170 at 256 threads) read them as before. */
+    float cwr[2][K_GDN_MAX_CONV], win[2][K_GDN_MAX_CONV];
+    K_UNROLL for (k_u32 q = 0; q < 2u; q++) {
+        const k_u32 c = K_TID + q * K_TG_SIZE;
+        K_UNROLL for (k_u32 kk = 0; kk < K_GDN_MAX_CONV; kk++) {
+            const int tap = c < nch && kk < p.k;
+            cwr[q][kk] = tap ? K_LD(cw, K_GDN_SEQ_CH_(c) * p.k + kk) : 0.0f;
+            win[q][kk] = tap && kk + 1u < p.k ? K_LD(conv, cin + kk * cd + K_GDN_SEQ_CH_(c)) : 0.0f;
+        }
+    }
+    /* Barriers. Per token two: B1 after the conv (its outputs complete),
+     * B2 after the l2 norms' SIMD-group partials; the split kernel needs
+     * no third one, because the conv outputs are double-buffered by token
+     * parity: a thread writes half (t + 1) & 1 only after B2 of token t,
+     * which every thread passed after its reads of token t - 1's half,
+     * and the rows of token t read half t & 1 alone. `part` is written
+     * after B1 of a token and read after its B2: a thread reaching the
+     * next token's writes has passed B1 of it, after every thread's reads.
+     * The unsplit kernel's gated norm (on, npart) keeps its barriers. */
     float nx[2], zv[2], abv[2];
     K_GDN_SEQ_FETCH_(0u, nx, zv, abv);
     for (k_u32 t = 0; t < p.n_tok; t++) {
+        const k_u32 hb = (t & 1u) * K_GDN_MAX_D; /* this token's half of qn / kn / vn */
         float nx1[2] = {0.0f, 0.0f}, zv1[2] = {0.0f, 0.0f}, abv1[2] = {0.0f, 0.0f};
         if (t + 1u < p.n_tok) K_GDN_SEQ_FETCH_(t + 1u, nx1, zv1, abv1); /* uniform */
-        /* the conv (gdn_conv) of the local channels */
-        for (k_u32 c = K_TID, q = 0; c < 2u * d + dr; c += K_TG_SIZE, q++) {
+        /* the token's gates (gdn_delta's expressions), ahead of the barriers */
+        const float beta = 1.0f / (1.0f + k_exp(-abv[0]));
+        const float a = abv[1] + dt_bias;
+        const float sp = a > 20.0f ? a : k_log(1.0f + k_exp(a)); /* ggml's softplus */
+        const float decay = k_exp(ssm_a * sp);
+        /* the conv (gdn_conv) of the local channels: taps oldest -> newest */
+        K_UNROLL for (k_u32 q = 0; q < 2u; q++) {
+            const k_u32 c = K_TID + q * K_TG_SIZE;
+            if (c >= nch) continue;
+            float acc = 0.0f;
+            K_UNROLL for (k_u32 kk = 0; kk < K_GDN_MAX_CONV; kk++)
+                if (kk < p.k) acc += cwr[q][kk] * (kk + 1u < p.k ? win[q][kk] : nx[q]);
+#ifndef PLANT_GDN_SEQ_STALE_CONV /* planted fault (tests must turn red): the window never moves */
+            K_UNROLL for (k_u32 kk = 0; kk + 1u < K_GDN_MAX_CONV; kk++) {
+                if (kk + 2u < p.k) win[q][kk] = win[q][kk + 1u];
+                else if (kk + 2u == p.k) win[q][kk] = nx[q];
+            }
+#endif
+            const float y = acc / (1.0f + k_exp(-acc));
+            if (c < d) K_ST(qn, hb + c, y);
+            else if (c < 2u * d) K_ST(kn, hb + c - d, y);
+            else K_ST(vn, hb + m0 + (c - 2u * d), y);
+        }
+        for (k_u32 c = K_TID + 2u * K_TG_SIZE; c < nch; c += K_TG_SIZE) {
             const k_u32 ch = K_GDN_SEQ_CH_(c);
             float seq[K_GDN_MAX_CONV];
             K_UNROLL for (k_u32 kk = 0; kk < K_GDN_MAX_CONV; kk++) {
-                const int pos = K_GDN_SEQ_POS_(t, kk);
-                seq[kk] = kk >= p.k                    ? 0.0f
-                          : pos == (int)t && q < 2u    ? (q == 0u ? nx[0] : nx[1])
-                          : pos >= 0                   ? K_LD(in, (k_u32)pos * p.in_stride + ch)
-                                                       : K_LD(conv, cin + (k_u32)((int)p.k - 1 + pos) * cd + ch);
+#ifdef PLANT_GDN_SEQ_STALE_CONV
+                const int pos = (int)kk - (int)(p.k - 1u);
+#else
+                const int pos = (int)t + (int)kk - (int)(p.k - 1u);
+#endif
+                seq[kk] = kk >= p.k  ? 0.0f
+                          : pos >= 0 ? K_LD(in, (k_u32)pos * p.in_stride + ch)
+                                     : K_LD(conv, cin + (k_u32)((int)p.k - 1 + pos) * cd + ch);
             }
             float acc = 0.0f;
             K_UNROLL for (k_u32 kk = 0; kk < K_GDN_MAX_CONV; kk++)
                 if (kk < p.k) acc += K_LD(cw, ch * p.k + kk) * seq[kk];
             const float y = acc / (1.0f + k_exp(-acc));
-            if (c < d) K_ST(qn, c, y);
-            else if (c < 2u * d) K_ST(kn, c - d, y);
-            else K_ST(vn, m0 + (c - 2u * d), y);
+            if (c < d) K_ST(qn, hb + c, y);
+            else if (c < 2u * d) K_ST(kn, hb + c - d, y);
+            else K_ST(vn, hb + m0 + (c - 2u * d), y);
         }
-        K_BARRIER();
-        k_gdn_l2norm2(qn, kn, d, p.eps, part, K_TID, K_TG_SIZE);
-        const float beta = 1.0f / (1.0f + k_exp(-abv[0]));
-        const float a = abv[1] + K_LD(hp, p.n_v + j);
-        const float sp = a > 20.0f ? a : k_log(1.0f + k_exp(a)); /* ggml's softplus */
-        const float decay = k_exp(K_LD(hp, j) * sp);
+        K_BARRIER(); /* B1 */
+        /* k_gdn_l2norm2 on q and k, operation for operation, with the
+         * scaled values kept in registers (lane's elements c 32 + lane)
+         * instead of stored back: its third barrier goes */
+        float sa = 0.0f, sb = 0.0f;
+        for (k_u32 i = K_TID; i < d; i += K_TG_SIZE)
+            sa += K_LD(qn, hb + i) * K_LD(qn, hb + i), sb += K_LD(kn, hb + i) * K_LD(kn, hb + i);
+        sa = k_simd_sum(sa), sb = k_simd_sum(sb);
+        if (K_LANE == 0u) K_ST(part, K_SIMD, sa), K_ST(part, nw + K_SIMD, sb);
+        K_BARRIER(); /* B2 */
+        float ta = 0.0f, tb = 0.0f;
+        for (k_u32 g = 0; g < nw; g++) ta += K_LD(part, g), tb += K_LD(part, nw + g);
+        const float nf = (float)d, s2 = 1.0f / k_sqrt(nf);
+        const float ca = 1.0f / k_sqrt(ta / nf + p.eps / nf), cb = 1.0f / k_sqrt(tb / nf + p.eps / nf);
+        float qr[K_GDN_MAX_D / 32], kr[K_GDN_MAX_D / 32];
+        K_UNROLL for (k_u32 c = 0; c < K_GDN_MAX_D / 32; c++) {
+            const k_u32 i = c * 32u + K_LANE;
+            qr[c] = c < per && i < d ? (K_LD(qn, hb + i) * ca) * s2 : 0.0f;
+            kr[c] = c < per && i < d ? (K_LD(kn, hb + i) * cb) * s2 : 0.0f;
+        }
         /* rows in registers: gdn_delta's operations on st[r] */
         K_UNROLL for (k_u32 r = 0; r < K_GDN_SEQ_RPS; r++) {
             const k_u32 m = m0 + K_SIMD + r * K_NSIMD;
@@ -277,17 +339,17 @@ K_KERNEL_BOUNDED(gdn_seq, K_GDN_SEQ_MAX_TG, 1) {
                 const k_u32 i = c * 32u + K_LANE;
                 if (c < per && i < d) {
                     st[r][c] = st[r][c] * decay;
-                    u += st[r][c] * K_LD(kn, i);
+                    u += st[r][c] * kr[c];
                 }
             }
             u = k_simd_sum(u);
-            const float dm = (K_LD(vn, m) - u) * beta;
+            const float dm = (K_LD(vn, hb + m) - u) * beta;
             float o = 0.0f;
             K_UNROLL for (k_u32 c = 0; c < K_GDN_SEQ_COLS; c++) {
                 const k_u32 i = c * 32u + K_LANE;
                 if (c < per && i < d) {
-                    st[r][c] = st[r][c] + K_LD(kn, i) * dm;
-                    o += st[r][c] * K_LD(qn, i);
+                    st[r][c] = st[r][c] + kr[c] * dm;
+                    o += st[r][c] * qr[c];
                 }
             }
             o = k_simd_sum(o);
@@ -303,39 +365,40 @@ K_KERNEL_BOUNDED(gdn_seq, K_GDN_SEQ_MAX_TG, 1) {
                 rw[c] = 0.0f;
                 if (c < per && i < d) {
                     rw[c] = K_LD(Sm, i) * decay;
-                    u += rw[c] * K_LD(kn, i);
+                    u += rw[c] * kr[c];
                 }
             }
             u = k_simd_sum(u);
-            const float dm = (K_LD(vn, m) - u) * beta;
+            const float dm = (K_LD(vn, hb + m) - u) * beta;
             float o = 0.0f;
             K_UNROLL for (k_u32 c = 0; c < K_GDN_MAX_D / 32; c++) {
                 const k_u32 i = c * 32u + K_LANE;
                 if (c < per && i < d) {
-                    rw[c] = rw[c] + K_LD(kn, i) * dm;
+                    rw[c] = rw[c] + kr[c] * dm;
                     K_ST(Sm, i, rw[c]);
-                    o += rw[c] * K_LD(qn, i);
+                    o += rw[c] * qr[c];
                 }
             }
             o = k_simd_sum(o);
             if (K_LANE == 0u) K_GDN_SEQ_OUT_(m, o * oscale);
         }
-        K_BARRIER(); /* qn / kn / vn are read before the next token overwrites them */
+        K_UNROLL for (k_u32 q = 0; q < 2u; q++) nx[q] = nx1[q];
         if (G > 1u) { /* uniform: gdn_norm finishes the raw rows */
-            K_UNROLL for (k_u32 q = 0; q < 2u; q++) nx[q] = nx1[q], zv[q] = zv1[q], abv[q] = abv1[q];
+            K_UNROLL for (k_u32 q = 0; q < 2u; q++) zv[q] = zv1[q], abv[q] = abv1[q];
             continue;
         }
+        K_BARRIER(); /* every row of `on` written */
         /* gated RMSNorm (gdn_delta's): rmsnorm(o) * norm_w * SiLU(z) */
         float ss = 0.0f;
         for (k_u32 m = K_TID; m < d; m += K_TG_SIZE) ss += K_LD(on, m) * K_LD(on, m);
-        const float mean = k_tg_sum(ss, part, K_TID, K_TG_SIZE) / (float)d;
+        const float mean = k_tg_sum(ss, npart, K_TID, K_TG_SIZE) / (float)d;
         const float scale = 1.0f / k_sqrt(mean + p.eps);
         for (k_u32 m = K_TID, q = 0; m < d; m += K_TG_SIZE, q++) {
             const float zm = q == 0u ? zv[0] : q == 1u ? zv[1] : K_LD(in, t * p.in_stride + p.z_off + j * d + m);
             const float y = (K_LD(on, m) * scale) * K_LD(hp, 2u * p.n_v + m);
             K_ST(o, t * p.o_stride + j * d + m, y * (zm / (1.0f + k_exp(-zm))));
         }
-        K_UNROLL for (k_u32 q = 0; q < 2u; q++) nx[q] = nx1[q], zv[q] = zv1[q], abv[q] = abv1[q];
+        K_UNROLL for (k_u32 q = 0; q < 2u; q++) zv[q] = zv1[q], abv[q] = abv1[q];
     }
     K_UNROLL for (k_u32 r = 0; r < K_GDN_SEQ_RPS; r++) {
         const k_u32 m = m0 + K_SIMD + r * K_NSIMD;
@@ -348,7 +411,7 @@ K_KERNEL_BOUNDED(gdn_seq, K_GDN_SEQ_MAX_TG, 1) {
     /* the conv state after the last token: the window's last k - 1 rows,
      * written by this head for its v channels and, for its k head's q/k
      * channels, by head kh alone (j == kh exactly when j < n_k) */
-    for (k_u32 c = K_TID; c < 2u * d + dr; c += K_TG_SIZE) {
+    for (k_u32 c = K_TID; c < nch; c += K_TG_SIZE) {
         if (c < 2u * d && (j >= p.n_k || m0 != 0u)) continue;
         const k_u32 ch = K_GDN_SEQ_CH_(c);
         for (k_u32 kk = 0; kk + 1u < p.k; kk++) {
@@ -358,7 +421,6 @@ K_KERNEL_BOUNDED(gdn_seq, K_GDN_SEQ_MAX_TG, 1) {
             K_ST(conv, cout + kk * cd + ch, v);
         }
     }
-#undef K_GDN_SEQ_POS_
 #undef K_GDN_SEQ_CH_
 #undef K_GDN_SEQ_FETCH_
 #undef K_GDN_SEQ_OUT_

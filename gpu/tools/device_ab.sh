@@ -8,7 +8,8 @@
 #       csrc gpu cuda metal | tar -x -C .oldtree
 #   grep -qx '/.oldtree/' .git/info/exclude || echo '/.oldtree/' >> .git/info/exclude
 # then run `bash gpu/tools/device_ab.sh` there with carry [".oldtree",
-# "training/carry/gguf_py"] (gguf-py for the bench recipes, docs/gpu.md §7).
+# "training/carry/gguf_py"] (gguf-py for the bench recipes, docs/gpu.md §7;
+# GGUF_PY=DIR names another folder holding the gguf package).
 #
 # Knobs: MODELS (bench recipes of gpu/bench/, default the 0.8B shapes and the
 # 27B-like), REPS (2), CTX (512,4096), STEPS (32), CHECK=0 skips
@@ -19,7 +20,8 @@ set -u
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-build/device_ab}"; mkdir -p "$OUT"
 W=/tmp/ds4py-gpu; mkdir -p $W
-export PYTHONPATH="$(pwd)/training/carry/gguf_py${PYTHONPATH:+:$PYTHONPATH}"
+# GGUF_PY: a folder holding the gguf package (gguf-py), when python3 lacks it
+export PYTHONPATH="${GGUF_PY:-$(pwd)/training/carry/gguf_py}${PYTHONPATH:+:$PYTHONPATH}"
 MODELS=${MODELS:-dense08b-q4_k_m dense08b-q8_0 dense27b-q4_k_m}
 [ -d .oldtree ] || { echo "no .oldtree (see the header)"; exit 2; }
 if [ "${CHECK:-1}" != 0 ]; then
