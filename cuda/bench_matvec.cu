@@ -11,11 +11,13 @@
 //   BENCH_TYPES=Q4_K,Q6_K,Q8_0   only these weight types (default all four)
 //   BENCH_WIDTHS=1,4             only these widths (of 1, 2, 4, 8, 16)
 //   BENCH_MATVEC_ONLY=1          skip the GDN / argmax / PREFILL benchmarks
+//   BENCH_GDN_ONLY=1             of the PREFILL lines, only the GDN kernels'
 // Every timed (type, shape, width) also prints one "SWEEP" line
 // (type, shape, width, us, % of 4300 GB/s) for scripts to pick up.
 //
 // Then PREFILL lines: the GEMM on BENCH_ROWS (64) rows vs the matvecs, and
-// gdn_seq on 1 and BENCH_ROWS tokens (bench_prefill).
+// gdn_seq on 1 and BENCH_ROWS tokens and gdn_prep + gdn_rows + gdn_norm on
+// BENCH_ROWS tokens (bench_prefill).
 // Times k_matvec_kq* (Q4_K, Q5_K, Q6_K) and k_matvec_q8_0 at widths 1, 2,
 // 4, 8, 16 with CUDA events over many back-to-back launches, and prints
 // weight + activation bytes read per launch / time as GB/s beside the
@@ -304,7 +306,8 @@ static void bench_prefill(uint32_t a_in, uint32_t a_out) {
     const uint32_t rows = env && atoi(env) > 0 ? (uint32_t)atoi(env) : 64;
     const uint32_t pshapes[][2] = {{5120, 17408}, {17408, 5120}, {1024, 3584}};
     const int ptypes[] = {K_TYPE_Q4_K, K_TYPE_Q6_K, 0};
-    for (int t = 0; t < 3; t++)
+    const char *gdn_only = getenv("BENCH_GDN_ONLY"); // set: the GDN kernels alone
+    for (int t = 0; t < (gdn_only && *gdn_only ? 0 : 3); t++)
         for (int s = 0; s < (a_in ? 1 : 3); s++) {
             const int type = ptypes[t], kq = type != 0;
             const uint32_t n_in = a_in ? a_in : pshapes[s][0], n_out = a_in ? a_out : pshapes[s][1];
@@ -382,7 +385,11 @@ static void bench_prefill(uint32_t a_in, uint32_t a_out) {
             free(hw), free(hx);
         }
     // gdn_seq: n tokens of a 27B-like GDN layer in one launch vs n pairs
-    const uint32_t nk = 16, nv = 48, d = 128, cd = 2 * nk * d + nv * d, K = 4, vd = nv * d, W = cd + vd + 2 * nv;
+    // BENCH_GDN_NV / BENCH_GDN_NK: other head counts (0.8B: 16 / 16, MoE: 32 / 16)
+    const char *env_nv = getenv("BENCH_GDN_NV"), *env_nk = getenv("BENCH_GDN_NK");
+    const uint32_t nk = env_nk && atoi(env_nk) > 0 ? (uint32_t)atoi(env_nk) : 16;
+    const uint32_t nv = env_nv && atoi(env_nv) > 0 ? (uint32_t)atoi(env_nv) : 48;
+    const uint32_t d = 128, cd = 2 * nk * d + nv * d, K = 4, vd = nv * d, W = cd + vd + 2 * nv;
     const size_t ns = (size_t)nv * d * d;
     float *h = (float *)malloc(sizeof(float) * (ns > (size_t)rows * W ? ns : (size_t)rows * W));
     for (size_t i = 0; i < (ns > (size_t)rows * W ? ns : (size_t)rows * W); i++)
@@ -427,6 +434,36 @@ static void bench_prefill(uint32_t a_in, uint32_t a_out) {
             printf("PREFILL gdn_seq n_v=%u d=%u tokens=%u split=%u: %8.1f us per launch (+ gdn_norm %.1f), %6.2f us per token\n",
                    nv, d, n, G, us + un, un, (us + un) / n);
         }
+    }
+    // the three-launch form the runner takes for runs of 2+ tokens (gdn_prep
+    // over every token, gdn_rows at 1 / 2 / 4 rows a SIMD-group, gdn_norm)
+    // on the same inputs
+    for (uint32_t R = 1; R <= K_GDN_ROWS_MAX; R *= 2) {
+        const uint32_t n = rows, qs = K_GDN_PQ_STRIDE(nk, nv, d), warps = K_GDN_ROWS_WARPS(nv, d, R);
+        float *dpq;
+        CK(cudaMalloc(&dpq, 4 * (size_t)n * qs));
+        k_gdn_prep_params pp = {K_TAG_OF(gdn_prep), nk, nv, d, K, n, W, cd, cd + vd, vd, 0, 1e-6f, 0};
+        k_binding bp[] = {K_BIND(gdn_prep, status, dstatus, 8), K_BIND(gdn_prep, p, &pp, sizeof pp),
+                          K_BIND(gdn_prep, in, din, 4 * (size_t)n * W), K_BIND(gdn_prep, cw, dcw, 4 * cd * K),
+                          K_BIND(gdn_prep, conv, dconv, 4 * 2 * cd * (K - 1)), K_BIND(gdn_prep, hp, dhp, 4 * (2 * nv + d)),
+                          K_BIND(gdn_prep, pq, dpq, 4 * (size_t)n * qs)};
+        const uint32_t gp[3] = {nk + nv, n, 1};
+        const double up = time_launches(K_ID_gdn_prep, gp, 256, bp, 7, 20);
+        k_gdn_rows_params pr = {K_TAG_OF(gdn_rows), nk, nv, d, n, vd, R};
+        k_binding br[] = {K_BIND(gdn_rows, status, dstatus, 8), K_BIND(gdn_rows, p, &pr, sizeof pr),
+                          K_BIND(gdn_rows, pq, dpq, 4 * (size_t)n * qs), K_BIND(gdn_rows, s, ds, 4 * ns),
+                          K_BIND(gdn_rows, o, dout, 4 * (size_t)n * vd)};
+        const uint32_t gr[3] = {(warps + 3) / 4, 1, 1};
+        const double ur = time_launches(K_ID_gdn_rows, gr, 128, br, 5, 20);
+        k_gdn_norm_params pn = {K_TAG_OF(gdn_norm), nv, d, n, W, cd, vd, 1e-6f};
+        k_binding bn[] = {K_BIND(gdn_norm, status, dstatus, 8), K_BIND(gdn_norm, p, &pn, sizeof pn),
+                          K_BIND(gdn_norm, in, din, 4 * (size_t)n * W), K_BIND(gdn_norm, hp, dhp, 4 * (2 * nv + d)),
+                          K_BIND(gdn_norm, o, dout, 4 * (size_t)n * vd)};
+        const uint32_t gn[3] = {nv, n, 1};
+        const double un = time_launches(K_ID_gdn_norm, gn, 256, bn, 5, 20);
+        printf("PREFILL gdn_prep+rows+norm n_v=%u d=%u tokens=%u rows/SIMD-group=%u: %8.1f us (prep %.1f, rows %.1f, "
+               "norm %.1f), %6.2f us per token\n", nv, d, n, R, up + ur + un, up, ur, un, (up + ur + un) / n);
+        cudaFree(dpq);
     }
     uint32_t st[2];
     CK(cudaMemcpy(st, dstatus, 8, cudaMemcpyDeviceToHost));

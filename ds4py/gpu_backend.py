@@ -802,6 +802,17 @@ def _gemm_path(backend: str) -> str:
     return "prefill matrices: gemm_q8_0_mma / gemm_kq_mma (int8 MMA) above 16 rows"
 
 
+def _gdn_path() -> str:
+    """The GDN recurrence kernels the runner takes (gpu/host/runner.c reads
+    K_RUNNER_GDN_ROWS_MIN the same way when a session opens)."""
+    m = os.environ.get("K_RUNNER_GDN_ROWS_MIN", "")
+    rows = int(m) if m.lstrip("-").isdigit() else 17
+    if rows <= 0:
+        return "GDN recurrence: gdn_seq at every width (K_RUNNER_GDN_ROWS_MIN=0)"
+    return (f"GDN recurrence: gdn_prep + gdn_rows + gdn_norm for runs of {rows}+ tokens "
+            f"(state width d <= 128), else gdn_seq")
+
+
 class _GpuLine:
     """The GPU loop's line, made at exit (the launch count is the last step's)."""
 
@@ -812,7 +823,7 @@ class _GpuLine:
                      f"on the GPU layer loop (gpu/host/runner.c: {kinds.count('gdn')} gdn, "
                      f"{kinds.count('attn')} attn, "
                      f"{ffn}; "
-                     f"{_gemm_path(model.backend)}), "
+                     f"{_gemm_path(model.backend)}; {_gdn_path()}), "
                      f"LM head and logits on the "
                      f"device")
         self.stats = model._stats

@@ -689,6 +689,19 @@ def test_paths_report_names_the_prefill_gemms(monkeypatch):
         assert "moe_gemm_mma" not in _moe_path("metal")
 
 
+def test_paths_report_names_the_gdn_kernels(monkeypatch):
+    """DS4PY_PATHS' GDN words follow gpu/host/runner.c's K_RUNNER_GDN_ROWS_MIN
+    rule: gdn_prep + gdn_rows from 17 tokens by default, from N with the
+    variable, never with 0."""
+    from ds4py.gpu_backend import _gdn_path
+    monkeypatch.delenv("K_RUNNER_GDN_ROWS_MIN", raising=False)
+    assert "gdn_prep + gdn_rows + gdn_norm for runs of 17+ tokens" in _gdn_path()
+    monkeypatch.setenv("K_RUNNER_GDN_ROWS_MIN", "2")
+    assert "runs of 2+ tokens" in _gdn_path()
+    monkeypatch.setenv("K_RUNNER_GDN_ROWS_MIN", "0")
+    assert "gdn_seq at every width" in _gdn_path()
+
+
 def test_greedy_steps_choose_on_the_device(dense_gpu, monkeypatch):
     """Greedy generate on a GPU session takes each next token from the
     device's argmax (step_argmax: 4 bytes back, not the logits) and gets

@@ -66,6 +66,11 @@ PLANTED = [
     ("PLANT_GDN_SEQ_STALE_CONV", "gdnseq",
      r"n_k=2 n_v=4 d=64 taps=4 tg=64 tokens=5 split=1: gdn_seq \(one launch\) "
      r"bit-identical .*outputs DIFFER"),
+    # gdn_rows meets each token with the previous token's q, k, v and gates:
+    # caught bit for bit against n single-token gdn_conv + gdn_delta launches
+    ("PLANT_GDN_ROWS_LAG", "gdnseq",
+     r"n_k=2 n_v=4 d=64 taps=4 tg=64 tokens=5: gdn_prep \+ gdn_rows \(1 rows a SIMD-group, "
+     r"\d+ threads\) \+ gdn_norm bit-identical .*outputs DIFFER"),
     # the prefill GEMM reads the next weight row (in bounds): caught bit for
     # bit against the width-1 matvec
     ("PLANT_GEMM_OFF_BY_ONE_ROW", "gemm",

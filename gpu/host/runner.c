@@ -51,6 +51,23 @@
 #define K_GDN_SEQ_SPLIT_MIN 1
 #endif
 
+#ifndef K_GDN_ROWS_MIN
+/* runs of at least this many tokens take gdn_prep + gdn_rows + gdn_norm
+ * instead of gdn_seq (the same bits: test_gpu_emul gdnseq): H100, a
+ * 27B-like layer (bench_matvec), us per token, gdn_seq at its best split
+ * vs the three launches: 4 tokens 7.07 vs 4.81, 16 4.83 vs 2.17, 512
+ * 4.16 vs 1.57; one token (decode) keeps gdn_seq's single launch */
+#define K_GDN_ROWS_MIN 2
+#endif
+#ifndef K_GDN_ROWS_TARGET_WARPS
+/* gdn_rows' SIMD-groups that one wave holds: 132 SMs x 20 (the H100 /
+ * H200 at gdn_rows' 88 registers: 5 threadgroups of 4 SIMD-groups an SM).
+ * H100, 512 tokens, rows us at 1 / 2 rows a SIMD-group: n_v 16 (2048 /
+ * 1024 SIMD-groups) 281 / 333, n_v 32 (4096 / 2048) 536 / 399, n_v 48
+ * (6144 / 3072) 799 / 708 */
+#define K_GDN_ROWS_TARGET_WARPS (132u * 20u)
+#endif
+
 #ifndef K_MOE_LOGITS_SPLIT
 /* SIMD-groups per router row (moe_logits), the default of r->moe_split.
  * The H200 sweep of 2026-11-30 (the 35B-A3B-like MoE, docs/gpu.md) chose
@@ -427,6 +444,43 @@ static float *conv_now(const dev_state *S, const ds4_model_config *c) {
     return (float *)S->conv_state + (size_t)S->conv_cur * (size_t)((c->ssm_conv_kernel - 1) * conv_dim(c));
 }
 
+/* n tokens of the recurrence in three launches (table.h gdn_prep /
+ * gdn_rows, then gdn_norm): every token's conv, norms and gates at once,
+ * then the state rows through the n tokens, then the gated norm; gdn_seq's
+ * bits (test_gpu_emul gdnseq). The new conv state lands in the other half
+ * of conv_state, as gdn_seq's. */
+static int gdn_prep_rows(k_runner *r, const dev_layer *L, dev_state *S, const float *in, int64_t n, float *o,
+                         ds4_error *err) {
+    const ds4_model_config *c = &r->c;
+    const int64_t cd = conv_dim(c), vd = c->ssm_d_inner, nv = c->ssm_n_v, nk = c->ssm_n_k, W = cd + vd + 2 * nv;
+    const int64_t d = c->ssm_d_state, K = c->ssm_conv_kernel, qs = K_GDN_PQ_STRIDE(nk, nv, d);
+    k_gdn_prep_params p = {K_TAG_OF(gdn_prep), (uint32_t)nk, (uint32_t)nv, (uint32_t)d, (uint32_t)K,
+                           (uint32_t)n, (uint32_t)W, (uint32_t)cd, (uint32_t)(cd + vd), (uint32_t)vd,
+                           (uint32_t)S->conv_cur, c->rms_eps, 0u};
+    k_binding b[] = {STATUS_BIND(gdn_prep), K_BIND(gdn_prep, p, &p, sizeof p),
+                     K_BIND(gdn_prep, in, in, F4((n - 1) * W + cd + vd + 2 * nv)),
+                     K_BIND(gdn_prep, cw, L->conv_w, F4(cd * K)),
+                     K_BIND(gdn_prep, conv, S->conv_state, F4(2 * (K - 1) * cd)),
+                     K_BIND(gdn_prep, hp, L->hp, F4(2 * nv + d)), K_BIND(gdn_prep, pq, r->gpq, F4(n * qs))};
+    int rc = kr_launch(r, K_ID_gdn_prep, (uint32_t)(nk + nv), (uint32_t)n, 1, r->gdn_tg, b, 7, err);
+    if (rc) return rc;
+    S->conv_cur ^= 1;
+    k_gdn_rows_params pr = {K_TAG_OF(gdn_rows), (uint32_t)nk, (uint32_t)nv, (uint32_t)d, (uint32_t)n, (uint32_t)vd,
+                            r->gdn_rows_r};
+    k_binding br[] = {STATUS_BIND(gdn_rows), K_BIND(gdn_rows, p, &pr, sizeof pr),
+                      K_BIND(gdn_rows, pq, r->gpq, F4(n * qs)), K_BIND(gdn_rows, s, S->ssm, F4(nv * d * d)),
+                      K_BIND(gdn_rows, o, o, F4((n - 1) * vd + vd))};
+    const uint32_t warps = K_GDN_ROWS_WARPS((uint32_t)nv, (uint32_t)d, r->gdn_rows_r);
+    rc = kr_launch(r, K_ID_gdn_rows, (warps + 3u) / 4u, 1, 1, 128, br, 5, err);
+    if (rc) return rc;
+    k_gdn_norm_params pn = {K_TAG_OF(gdn_norm), (uint32_t)nv, (uint32_t)d, (uint32_t)n, (uint32_t)W, (uint32_t)cd,
+                            (uint32_t)vd, c->rms_eps};
+    k_binding bn[] = {STATUS_BIND(gdn_norm), K_BIND(gdn_norm, p, &pn, sizeof pn),
+                      K_BIND(gdn_norm, in, in, F4((n - 1) * W + cd + vd)), K_BIND(gdn_norm, hp, L->hp, F4(2 * nv + d)),
+                      K_BIND(gdn_norm, o, o, F4((n - 1) * vd + vd))};
+    return kr_launch(r, K_ID_gdn_norm, (uint32_t)nv, (uint32_t)n, 1, r->gdn_tg, bn, 5, err);
+}
+
 /* n tokens of the recurrence in ONE launch (gdn_seq, gdn.h): rows t < n of
  * `in` ([qkv | z | beta | alpha], W floats apart) into o (vd floats
  * apart); bit for bit n gdn_token calls at the same threadgroup size
@@ -439,6 +493,8 @@ static int gdn_seq(k_runner *r, const dev_layer *L, dev_state *S, const float *i
     const int64_t d = c->ssm_d_state, K = c->ssm_conv_kernel;
     /* split: G threadgroups per head (d / G rows each) for runs of at least
      * r->gdn_split_min tokens; a split that does not divide d is not taken */
+    if (r->gdn_rows_min > 0 && n >= r->gdn_rows_min && d <= 32 * K_GDN_SEQ_COLS)
+        return gdn_prep_rows(r, L, S, in, n, o, err);
     uint32_t G = n >= r->gdn_split_min ? r->gdn_split : 1u;
     if (G < 1u || d % G) G = 1u;
     k_gdn_seq_params p = {K_TAG_OF(gdn_seq), (uint32_t)c->ssm_n_k, (uint32_t)nv, (uint32_t)d, (uint32_t)K,
@@ -1108,7 +1164,8 @@ static int open_scratch(k_runner *r, ds4_error *err) {
               {&r->kraw, kv_dim}, {&r->kn, kv_dim}, {&r->vv, kv_dim}, {&r->arow, (qf_dim + 2 * kv_dim + ROWS - 1) / ROWS},
               {&r->attn, qf_dim / 2},
               {&r->g, c->n_ff}, {&r->u, c->n_ff},  {&r->gu, 2 * c->n_ff},
-              {&r->cs, half},   {&r->sn, half}};
+              {&r->cs, half},   {&r->sn, half},
+              {&r->gpq, K_GDN_PQ_STRIDE(c->ssm_n_k, nv, c->ssm_d_state)}};
     for (size_t i = 0; i < sizeof fl / sizeof fl[0]; i++)
         if (!(*fl[i].p = kr_dalloc(r, F4(ROWS * (fl[i].n > 0 ? fl[i].n : 1)), err))) return err->code;
     if (!(r->logits = kr_dalloc(r, F4(OUT_ROWS * c->n_vocab), err)) || !(r->part = kr_dalloc(r, F4(r->part_floats), err)) ||
@@ -1246,6 +1303,19 @@ int k_runner_open(k_gpu_model *g, int64_t n_ctx, k_runner **out, ds4_error *err)
         const char *gm = getenv("K_RUNNER_GDN_SPLIT_MIN"); /* the shortest split run, for A/B runs */
         const long gmv = gm ? strtol(gm, NULL, 10) : 0;
         r->gdn_split_min = gmv >= 1 ? gmv : K_GDN_SEQ_SPLIT_MIN;
+        const char *gr = getenv("K_RUNNER_GDN_ROWS_MIN"); /* 0: never; N: runs of N+ tokens */
+        r->gdn_rows_min = gr && *gr ? strtol(gr, NULL, 10) : K_GDN_ROWS_MIN;
+        if (r->gdn_rows_min < 0) r->gdn_rows_min = 0;
+        /* gdn_rows' state rows per SIMD-group: the fewest (the most
+         * SIMD-groups to hide each token's latency chain) whose SIMD-groups
+         * all fit on the GPU at once; K_RUNNER_GDN_ROWS_R fixes it */
+        uint32_t rr = 1u;
+        while (rr < K_GDN_ROWS_MAX &&
+               K_GDN_ROWS_WARPS((uint32_t)r->c.ssm_n_v, (uint32_t)r->c.ssm_d_state, rr) > K_GDN_ROWS_TARGET_WARPS)
+            rr *= 2u;
+        const char *grr = getenv("K_RUNNER_GDN_ROWS_R");
+        const long grv = grr ? strtol(grr, NULL, 10) : 0;
+        r->gdn_rows_r = grv >= 1 && grv <= K_GDN_ROWS_MAX ? (uint32_t)grv : rr;
     }
     r->S = calloc((size_t)g->c.n_main, sizeof *r->S);
     int rc = r->S ? 0 : ds4_fail(err, DS4_ERR_NOMEM, "out of host memory");

@@ -159,6 +159,9 @@ struct k_runner {
     int64_t prefill_chunk;  /* rows per chunk when only the last row's outputs are wanted (<= ROWS) */
     uint32_t attn_tg;       /* attn_partials threads: K_ATTN_TG on CUDA, else 256 */
     int64_t gdn_split_min;  /* runs of at least this many tokens take gdn_seq's split */
+    int64_t gdn_rows_min;   /* runs of at least this many tokens take gdn_prep + gdn_rows (d <= 128);
+                             * K_RUNNER_GDN_ROWS_MIN overrides, 0 never */
+    uint32_t gdn_rows_r;    /* gdn_rows' state rows per SIMD-group; K_RUNNER_GDN_ROWS_R overrides */
     uint32_t attn_hs;       /* K_RUNNER_ATTN_HS: a fixed head split (0: attn_plan.h decides) */
     int capturing;          /* inside a verify: GDN layers keep their rows */
     int64_t ver_n, ver_pos; /* the last verify's rows and first position (0: none) */
@@ -167,6 +170,7 @@ struct k_runner {
     /* scratch, ROWS rows each */
     float *h, *x, *y, *gin, *cv, *o, *qf, *qn, *kraw, *kn, *vv, *arow, *attn, *g, *u, *gu, *logits;
     float *part, *cs, *sn;
+    float *gpq; /* gdn_prep's token rows (K_GDN_PQ_STRIDE floats each) */
     uint8_t *xq8, *xqk;
     uint32_t *idx, *status;
     size_t xq8_bytes, xqk_bytes, part_floats;

@@ -152,12 +152,7 @@ K_KERNEL(gdn_delta) {
  * SIMD-groups: 16 x 4 = 64 floats per lane). Rows past K_GDN_SEQ_RPS, or
  * every row when d > 32 K_GDN_SEQ_COLS, are read and written in device
  * memory each token, as gdn_delta does: the same values either way. */
-#ifndef K_GDN_SEQ_RPS
-#define K_GDN_SEQ_RPS 16
-#endif
-#ifndef K_GDN_SEQ_COLS
-#define K_GDN_SEQ_COLS 4
-#endif
+/* (K_GDN_SEQ_RPS, K_GDN_SEQ_COLS: table.h, which the hosts read too) */
 
 /* gdn_conv + gdn_delta for n_tok tokens of one value head, or of d / split
  * of its state rows, per threadgroup (table.h gdn_seq). Per token: the conv
@@ -452,4 +447,181 @@ K_KERNEL(gdn_norm) {
         const float y = (K_LD(o, ob + m) * scale) * K_LD(hp, 2u * p.n_v + m);
         K_ST(o, ob + m, y * (zm / (1.0f + k_exp(-zm))));
     }
+}
+
+/* gdn_prep (table.h): token t's conv, q/k L2 norms and gates for every
+ * token of a run at once, gdn_seq's operations in its thread mapping. */
+K_KERNEL(gdn_prep) {
+    K_CHECK_TAG(gdn_prep);
+    const k_u32 d = p.d, cd = (2u * p.n_k + p.n_v) * d, nk = p.n_k;
+    if (d == 0u || d > K_GDN_MAX_D || nk == 0u || p.n_v < nk || p.k < 2u || p.k > K_GDN_MAX_CONV ||
+        p.n_tok == 0u || p.cur > 1u || p.z_off < cd || p.ab_off < p.z_off + p.n_v * d || K_TG_SIZE > 1024u ||
+        K_NGX < nk + p.n_v || K_NGY < p.n_tok) {
+        k_raise(status, K_ERR_SHAPE);
+        return;
+    }
+    K_TG_ARRAY(float, part, 64);
+    const k_u32 g = K_GX, t = K_GY;
+    if (g >= nk + p.n_v || t >= p.n_tok) return; /* a whole threadgroup */
+    const k_u32 cin = p.cur * (p.k - 1u) * cd, cout = (1u - p.cur) * (p.k - 1u) * cd;
+    K_DEV float *row = pq + t * K_GDN_PQ_STRIDE(nk, p.n_v, d);
+    /* gdn_conv's value of channel ch at token t: taps oldest -> newest over
+     * [the stored state ; rows of in], then SiLU */
+#define K_GDN_PREP_CONV_(ch, y)                                                                    \
+    do {                                                                                           \
+        float acc_ = 0.0f;                                                                         \
+        for (k_u32 kk = 0; kk < p.k; kk++) {                                                       \
+            const int pos = (int)t + (int)kk - (int)(p.k - 1u);                                    \
+            const float x_ = pos >= 0 ? K_LD(in, (k_u32)pos * p.in_stride + (ch))                   \
+                                      : K_LD(conv, cin + (k_u32)((int)p.k - 1 + pos) * cd + (ch));  \
+            acc_ += K_LD(cw, (ch) * p.k + kk) * x_;                                                \
+        }                                                                                          \
+        (y) = acc_ / (1.0f + k_exp(-acc_));                                                        \
+    } while (0)
+    k_u32 c0, c1; /* this threadgroup's channels: [c0, c0 + d) and, for a k head, [c1, c1 + d) */
+    if (g < nk) {
+        /* q and k of k head g, then k_gdn_l2norm2's sums: thread tid's
+         * elements tid, tid + tgs, ... in ascending order, butterfly per
+         * SIMD-group, the partials in ascending order */
+        c0 = g * d, c1 = (nk + g) * d;
+        float yq[K_GDN_MAX_D / 32], yk[K_GDN_MAX_D / 32];
+        float sa = 0.0f, sb = 0.0f;
+        K_UNROLL for (k_u32 e = 0; e < K_GDN_MAX_D / 32; e++) {
+            const k_u32 i = K_TID + e * K_TG_SIZE;
+            yq[e] = 0.0f, yk[e] = 0.0f;
+            if (i < d) {
+                K_GDN_PREP_CONV_(c0 + i, yq[e]);
+                K_GDN_PREP_CONV_(c1 + i, yk[e]);
+                sa += yq[e] * yq[e], sb += yk[e] * yk[e];
+            }
+        }
+        sa = k_simd_sum(sa), sb = k_simd_sum(sb);
+        const k_u32 nw = K_TG_SIZE >> 5;
+        if (K_LANE == 0u) K_ST(part, K_SIMD, sa), K_ST(part, nw + K_SIMD, sb);
+        K_BARRIER();
+        float ta = 0.0f, tb = 0.0f;
+        for (k_u32 w = 0; w < nw; w++) ta += K_LD(part, w), tb += K_LD(part, nw + w);
+        const float nf = (float)d, s2 = 1.0f / k_sqrt(nf);
+        const float ca = 1.0f / k_sqrt(ta / nf + p.eps / nf), cb = 1.0f / k_sqrt(tb / nf + p.eps / nf);
+        K_UNROLL for (k_u32 e = 0; e < K_GDN_MAX_D / 32; e++) {
+            const k_u32 i = K_TID + e * K_TG_SIZE;
+            if (i < d) K_ST(row, c0 + i, (yq[e] * ca) * s2), K_ST(row, c1 + i, (yk[e] * cb) * s2);
+        }
+    } else {
+        /* v of value head j and its gates */
+        const k_u32 j = g - nk;
+        c0 = (2u * nk + j) * d, c1 = c0;
+        for (k_u32 i = K_TID; i < d; i += K_TG_SIZE) {
+            float y;
+            K_GDN_PREP_CONV_(c0 + i, y);
+            K_ST(row, c0 + i, y);
+        }
+        if (K_TID == 0u) {
+            K_DEV_IN float *r_ = in + t * p.in_stride;
+            const float beta = 1.0f / (1.0f + k_exp(-K_LD(r_, p.ab_off + j)));
+            const float a = K_LD(r_, p.ab_off + p.n_v + j) + K_LD(hp, p.n_v + j);
+            const float sp = a > 20.0f ? a : k_log(1.0f + k_exp(a)); /* ggml's softplus */
+            K_ST(row, cd + j, beta);
+            K_ST(row, cd + p.n_v + j, k_exp(K_LD(hp, j) * sp));
+        }
+    }
+#undef K_GDN_PREP_CONV_
+    /* the conv state after the last token (gdn_seq's), each channel once */
+    if (t + 1u == p.n_tok)
+        for (k_u32 c = K_TID; c < (g < nk ? 2u * d : d); c += K_TG_SIZE) {
+            const k_u32 ch = c < d ? c0 + c : c1 + (c - d);
+            for (k_u32 kk = 0; kk + 1u < p.k; kk++) {
+                const int pos = (int)p.n_tok - (int)(p.k - 1u) + (int)kk;
+                const float v = pos >= 0 ? K_LD(in, (k_u32)pos * p.in_stride + ch)
+                                         : K_LD(conv, cin + (k_u32)((int)p.k - 1 + pos) * cd + ch);
+                K_ST(conv, cout + kk * cd + ch, v);
+            }
+        }
+}
+
+/* gdn_rows (table.h): p.rows state rows of one value head per
+ * SIMD-group through n_tok tokens, gdn_seq's row operations (lane l holds
+ * elements c 32 + l of a row, c < ceil(d / 32)) on pq's token rows, which
+ * do not depend on the recurrence and are loaded a token ahead. */
+K_KERNEL(gdn_rows) {
+    K_CHECK_TAG(gdn_rows);
+    const k_u32 d = p.d, per = (d + 31u) / 32u, R = p.rows;
+    if (d == 0u || per > K_GDN_SEQ_COLS || p.n_k == 0u || p.n_v < p.n_k || p.n_tok == 0u || p.o_stride < p.n_v * d ||
+        R == 0u || R > K_GDN_ROWS_MAX || K_NGX * K_NSIMD < K_GDN_ROWS_WARPS(p.n_v, d, R)) {
+        k_raise(status, K_ERR_SHAPE);
+        return;
+    }
+    const k_u32 wi = K_GX * K_NSIMD + K_SIMD, wph = (d + R - 1u) / R; /* SIMD-groups a head */
+    if (wi >= K_GDN_ROWS_WARPS(p.n_v, d, R)) return; /* a whole SIMD-group: no barrier here */
+    const k_u32 j = wi / wph, kh = j % p.n_k, m0 = (wi % wph) * R; /* tiled (spec §3.8, pitfall 3) */
+    const k_u32 qs = K_GDN_PQ_STRIDE(p.n_k, p.n_v, d), cd = (2u * p.n_k + p.n_v) * d;
+    K_DEV float *S = s + j * d * d;
+    K_DEV float *const o_ = o; /* the rows loop names its sums o */
+    float st[K_GDN_ROWS_MAX][K_GDN_SEQ_COLS];
+    K_UNROLL for (k_u32 r = 0; r < K_GDN_ROWS_MAX; r++)
+        K_UNROLL for (k_u32 c = 0; c < K_GDN_SEQ_COLS; c++) {
+            const k_u32 i = c * 32u + K_LANE;
+            st[r][c] = r < R && m0 + r < d && c < per && i < d ? K_LD(S, (m0 + r) * d + i) : 0.0f;
+        }
+    const float oscale = 1.0f / k_sqrt((float)d);
+    /* token t's inputs: q^ and k^ (the lane's elements), v of the rows,
+     * beta, decay */
+#define K_GDN_ROWS_FETCH_(t_, QX, KX, VX, BD)                                                       \
+    do {                                                                                           \
+        K_DEV_IN float *r_ = pq + (t_) * qs;                                                       \
+        K_UNROLL for (k_u32 c = 0; c < K_GDN_SEQ_COLS; c++) {                                     \
+            const k_u32 i = c * 32u + K_LANE;                                                      \
+            QX[c] = c < per && i < d ? K_LD(r_, kh * d + i) : 0.0f;                                \
+            KX[c] = c < per && i < d ? K_LD(r_, (p.n_k + kh) * d + i) : 0.0f;                      \
+        }                                                                                          \
+        K_UNROLL for (k_u32 r = 0; r < K_GDN_ROWS_MAX; r++)                                        \
+            VX[r] = r < R && m0 + r < d ? K_LD(r_, (2u * p.n_k + j) * d + m0 + r) : 0.0f;          \
+        BD[0] = K_LD(r_, cd + j), BD[1] = K_LD(r_, cd + p.n_v + j);                                \
+    } while (0)
+    float qx[K_GDN_SEQ_COLS], kx[K_GDN_SEQ_COLS], vx[K_GDN_ROWS_MAX], bd[2];
+    K_GDN_ROWS_FETCH_(0u, qx, kx, vx, bd);
+    for (k_u32 t = 0; t < p.n_tok; t++) {
+        float qx1[K_GDN_SEQ_COLS], kx1[K_GDN_SEQ_COLS], vx1[K_GDN_ROWS_MAX], bd1[2];
+#ifdef PLANT_GDN_ROWS_LAG
+        /* planted fault (tests must turn red): each token after the first
+         * meets the previous token's inputs */
+        K_GDN_ROWS_FETCH_(t, qx1, kx1, vx1, bd1);
+#else
+        K_GDN_ROWS_FETCH_(t + 1u < p.n_tok ? t + 1u : t, qx1, kx1, vx1, bd1); /* uniform */
+#endif
+        const float beta = bd[0], decay = bd[1];
+        K_UNROLL for (k_u32 r = 0; r < K_GDN_ROWS_MAX; r++) {
+            const k_u32 m = m0 + r;
+            if (r >= R || m >= d) continue; /* uniform per SIMD-group */
+            float u = 0.0f;
+            K_UNROLL for (k_u32 c = 0; c < K_GDN_SEQ_COLS; c++) {
+                const k_u32 i = c * 32u + K_LANE;
+                if (c < per && i < d) {
+                    st[r][c] = st[r][c] * decay;
+                    u += st[r][c] * kx[c];
+                }
+            }
+            u = k_simd_sum(u);
+            const float dm = (vx[r] - u) * beta;
+            float o = 0.0f;
+            K_UNROLL for (k_u32 c = 0; c < K_GDN_SEQ_COLS; c++) {
+                const k_u32 i = c * 32u + K_LANE;
+                if (c < per && i < d) {
+                    st[r][c] = st[r][c] + kx[c] * dm;
+                    o += st[r][c] * qx[c];
+                }
+            }
+            o = k_simd_sum(o);
+            if (K_LANE == 0u) K_ST(o_, t * p.o_stride + j * d + m, o * oscale);
+        }
+        K_UNROLL for (k_u32 c = 0; c < K_GDN_SEQ_COLS; c++) qx[c] = qx1[c], kx[c] = kx1[c];
+        K_UNROLL for (k_u32 r = 0; r < K_GDN_ROWS_MAX; r++) vx[r] = vx1[r];
+        bd[0] = bd1[0], bd[1] = bd1[1];
+    }
+#undef K_GDN_ROWS_FETCH_
+    K_UNROLL for (k_u32 r = 0; r < K_GDN_ROWS_MAX; r++)
+        K_UNROLL for (k_u32 c = 0; c < K_GDN_SEQ_COLS; c++) {
+            const k_u32 i = c * 32u + K_LANE;
+            if (r < R && m0 + r < d && c < per && i < d) K_ST(S, (m0 + r) * d + i, st[r][c]);
+        }
 }

@@ -87,7 +87,9 @@ typedef uchar k_u8;
     X(39, moe_group)     \
     X(40, moe_gemm)      \
     X(41, moe_combine)   \
-    K_MMA_KERNEL_LIST_TAIL(X)
+    K_MMA_KERNEL_LIST_TAIL(X) \
+    X(43, gdn_prep)      \
+    X(44, gdn_rows)
 
 /* The int8 tensor-core GEMMs (gemm_mma.h) exist on CUDA and under the
  * emulator only: Metal has no int8 simdgroup matrix, so neither its kernel
@@ -601,6 +603,72 @@ typedef struct {
     X(K, 1, p, k_gdn_norm_params, K_PARAMS, 1)                            \
     X(K, 2, in, float, K_IN, (p.n_tok - 1) * p.in_stride + p.z_off + p.n_v * p.d) \
     X(K, 3, hp, float, K_IN, 2 * p.n_v + p.d)                             \
+    X(K, 4, o, float, K_OUT, (p.n_tok - 1) * p.o_stride + p.n_v * p.d)
+
+/* ----------------------------------------------------- gdn_prep / gdn_rows -- */
+/* gdn_seq in two launches (then gdn_norm), for runs of many tokens: only
+ * the state rows carry the recurrence, so everything else of a token is
+ * computed for every token at once first.
+ *
+ * gdn_prep: threadgroup (g, t) = (k head g < n_k, or value head g - n_k;
+ * token t). A k head's threadgroup runs the conv (gdn_conv's taps) of its
+ * q and k channels and k_gdn_l2norm2's operations on them, thread tid
+ * taking elements tid, tid + tgs, ...: at the runner's gdn_tg these are
+ * gdn_seq's bits. A value head's runs the conv of its v channels and its
+ * gates (beta, decay: gdn_delta's expressions). Token row t of pq holds
+ * [q^ (n_k d) | k^ (n_k d) | v (n_v d) | beta (n_v) | decay (n_v)]
+ * (q^, k^ normalised and scaled by 1/sqrt(d), as gdn_seq keeps them); the
+ * token n_tok - 1 threadgroups write the shifted conv state to half
+ * 1 - cur, as gdn_seq does. Grid (n_k + n_v, n_tok).
+ *
+ * gdn_rows: each SIMD-group takes p.rows (1..K_GDN_ROWS_MAX) consecutive
+ * state rows of one value head (K_GDN_ROWS_WARPS(n_v, d, rows) SIMD-groups
+ * in all; the runner picks rows so that they fit the GPU at once) through
+ * n_tok tokens: gdn_seq's row operations on pq's row t, the raw outputs
+ * S q / sqrt(d) to o for gdn_norm. No threadgroup memory, no barrier; d
+ * at most 32 K_GDN_SEQ_COLS (the runner keeps gdn_seq above). */
+/* gdn_seq's register tile of the state (gdn.h): rows per SIMD-group and
+ * elements per lane of a row; gdn_rows keeps a row in K_GDN_SEQ_COLS
+ * elements per lane too */
+#ifndef K_GDN_SEQ_RPS
+#define K_GDN_SEQ_RPS 16
+#endif
+#ifndef K_GDN_SEQ_COLS
+#define K_GDN_SEQ_COLS 4
+#endif
+#ifndef K_GDN_ROWS_MAX
+/* state rows per SIMD-group, at most: each costs registers for every run
+ * (H100, gdn_rows on a 27B-like layer's 512 tokens: at most 4, 133
+ * registers, rows 1 / 2 / 4 took 1285 / 852 / 661 us; at most 2, ~88
+ * registers, 799 / 708; 0.8B-like heads (n_v 16) 570 / 393 / 577 vs 281 /
+ * 333: fewer registers, more SIMD-groups resident, won) */
+#define K_GDN_ROWS_MAX 2
+#endif
+#define K_GDN_PQ_STRIDE(n_k, n_v, d) ((2 * (n_k) + (n_v)) * (d) + 2 * (n_v))
+#define K_GDN_ROWS_WARPS(n_v, d, rows) ((n_v) * (((d) + (rows) - 1) / (rows)))
+typedef k_gdn_seq_params k_gdn_prep_params; /* split, o_stride unused */
+#define K_ARGS_gdn_prep(X, K)                                             \
+    X(K, 0, status, k_u32, K_STATUS, 2)                                   \
+    X(K, 1, p, k_gdn_prep_params, K_PARAMS, 1)                            \
+    X(K, 2, in, float, K_IN, (p.n_tok - 1) * p.in_stride + p.ab_off + 2 * p.n_v) \
+    X(K, 3, cw, float, K_IN, K_GDN_SEQ_CD(p) * p.k)                       \
+    X(K, 4, conv, float, K_OUT, 2 * (p.k - 1) * K_GDN_SEQ_CD(p))          \
+    X(K, 5, hp, float, K_IN, 2 * p.n_v + p.d)                             \
+    X(K, 6, pq, float, K_OUT, p.n_tok * K_GDN_PQ_STRIDE(p.n_k, p.n_v, p.d))
+typedef struct {
+    k_u32 tag;
+    k_u32 n_k;      /* k heads */
+    k_u32 n_v;      /* v heads, >= n_k */
+    k_u32 d;        /* d_k == d_v, <= 32 K_GDN_SEQ_COLS */
+    k_u32 n_tok;    /* tokens, >= 1 */
+    k_u32 o_stride; /* floats between token rows of o, >= n_v d */
+    k_u32 rows;     /* state rows per SIMD-group, 1..K_GDN_ROWS_MAX */
+} k_gdn_rows_params;
+#define K_ARGS_gdn_rows(X, K)                                             \
+    X(K, 0, status, k_u32, K_STATUS, 2)                                   \
+    X(K, 1, p, k_gdn_rows_params, K_PARAMS, 1)                            \
+    X(K, 2, pq, float, K_IN, p.n_tok * K_GDN_PQ_STRIDE(p.n_k, p.n_v, p.d)) \
+    X(K, 3, s, float, K_OUT, p.n_v * p.d * p.d)                           \
     X(K, 4, o, float, K_OUT, (p.n_tok - 1) * p.o_stride + p.n_v * p.d)
 
 /* ---------------------------------------------------------- gemm (gemm.h) -- */

@@ -1714,6 +1714,60 @@ static void suite_gdnseq(void) {
               G > 1 ? " + gdn_norm" : " (one launch)", n,
               same_o ? "same" : "DIFFER", same_s ? "same" : "DIFFER", same_c ? "same" : "DIFFER");
         }
+        /* the two-launch form (gdn_prep over every token, then gdn_rows,
+         * then gdn_norm), where d fits gdn_rows' register rows */
+        if ((d + 31) / 32 <= K_GDN_SEQ_COLS) {
+            fill_nan(cs2, 2 * ncs);
+            for (size_t i = 0; i < ncs; i++) cs2[cur * ncs + i] = cs0[i];
+            memcpy(S2, S0, sizeof(float) * ns);
+            fill_nan(o2, n * os);
+            const size_t npq = (size_t)n * K_GDN_PQ_STRIDE(nk, nv, d);
+            float *pq = malloc(sizeof(float) * npq);
+            fill_nan(pq, npq);
+            k_gdn_prep_params pp = {K_TAG_OF(gdn_prep), nk, nv, d, K, n, W, z_off, ab_off, os, cur, 1e-6f, 0};
+            k_binding bp[] = {K_BIND(gdn_prep, status, status, 8), K_BIND(gdn_prep, p, &pp, sizeof pp),
+                              K_BIND(gdn_prep, in, in, sizeof(float) * n * W),
+                              K_BIND(gdn_prep, cw, cw, sizeof(float) * cd * K),
+                              K_BIND(gdn_prep, conv, cs2, sizeof(float) * 2 * ncs),
+                              K_BIND(gdn_prep, hp, hp, sizeof(float) * (2 * nv + d)),
+                              K_BIND(gdn_prep, pq, pq, sizeof(float) * npq)};
+            k_gdn_norm_params pn = {K_TAG_OF(gdn_norm), nv, d, n, W, z_off, os, 1e-6f};
+            k_binding bn[] = {K_BIND(gdn_norm, status, status, 8), K_BIND(gdn_norm, p, &pn, sizeof pn),
+                              K_BIND(gdn_norm, in, in, sizeof(float) * n * W),
+                              K_BIND(gdn_norm, hp, hp, sizeof(float) * (2 * nv + d)),
+                              K_BIND(gdn_norm, o, o2, sizeof(float) * n * os)};
+            int okp = !launch(K_ID_gdn_prep, nk + nv, n, 1, tg, bp, 7, (int)sh & 1, "gdn_prep");
+            float *pq0 = malloc(sizeof(float) * npq);
+            memcpy(pq0, pq, sizeof(float) * npq);
+            /* gdn_rows at every rows-per-SIMD-group (1..K_GDN_ROWS_MAX: 3
+             * leaves a head's last SIMD-group short when 3 does not divide
+             * d), at threadgroups of 1 and 3 SIMD-groups (the last
+             * threadgroup partly idle): the bits depend on neither */
+            for (uint32_t R = 1; R <= K_GDN_ROWS_MAX && okp; R++) {
+                memcpy(S2, S0, sizeof(float) * ns);
+                fill_nan(o2, n * os);
+                memcpy(pq, pq0, sizeof(float) * npq);
+                k_gdn_rows_params pr = {K_TAG_OF(gdn_rows), nk, nv, d, n, os, R};
+                k_binding br[] = {K_BIND(gdn_rows, status, status, 8), K_BIND(gdn_rows, p, &pr, sizeof pr),
+                                  K_BIND(gdn_rows, pq, pq, sizeof(float) * npq),
+                                  K_BIND(gdn_rows, s, S2, sizeof(float) * ns),
+                                  K_BIND(gdn_rows, o, o2, sizeof(float) * n * os)};
+                const uint32_t rtg = ((sh + R) & 1) ? 96 : 32, rwarps = K_GDN_ROWS_WARPS(nv, d, R);
+                okp = !launch(K_ID_gdn_rows, (rwarps + rtg / 32 - 1) / (rtg / 32), 1, 1, rtg, br, 5, (int)R & 1, "gdn_rows") &&
+                      !launch(K_ID_gdn_norm, nv, n, 1, tg, bn, 5, 1, "gdn_norm");
+                if (!okp) break;
+                const int same_o = !memcmp(o1, o2, sizeof(float) * n * os), same_s = !memcmp(S1, S2, sizeof(float) * ns);
+                const int same_c = !memcmp(cs1, cs2 + (1 - cur) * ncs, sizeof(float) * ncs) &&
+                                   !memcmp(cs0, cs2 + cur * ncs, sizeof(float) * ncs);
+                check(same_o && same_s && same_c,
+                      "n_k=%u n_v=%u d=%u taps=%u tg=%u tokens=%u: gdn_prep + gdn_rows (%u rows a SIMD-group, %u "
+                      "threads) + gdn_norm bit-identical to %u gdn_conv + gdn_delta launches (outputs %s, state %s, "
+                      "conv state %s)", nk, nv, d, K, tg, n, R, rtg, n, same_o ? "same" : "DIFFER",
+                      same_s ? "same" : "DIFFER", same_c ? "same" : "DIFFER");
+            }
+            free(pq0);
+            free(pq);
+        }
     next:
         free(in), free(cw), free(hp), free(cs0), free(cs1), free(cs2), free(S0), free(S1), free(S2);
         free(o1), free(o2), free(cv);
@@ -1739,6 +1793,27 @@ static void suite_gdnseq(void) {
         check((rc == 0 && (status[0] & K_ERR_SHAPE)) || REFUSED_AT_LAUNCH(rc, bad[k][2], K_GDN_SEQ_MAX_TG),
               "n_k=%u n_v=%u tg=%u: refused with K_ERR_SHAPE", nk, nv, bad[k][2]);
         free(in), free(cw), free(c0), free(hp), free(S), free(o);
+    }
+    /* gdn_rows: a row count outside 1..K_GDN_ROWS_MAX, or a grid one
+     * SIMD-group short, raise K_ERR_SHAPE (no row is left unrun silently) */
+    {
+        const uint32_t nk = 1, nv = 2, d = 32, n = 2, qs = K_GDN_PQ_STRIDE(nk, nv, d);
+        float *pq = calloc((size_t)n * qs, 4), *S = calloc(nv * d * d, 4), *o = calloc(n * nv * d, 4);
+        const uint32_t cases[][2] = {{0, 64}, {K_GDN_ROWS_MAX + 1, 64}, {1, K_GDN_ROWS_WARPS(nv, d, 1) - 1}}; /* rows, SIMD-groups */
+        for (size_t k = 0; k < 3; k++) {
+            k_gdn_rows_params p = {K_TAG_OF(gdn_rows), nk, nv, d, n, nv * d, cases[k][0]};
+            k_binding b[] = {K_BIND(gdn_rows, status, status, 8), K_BIND(gdn_rows, p, &p, sizeof p),
+                             K_BIND(gdn_rows, pq, pq, 4 * (size_t)n * qs), K_BIND(gdn_rows, s, S, 4 * nv * d * d),
+                             K_BIND(gdn_rows, o, o, 4 * n * nv * d)};
+            const uint32_t grid[3] = {cases[k][1], 1, 1};
+            emul_options opt = {0, 0};
+            char err[600];
+            status[0] = status[1] = 0;
+            const int rc = emul_launch(K_ID_gdn_rows, grid, 32, b, 5, &opt, err, sizeof err);
+            check(rc == 0 && (status[0] & K_ERR_SHAPE), "gdn_rows rows=%u SIMD-groups=%u (%u needed at 1 row): "
+                  "refused with K_ERR_SHAPE", cases[k][0], cases[k][1], K_GDN_ROWS_WARPS(nv, d, 1));
+        }
+        free(pq), free(S), free(o);
     }
 }
 
