@@ -154,6 +154,45 @@ K_KERNEL(gdn_delta) {
  * memory each token, as gdn_delta does: the same values either way. */
 /* (K_GDN_SEQ_RPS, K_GDN_SEQ_COLS: table.h, which the hosts read too) */
 
+/* A state row held in registers (lane l: elements c 32 + l, c <
+ * K_GDN_SEQ_COLS), and one token's step of the delta rule on it:
+ * gdn_delta's operations in its order -- decay, u = S.k (the lane's
+ * strided sum, then the butterfly), the rank-1 update with (v - u) beta,
+ * then S.q the same way. gdn_seq's register rows and gdn_rows both call
+ * it, so their bits are one code's. */
+typedef struct {
+    float e[K_GDN_SEQ_COLS];
+} k_gdn_cols;
+typedef struct {
+    k_gdn_cols st; /* the row after the step */
+    float o;       /* its S.q (every lane) */
+} k_gdn_row_step_t;
+K_FN k_gdn_row_step_t k_gdn_row_step(k_gdn_cols st, const k_gdn_cols kx, const k_gdn_cols qx, float v, float beta,
+                                     float decay, k_u32 per, k_u32 d, k_u32 lane) {
+    float u = 0.0f;
+    K_UNROLL for (k_u32 c = 0; c < K_GDN_SEQ_COLS; c++) {
+        const k_u32 i = c * 32u + lane;
+        if (c < per && i < d) {
+            st.e[c] = st.e[c] * decay;
+            u += st.e[c] * kx.e[c];
+        }
+    }
+    u = k_simd_sum(u);
+    const float dm = (v - u) * beta;
+    float o = 0.0f;
+    K_UNROLL for (k_u32 c = 0; c < K_GDN_SEQ_COLS; c++) {
+        const k_u32 i = c * 32u + lane;
+        if (c < per && i < d) {
+            st.e[c] = st.e[c] + kx.e[c] * dm;
+            o += st.e[c] * qx.e[c];
+        }
+    }
+    k_gdn_row_step_t R;
+    R.st = st;
+    R.o = k_simd_sum(o);
+    return R;
+}
+
 /* gdn_conv + gdn_delta for n_tok tokens of one value head, or of d / split
  * of its state rows, per threadgroup (table.h gdn_seq). Per token: the conv
  * of the channels this threadgroup reads (q and k of k head j % n_k, the v
@@ -191,12 +230,12 @@ K_KERNEL_BOUNDED(gdn_seq, K_GDN_SEQ_MAX_TG, 1) {
     const k_u32 per = (d + 31u) / 32u, nch = 2u * d + dr, nw = K_TG_SIZE >> 5;
     const int in_regs = per <= K_GDN_SEQ_COLS;
     const k_u32 reg_rows = in_regs ? K_GDN_SEQ_RPS : 0u; /* rows m = SIMD + r NSIMD, r < reg_rows */
-    float st[K_GDN_SEQ_RPS][K_GDN_SEQ_COLS];
+    k_gdn_cols st[K_GDN_SEQ_RPS];
     K_UNROLL for (k_u32 r = 0; r < K_GDN_SEQ_RPS; r++) {
         const k_u32 m = m0 + K_SIMD + r * K_NSIMD;
         K_UNROLL for (k_u32 c = 0; c < K_GDN_SEQ_COLS; c++) {
             const k_u32 i = c * 32u + K_LANE;
-            st[r][c] = r < reg_rows && m < m1 && i < d ? K_LD(S, m * d + i) : 0.0f;
+            st[r].e[c] = r < reg_rows && m < m1 && i < d ? K_LD(S, m * d + i) : 0.0f;
         }
     }
     const float oscale = 1.0f / k_sqrt((float)d);
@@ -326,29 +365,14 @@ K_KERNEL_BOUNDED(gdn_seq, K_GDN_SEQ_MAX_TG, 1) {
             kr[c] = c < per && i < d ? (K_LD(kn, hb + i) * cb) * s2 : 0.0f;
         }
         /* rows in registers: gdn_delta's operations on st[r] */
+        k_gdn_cols kc, qc;
+        K_UNROLL for (k_u32 c = 0; c < K_GDN_SEQ_COLS; c++) kc.e[c] = kr[c], qc.e[c] = qr[c];
         K_UNROLL for (k_u32 r = 0; r < K_GDN_SEQ_RPS; r++) {
             const k_u32 m = m0 + K_SIMD + r * K_NSIMD;
             if (r >= reg_rows || m >= m1) continue; /* uniform per SIMD-group */
-            float u = 0.0f;
-            K_UNROLL for (k_u32 c = 0; c < K_GDN_SEQ_COLS; c++) {
-                const k_u32 i = c * 32u + K_LANE;
-                if (c < per && i < d) {
-                    st[r][c] = st[r][c] * decay;
-                    u += st[r][c] * kr[c];
-                }
-            }
-            u = k_simd_sum(u);
-            const float dm = (K_LD(vn, hb + m) - u) * beta;
-            float o = 0.0f;
-            K_UNROLL for (k_u32 c = 0; c < K_GDN_SEQ_COLS; c++) {
-                const k_u32 i = c * 32u + K_LANE;
-                if (c < per && i < d) {
-                    st[r][c] = st[r][c] + kr[c] * dm;
-                    o += st[r][c] * qr[c];
-                }
-            }
-            o = k_simd_sum(o);
-            if (K_LANE == 0u) K_GDN_SEQ_OUT_(m, o * oscale);
+            const k_gdn_row_step_t R = k_gdn_row_step(st[r], kc, qc, K_LD(vn, hb + m), beta, decay, per, d, K_LANE);
+            st[r] = R.st;
+            if (K_LANE == 0u) K_GDN_SEQ_OUT_(m, R.o * oscale);
         }
         /* the other rows in device memory: gdn_delta's loop verbatim */
         for (k_u32 m = m0 + K_SIMD + reg_rows * K_NSIMD; m < m1; m += K_NSIMD) {
@@ -400,7 +424,7 @@ K_KERNEL_BOUNDED(gdn_seq, K_GDN_SEQ_MAX_TG, 1) {
         if (r >= reg_rows || m >= m1) continue;
         K_UNROLL for (k_u32 c = 0; c < K_GDN_SEQ_COLS; c++) {
             const k_u32 i = c * 32u + K_LANE;
-            if (c < per && i < d) K_ST(S, m * d + i, st[r][c]);
+            if (c < per && i < d) K_ST(S, m * d + i, st[r].e[c]);
         }
     }
     /* the conv state after the last token: the window's last k - 1 rows,
@@ -556,12 +580,11 @@ K_KERNEL(gdn_rows) {
     const k_u32 j = wi / wph, kh = j % p.n_k, m0 = (wi % wph) * R; /* tiled (spec §3.8, pitfall 3) */
     const k_u32 qs = K_GDN_PQ_STRIDE(p.n_k, p.n_v, d), cd = (2u * p.n_k + p.n_v) * d;
     K_DEV float *S = s + j * d * d;
-    K_DEV float *const o_ = o; /* the rows loop names its sums o */
-    float st[K_GDN_ROWS_MAX][K_GDN_SEQ_COLS];
+    k_gdn_cols st[K_GDN_ROWS_MAX];
     K_UNROLL for (k_u32 r = 0; r < K_GDN_ROWS_MAX; r++)
         K_UNROLL for (k_u32 c = 0; c < K_GDN_SEQ_COLS; c++) {
             const k_u32 i = c * 32u + K_LANE;
-            st[r][c] = r < R && m0 + r < d && c < per && i < d ? K_LD(S, (m0 + r) * d + i) : 0.0f;
+            st[r].e[c] = r < R && m0 + r < d && c < per && i < d ? K_LD(S, (m0 + r) * d + i) : 0.0f;
         }
     const float oscale = 1.0f / k_sqrt((float)d);
     /* token t's inputs: q^ and k^ (the lane's elements), v of the rows,
@@ -571,17 +594,19 @@ K_KERNEL(gdn_rows) {
         K_DEV_IN float *r_ = pq + (t_) * qs;                                                       \
         K_UNROLL for (k_u32 c = 0; c < K_GDN_SEQ_COLS; c++) {                                     \
             const k_u32 i = c * 32u + K_LANE;                                                      \
-            QX[c] = c < per && i < d ? K_LD(r_, kh * d + i) : 0.0f;                                \
-            KX[c] = c < per && i < d ? K_LD(r_, (p.n_k + kh) * d + i) : 0.0f;                      \
+            QX.e[c] = c < per && i < d ? K_LD(r_, kh * d + i) : 0.0f;                              \
+            KX.e[c] = c < per && i < d ? K_LD(r_, (p.n_k + kh) * d + i) : 0.0f;                    \
         }                                                                                          \
         K_UNROLL for (k_u32 r = 0; r < K_GDN_ROWS_MAX; r++)                                        \
             VX[r] = r < R && m0 + r < d ? K_LD(r_, (2u * p.n_k + j) * d + m0 + r) : 0.0f;          \
         BD[0] = K_LD(r_, cd + j), BD[1] = K_LD(r_, cd + p.n_v + j);                                \
     } while (0)
-    float qx[K_GDN_SEQ_COLS], kx[K_GDN_SEQ_COLS], vx[K_GDN_ROWS_MAX], bd[2];
+    k_gdn_cols qx, kx;
+    float vx[K_GDN_ROWS_MAX], bd[2];
     K_GDN_ROWS_FETCH_(0u, qx, kx, vx, bd);
     for (k_u32 t = 0; t < p.n_tok; t++) {
-        float qx1[K_GDN_SEQ_COLS], kx1[K_GDN_SEQ_COLS], vx1[K_GDN_ROWS_MAX], bd1[2];
+        k_gdn_cols qx1, kx1;
+        float vx1[K_GDN_ROWS_MAX], bd1[2];
 #ifdef PLANT_GDN_ROWS_LAG
         /* planted fault (tests must turn red): each token after the first
          * meets the previous token's inputs */
@@ -593,28 +618,11 @@ K_KERNEL(gdn_rows) {
         K_UNROLL for (k_u32 r = 0; r < K_GDN_ROWS_MAX; r++) {
             const k_u32 m = m0 + r;
             if (r >= R || m >= d) continue; /* uniform per SIMD-group */
-            float u = 0.0f;
-            K_UNROLL for (k_u32 c = 0; c < K_GDN_SEQ_COLS; c++) {
-                const k_u32 i = c * 32u + K_LANE;
-                if (c < per && i < d) {
-                    st[r][c] = st[r][c] * decay;
-                    u += st[r][c] * kx[c];
-                }
-            }
-            u = k_simd_sum(u);
-            const float dm = (vx[r] - u) * beta;
-            float o = 0.0f;
-            K_UNROLL for (k_u32 c = 0; c < K_GDN_SEQ_COLS; c++) {
-                const k_u32 i = c * 32u + K_LANE;
-                if (c < per && i < d) {
-                    st[r][c] = st[r][c] + kx[c] * dm;
-                    o += st[r][c] * qx[c];
-                }
-            }
-            o = k_simd_sum(o);
-            if (K_LANE == 0u) K_ST(o_, t * p.o_stride + j * d + m, o * oscale);
+            const k_gdn_row_step_t Rs = k_gdn_row_step(st[r], kx, qx, vx[r], beta, decay, per, d, K_LANE);
+            st[r] = Rs.st;
+            if (K_LANE == 0u) K_ST(o, t * p.o_stride + j * d + m, Rs.o * oscale);
         }
-        K_UNROLL for (k_u32 c = 0; c < K_GDN_SEQ_COLS; c++) qx[c] = qx1[c], kx[c] = kx1[c];
+        qx = qx1, kx = kx1;
         K_UNROLL for (k_u32 r = 0; r < K_GDN_ROWS_MAX; r++) vx[r] = vx1[r];
         bd[0] = bd1[0], bd[1] = bd1[1];
     }
@@ -622,6 +630,6 @@ K_KERNEL(gdn_rows) {
     K_UNROLL for (k_u32 r = 0; r < K_GDN_ROWS_MAX; r++)
         K_UNROLL for (k_u32 c = 0; c < K_GDN_SEQ_COLS; c++) {
             const k_u32 i = c * 32u + K_LANE;
-            if (r < R && m0 + r < d && c < per && i < d) K_ST(S, (m0 + r) * d + i, st[r][c]);
+            if (r < R && m0 + r < d && c < per && i < d) K_ST(S, (m0 + r) * d + i, st[r].e[c]);
         }
 }
