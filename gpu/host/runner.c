@@ -51,6 +51,13 @@
 #define K_GDN_SEQ_SPLIT_MIN 1
 #endif
 
+#ifndef K_ATTN_PART_BYTES_MAX
+/* the attention partials buffer's cap when the runner picks its query rows
+ * per launch (below: 512 rows at n_ctx 4096 on the 0.8B shape, 68 MB;
+ * 128 rows at 32k, 135 MB) */
+#define K_ATTN_PART_BYTES_MAX (256ll << 20)
+#endif
+
 #ifndef K_GDN_ROWS_MIN
 /* runs of at least this many tokens take gdn_prep + gdn_rows + gdn_norm
  * instead of gdn_seq (the same bits: test_gpu_emul gdnseq): H100, a
@@ -642,11 +649,11 @@ int kr_attn_layer(k_runner *r, dev_layer *L, dev_state *S, int64_t n, int64_t po
         if ((rc = kr_launch(r, K_ID_kv_store, (uint32_t)((items + 127) / 128), 1, 1, 128, b, 7, err))) return rc;
     }
     if (kv_only) return 0; /* the nextn head's priming: a row's K/V need nothing below */
-    /* split-K attention, ATTN_ROWS query rows per launch pair (a row's
+    /* split-K attention, r->attn_rows query rows per launch pair (a row's
      * result never depends on its batch: attn.h), so the partials buffer
-     * stays ATTN_ROWS x context whatever the chunk */
-    for (int64_t t0 = 0; t0 < n; t0 += ATTN_ROWS) {
-        const int64_t an = n - t0 < ATTN_ROWS ? n - t0 : ATTN_ROWS, apos = pos0 + t0;
+     * stays attn_rows x context whatever the chunk */
+    for (int64_t t0 = 0; t0 < n; t0 += r->attn_rows) {
+        const int64_t an = n - t0 < r->attn_rows ? n - t0 : r->attn_rows, apos = pos0 + t0;
         const float *aq = qn + t0 * qf_dim;
         const uint32_t nb = (uint32_t)((apos + an + K_ATTN_BLOCK - 1) / K_ATTN_BLOCK);
         const uint32_t bps = k_attn_blocks_per_split(nb, (uint32_t)nkv, (uint32_t)an, ATTN_TARGET_GROUPS);
@@ -1155,7 +1162,7 @@ static int open_scratch(k_runner *r, ds4_error *err) {
     if (r->nh && 2 * E > w) w = 2 * E; /* the head's eh_proj reads [e ; g] */
     r->xq8_bytes = (size_t)(ROWS * w / 32) * 34;
     r->xqk_bytes = (size_t)(ROWS * w / 256 + 1) * 292;
-    r->part_floats = (size_t)ATTN_ROWS * (size_t)c->n_head * (size_t)r->n_pages * (size_t)(2 + c->head_dim);
+    r->part_floats = (size_t)r->attn_rows * (size_t)c->n_head * (size_t)r->n_pages * (size_t)(2 + c->head_dim);
     struct {
         float **p;
         int64_t n;
@@ -1316,6 +1323,21 @@ int k_runner_open(k_gpu_model *g, int64_t n_ctx, k_runner **out, ds4_error *err)
         const char *grr = getenv("K_RUNNER_GDN_ROWS_R");
         const long grv = grr ? strtol(grr, NULL, 10) : 0;
         r->gdn_rows_r = grv >= 1 && grv <= K_GDN_ROWS_MAX ? (uint32_t)grv : rr;
+        /* Query rows per attention launch pair: a whole chunk where the
+         * partials buffer (rows x heads x pages x (2 + head_dim) floats)
+         * stays within K_ATTN_PART_BYTES_MAX, else halved down to
+         * ATTN_ROWS. H100, 0.8B Q8_0 shape, prefill tok/s at ctx 512 /
+         * 4096 (2 repetitions): 16 rows 16403-16582 / 11558-11572, 64 rows
+         * 19953-20142 / 13200-13289, 512 rows 20528-20692 / 14162-14193.
+         * A row's result does not depend on it (attn.h);
+         * K_RUNNER_ATTN_ROWS=N (1..ROWS) fixes it. */
+        const int64_t part_row = r->c.n_head * r->n_pages * (2 + r->c.head_dim) * (int64_t)sizeof(float);
+        int64_t arows = ROWS;
+        while (arows > ATTN_ROWS && arows * part_row > (int64_t)K_ATTN_PART_BYTES_MAX) arows /= 2;
+        if (arows < ATTN_ROWS) arows = ATTN_ROWS;
+        const char *ar = getenv("K_RUNNER_ATTN_ROWS");
+        const long arv = ar ? strtol(ar, NULL, 10) : 0;
+        r->attn_rows = arv >= 1 && arv <= ROWS ? arv : arows;
     }
     r->S = calloc((size_t)g->c.n_main, sizeof *r->S);
     int rc = r->S ? 0 : ds4_fail(err, DS4_ERR_NOMEM, "out of host memory");

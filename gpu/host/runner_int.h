@@ -162,6 +162,7 @@ struct k_runner {
     int64_t gdn_rows_min;   /* runs of at least this many tokens take gdn_prep + gdn_rows (d <= 128);
                              * K_RUNNER_GDN_ROWS_MIN overrides, 0 never */
     uint32_t gdn_rows_r;    /* gdn_rows' state rows per SIMD-group; K_RUNNER_GDN_ROWS_R overrides */
+    int64_t attn_rows;      /* query rows per attention launch pair (ATTN_ROWS; K_RUNNER_ATTN_ROWS) */
     uint32_t attn_hs;       /* K_RUNNER_ATTN_HS: a fixed head split (0: attn_plan.h decides) */
     int capturing;          /* inside a verify: GDN layers keep their rows */
     int64_t ver_n, ver_pos; /* the last verify's rows and first position (0: none) */
