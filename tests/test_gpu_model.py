@@ -136,7 +136,8 @@ def check_greedy(model, tokens, greedy):
 def test_golden_dense_q8_0(binary, tmp_path):
     toks = np.load(os.path.join(GOLDEN, "logits", "sequences.npz"))["s100"]
     # the prompt eval in chunks of 40 rows (40 + 40 + 20: all through the
-    # GEMM, the GDN layers' gdn_seq split per head, gdn_norm)
+    # GEMM, the GDN layers' gdn_prep + gdn_rows + gdn_norm, attention for
+    # the whole chunk in one launch pair)
     pre, dec, greedy = run_gpu(binary, str(tmp_path), DENSE, toks, 16, prefill_chunk=40)
     # Batch invariance on the GPU path: 100 rows in 16-row chunks == 100
     # one-row evals, bit for bit (matvec widths, split-K attention).
@@ -156,6 +157,12 @@ def test_golden_dense_q8_0(binary, tmp_path):
     pm = run_gpu_prefill(binary, os.path.join(str(tmp_path), "dp4a"), DENSE, toks[:24],
                          {"K_RUNNER_GEMM": "dp4a"})
     np.testing.assert_array_equal(pm.view(np.uint32), pre[:24].view(np.uint32))
+    # the same 24 rows with the GDN recurrence in gdn_seq (not gdn_prep +
+    # gdn_rows, the default for runs of 2+ tokens) and attention launched 5
+    # query rows at a time (the default: the whole chunk): the same bits
+    ps = run_gpu_prefill(binary, os.path.join(str(tmp_path), "seq"), DENSE, toks[:24],
+                         {"K_RUNNER_GDN_ROWS_MIN": "0", "K_RUNNER_ATTN_ROWS": "5"})
+    np.testing.assert_array_equal(ps.view(np.uint32), pre[:24].view(np.uint32))
 
 
 @pytest.mark.parametrize("quant", ["Q8_0", "Q4_K_M"])
