@@ -68,7 +68,7 @@
 #endif
 #ifndef K_GDN_ROWS_TARGET_WARPS
 /* gdn_rows' SIMD-groups that one wave holds: 132 SMs x 20 (the H100 /
- * H200 at gdn_rows' 88 registers: 5 threadgroups of 4 SIMD-groups an SM).
+ * H200 at gdn_rows' 89 registers: 5 threadgroups of 4 SIMD-groups an SM).
  * H100, 512 tokens, rows us at 1 / 2 rows a SIMD-group: n_v 16 (2048 /
  * 1024 SIMD-groups) 281 / 333, n_v 32 (4096 / 2048) 536 / 399, n_v 48
  * (6144 / 3072) 799 / 708 */
@@ -498,10 +498,10 @@ static int gdn_seq(k_runner *r, const dev_layer *L, dev_state *S, const float *i
     const ds4_model_config *c = &r->c;
     const int64_t cd = conv_dim(c), vd = c->ssm_d_inner, nv = c->ssm_n_v, W = cd + vd + 2 * nv;
     const int64_t d = c->ssm_d_state, K = c->ssm_conv_kernel;
+    if (r->gdn_rows_min > 0 && n >= r->gdn_rows_min && d <= 32 * K_GDN_SEQ_COLS)
+        return gdn_prep_rows(r, L, S, in, n, o, err); /* the same bits in three launches */
     /* split: G threadgroups per head (d / G rows each) for runs of at least
      * r->gdn_split_min tokens; a split that does not divide d is not taken */
-    if (r->gdn_rows_min > 0 && n >= r->gdn_rows_min && d <= 32 * K_GDN_SEQ_COLS)
-        return gdn_prep_rows(r, L, S, in, n, o, err);
     uint32_t G = n >= r->gdn_split_min ? r->gdn_split : 1u;
     if (G < 1u || d % G) G = 1u;
     k_gdn_seq_params p = {K_TAG_OF(gdn_seq), (uint32_t)c->ssm_n_k, (uint32_t)nv, (uint32_t)d, (uint32_t)K,
