@@ -83,7 +83,7 @@ PLANTED = [
      r"every value bit-identical to the dp4a GEMM"),
     # matvec reads the next weight row (in bounds): caught by the CPU comparison
     ("PLANT_OFF_BY_ONE_ROW", "matvec", r"n_in=\d+ n_out=(5|17): within the reordering bound"),
-    # the barrier after the attention scores removed: caught by the race shadow
+    # the barrier after attention's K/V tile copy removed: caught by the race shadow
     ("PLANT_MISSING_BARRIER", "attn",
      r"since the last barrier \(missing barrier\?\)|never written"),
     # one thread of rmsnorm skips the barrier: caught as barrier divergence

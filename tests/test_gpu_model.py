@@ -159,9 +159,12 @@ def test_golden_dense_q8_0(binary, tmp_path):
     np.testing.assert_array_equal(pm.view(np.uint32), pre[:24].view(np.uint32))
     # the same 24 rows with the GDN recurrence in gdn_seq (not gdn_prep +
     # gdn_rows, the default for runs of 2+ tokens) and attention launched 5
-    # query rows at a time (the default: the whole chunk): the same bits
+    # query rows at a time, one query row per threadgroup (the default: the
+    # whole chunk, K_ATTN_MAX_QV / G rows per threadgroup sharing each K/V
+    # tile): the same bits
     ps = run_gpu_prefill(binary, os.path.join(str(tmp_path), "seq"), DENSE, toks[:24],
-                         {"K_RUNNER_GDN_ROWS_MIN": "0", "K_RUNNER_ATTN_ROWS": "5"})
+                         {"K_RUNNER_GDN_ROWS_MIN": "0", "K_RUNNER_ATTN_ROWS": "5",
+                          "K_RUNNER_ATTN_RG": "1"})
     np.testing.assert_array_equal(ps.view(np.uint32), pre[:24].view(np.uint32))
 
 

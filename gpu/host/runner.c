@@ -656,23 +656,30 @@ int kr_attn_layer(k_runner *r, dev_layer *L, dev_state *S, int64_t n, int64_t po
         const int64_t an = n - t0 < r->attn_rows ? n - t0 : r->attn_rows, apos = pos0 + t0;
         const float *aq = qn + t0 * qf_dim;
         const uint32_t nb = (uint32_t)((apos + an + K_ATTN_BLOCK - 1) / K_ATTN_BLOCK);
-        const uint32_t bps = k_attn_blocks_per_split(nb, (uint32_t)nkv, (uint32_t)an, ATTN_TARGET_GROUPS);
-        const uint32_t G = (uint32_t)(nh / nkv), ns = k_attn_n_splits(nb, bps);
-        uint32_t hs = k_attn_head_split(G, (uint32_t)nkv * ns * (uint32_t)an, K_ATTN_HEAD_SPLIT_GROUPS);
+        const uint32_t G = (uint32_t)(nh / nkv);
+        /* query rows per threadgroup: as many as K_ATTN_MAX_QV query vectors
+         * allow (each K/V tile then serves them all); K_RUNNER_ATTN_RG fixes it */
+        uint32_t rg = G <= K_ATTN_MAX_QV ? K_ATTN_MAX_QV / G : 1u;
+        if (r->attn_rg && r->attn_rg * G <= K_ATTN_MAX_QV) rg = r->attn_rg;
+        if (rg > (uint32_t)an) rg = (uint32_t)an;
+        const uint32_t ng = ((uint32_t)an + rg - 1u) / rg;
+        const uint32_t bps = k_attn_blocks_per_split(nb, (uint32_t)nkv, ng, ATTN_TARGET_GROUPS);
+        const uint32_t ns = k_attn_n_splits(nb, bps);
+        uint32_t hs = k_attn_head_split(G, (uint32_t)nkv * ns * ng, K_ATTN_HEAD_SPLIT_GROUPS);
         if (r->attn_hs && G % r->attn_hs == 0) hs = r->attn_hs;
         const size_t part = F4((size_t)an * nh * nb * (2 + dh));
         k_attn_partials_params pp = {K_TAG_OF(attn_partials), (uint32_t)nh, (uint32_t)nkv, (uint32_t)dh,
                                      (uint32_t)an, (uint32_t)apos, nb, bps, (uint32_t)r->n_pages,
-                                     (uint32_t)qf_dim, (uint32_t)(2 * dh), c->attn_scale, hs};
+                                     (uint32_t)qf_dim, (uint32_t)(2 * dh), c->attn_scale, hs, rg};
         k_binding bp[] = {STATUS_BIND(attn_partials), K_BIND(attn_partials, p, &pp, sizeof pp),
                           K_BIND(attn_partials, q, aq, F4((an - 1) * qf_dim + (nh - 1) * 2 * dh + dh)),
                           K_BIND(attn_partials, kpool, S->kpool, pool), K_BIND(attn_partials, vpool, S->vpool, pool),
                           K_BIND(attn_partials, pages, r->pages, 4 * (size_t)nb),
                           K_BIND(attn_partials, part, r->part, part)};
-        /* 256 threads: at short contexts only n_head_kv x rows threadgroups
-         * exist, so each needs its own latency hiding (no effect on the bits:
-         * attn.h's per-position and per-element work is placed by position) */
-        if ((rc = kr_launch(r, K_ID_attn_partials, (uint32_t)nkv * hs, ns, (uint32_t)an, r->attn_tg, bp, 7,
+        /* r->attn_tg threads (K_ATTN_TG on CUDA): at short contexts only a
+         * few threadgroups exist, so each needs its own latency hiding (no
+         * effect on the bits: attn.h's work is placed by position) */
+        if ((rc = kr_launch(r, K_ID_attn_partials, (uint32_t)nkv * hs, ns, ng, r->attn_tg, bp, 7,
                          err)))
             return rc;
         k_attn_merge_params pm = {K_TAG_OF(attn_merge), (uint32_t)nh, (uint32_t)dh, (uint32_t)an, (uint32_t)apos,
@@ -1286,6 +1293,12 @@ int k_runner_open(k_gpu_model *g, int64_t n_ctx, k_runner **out, ds4_error *err)
         const char *ah = getenv("K_RUNNER_ATTN_HS");
         const long ahv = ah ? strtol(ah, NULL, 10) : 0;
         r->attn_hs = ahv >= 1 && ahv <= K_ATTN_MAX_GROUP ? (uint32_t)ahv : 0u;
+        const char *ag = getenv("K_RUNNER_ATTN_RG"); /* query rows per attn_partials threadgroup */
+        const long agv = ag ? strtol(ag, NULL, 10) : 0;
+        r->attn_rg = agv >= 1 && agv <= K_ATTN_MAX_QV ? (uint32_t)agv : 0u;
+        const char *at = getenv("K_RUNNER_ATTN_TG"); /* threads per attn_partials threadgroup */
+        const long atv = at ? strtol(at, NULL, 10) : 0;
+        if (atv >= 32 && atv <= 1024 && atv % 32 == 0) r->attn_tg = (uint32_t)atv;
         /* K_RUNNER_MOE_SPLIT (1..32): the router's split, for sweeps on the
          * device; each value is its own fixed summation order (moe.h) */
         const char *ms = getenv("K_RUNNER_MOE_SPLIT");

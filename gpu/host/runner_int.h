@@ -164,6 +164,7 @@ struct k_runner {
     uint32_t gdn_rows_r;    /* gdn_rows' state rows per SIMD-group; K_RUNNER_GDN_ROWS_R overrides */
     int64_t attn_rows;      /* query rows per attention launch pair (ATTN_ROWS; K_RUNNER_ATTN_ROWS) */
     uint32_t attn_hs;       /* K_RUNNER_ATTN_HS: a fixed head split (0: attn_plan.h decides) */
+    uint32_t attn_rg;       /* K_RUNNER_ATTN_RG: query rows per attn_partials threadgroup (0: as many as fit) */
     int capturing;          /* inside a verify: GDN layers keep their rows */
     int64_t ver_n, ver_pos; /* the last verify's rows and first position (0: none) */
     int64_t last_row;       /* the row of `logits` holding position n_past - 1 (-1: none) */

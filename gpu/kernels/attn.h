@@ -1,66 +1,78 @@
 /*
- * attn.h — split-K decode / verify attention over the F16 KV shadow.
+ * attn.h — split-K decode / verify / prefill attention over the F16 KV shadow.
  *
  * The history a query row sees is cut into blocks of K_ATTN_BLOCK (= the
- * CPU's KV page) positions. attn_partials computes, per (query head, block),
- * the partial (m = max score, l = sum exp(s - m), acc = sum exp(s - m) v);
- * attn_merge folds a row's partials in ascending block order with the
- * online-softmax combine (the CPU's merge(), csrc/forward/attention.c).
+ * CPU's KV page) positions. attn_partials computes, per (query head, row,
+ * block), the partial (m = max score, l = sum exp(s - m), acc = sum
+ * exp(s - m) v); attn_merge folds a row's partials in ascending block order
+ * with the online-softmax combine (the CPU's merge(), csrc/forward/attention.c).
  * A split is only which threadgroup computes which blocks: every partial is
  * the same float computation whatever the split count, and the merge order
  * is fixed, so the output is bit-identical for every split count and for
  * every verify width (tested), and the host may pick splits from the
  * context length freely (attn_plan.h).
  *
- * One threadgroup per (kv head, head split, split, query row) serves GS =
- * G / head_split query heads of its GQA group from one read of each K row
- * and each V row (head_split 1: all G heads, each K/V byte read once; at
- * short contexts the host splits the heads so that more than n_head_kv x
- * splits threadgroups exist: attn_plan.h):
- *  1. the GS queries into threadgroup memory;
+ * One threadgroup per (kv head x head split, split, group of query rows)
+ * serves NQ = GS x rows query vectors (GS = G / head_split query heads of
+ * its GQA group, group_rows query rows; NQ <= K_ATTN_MAX_QV) from one read
+ * of each K and V row. Per block it streams the block's K rows, then its V
+ * rows, through threadgroup memory in tiles of K_ATTN_TILE positions: every
+ * thread copies 16-byte chunks (the next tile's are loaded into registers
+ * while the current one is computed on), so the device loads are wide and
+ * many are in flight, and the dependent chains below read threadgroup
+ * memory, not L2.
+ *  1. the NQ queries into threadgroup memory (once);
  *  per block:
- *  2. scores: SIMD-group sg takes positions sg, sg + NSIMD, ...; its lanes
- *     split head_dim, each K element (fp16 -> float) is multiplied into GS
- *     partial dots, which the butterfly sums; times scale;
- *  3. per head (SIMD-group g % NSIMD): max, then e = exp(s - max) written
- *     back over the scores, and their sum (lane-strided, butterfly);
- *  4. thread (r, d), r = TID / head_dim below R = TG / head_dim (1 when
- *     head_dim exceeds the threadgroup: then d strides by K_TG_SIZE),
- *     accumulates e * v over the block's positions in ascending order for
- *     heads r, r + R, ... of its GS, and writes those partials.
- * Every (head, position) score, every head's max and sum and every (head,
+ *  2. scores, per K tile: SIMD-group sg takes positions sg, sg + NSIMD, ...
+ *     of the tile; lane l holds K elements d = l + 32 i (fp16 -> float) and
+ *     adds their products with each query in ascending i into one partial
+ *     dot per query; the butterfly sums the lanes; times scale;
+ *  3. per query (SIMD-group v % NSIMD): max over the positions its row sees,
+ *     then e = exp(s - max) written back over the scores, and their sum
+ *     (lane-strided, butterfly);
+ *  4. per V tile: thread (r, d), r = TID / head_dim below R = TG / head_dim
+ *     (1 when head_dim exceeds the threadgroup: then d takes slices of
+ *     K_TG_SIZE, each streaming the V tiles again), accumulates e * v over
+ *     the positions its row sees in ascending order for queries r, r + R, ...
+ *     and writes those partials after the last tile.
+ * Every (query, position) score, every query's max and sum and every (query,
  * element) chain of step 4 is the same float computation whichever
- * threadgroup and thread runs it, so the partials do not depend on
- * head_split or the threadgroup size either (tested).
+ * threadgroup, thread, tile or row group runs it, so the partials do not
+ * depend on head_split, group_rows, the threadgroup size or K_ATTN_TILE
+ * either (tested), and they are the bits of the first, untiled version of
+ * this kernel (golden model outputs cmp-identical).
  * The numerics differ from the CPU's F16 recipe (which keeps llama.cpp's F16
  * accumulator); docs/gpu.md derives the stated tolerance against an exact
  * reference.
  */
 
-/* Speed knobs (-D; the bits never depend on them): positions per pass of
- * the score loop, V rows loaded ahead per thread. H200 sweep (2026-11-30,
- * gpu/tools/device_attn_sweep.sh, 0.8B Q8_0 decode at ctx 128 / 32k, with
- * the runner's K_ATTN_TG): KPOS 1 / VAHEAD 8 / 1024 threads 354 / 303 tok/s,
- * attn_partials 29 / 89 us a launch; KPOS 2 / 8 / 256 311 / 216 (89 / 316
- * us); KPOS 2 / 8 / 1024 341-348 / 282-285; KPOS 1 / 8 / 512 354 / 296;
- * KPOS 1 / 16 / 1024 348 / 291; KPOS 4 with 256 threads 316 / 225-230.
- * Re-run 2026-12-01 with the head split and L2 look-ahead (docs/gpu.md §7):
- * KPOS 1 / VAHEAD 8 kept; the runner's K_ATTN_TG went to 512. */
-#ifndef K_ATTN_KPOS
-#define K_ATTN_KPOS 1u
+/* Positions per K/V tile (a divisor of K_ATTN_BLOCK, a multiple of 8):
+ * TILE x K_ATTN_MAX_DIM halves of threadgroup memory. 32 on CUDA (16 KB
+ * of the 48 KB a threadgroup may declare statically); 16 elsewhere, so that
+ * queries, scores and tile stay within Apple GPUs' 32 KB. Only speed
+ * depends on it. */
+#ifndef K_ATTN_TILE
+#ifdef __CUDACC__
+#define K_ATTN_TILE 32u
+#else
+#define K_ATTN_TILE 16u
 #endif
-#ifndef K_ATTN_VAHEAD
-#define K_ATTN_VAHEAD 8u
+#endif
+/* 16-byte chunks of the next tile a thread holds in registers while the
+ * current tile is computed on (the rest, at small threadgroups, is copied
+ * when stored): 2 covers a 32-position tile of head_dim 256 at 512 threads. */
+#ifndef K_ATTN_STAGE_REGS
+#define K_ATTN_STAGE_REGS 2u
 #endif
 /* K_ATTN_L2AHEAD 1: at the start of each block the threadgroup asks L2 for
  * that block's K and V rows (when it is the split's first) and the next
- * block's, one 32-byte sector per request, so the score and V loops'
- * chains of dependent loads wait on L2 instead of HBM. A hint: no value
- * depends on it. */
+ * block's, one 32-byte sector per request, so the tile copies wait on L2
+ * instead of HBM. A hint: no value depends on it. */
 #ifndef K_ATTN_L2AHEAD
 /* 1 since measured on the H200 2026-12-01 (two interleaved repetitions,
- * 0.8B Q8_0 bench shape): decode 417-417 / 408-412 / 318-319 tok/s at ctx
- * 512 / 4k / 32k without it, 462-469 / 456-462 / 363-367 with it */
+ * 0.8B Q8_0 bench shape, the untiled kernel): decode 417-417 / 408-412 /
+ * 318-319 tok/s at ctx 512 / 4k / 32k without it, 462-469 / 456-462 /
+ * 363-367 with it */
 #define K_ATTN_L2AHEAD 1
 #endif
 
@@ -74,149 +86,280 @@ K_FN void k_attn_prefetch_block(K_DEV_IN k_u16 *kpool, K_DEV_IN k_u16 *vpool, k_
         K_PREFETCH(vpool, kb + e);
     }
 }
-K_KERNEL(attn_partials) {
-    K_CHECK_TAG(attn_partials);
-    const k_u32 dh = p.head_dim, hs = p.head_split;
-    if (p.n_head_kv == 0u || p.n_head % p.n_head_kv || p.n_head / p.n_head_kv > K_ATTN_MAX_GROUP ||
-        dh == 0u || dh > K_ATTN_MAX_DIM || p.blocks_per_split == 0u || hs == 0u ||
-        (p.n_head / p.n_head_kv) % hs) {
-        k_raise(status, K_ERR_SHAPE);
-        return;
-    }
-    const k_u32 G = p.n_head / p.n_head_kv, GS = G / hs;
-    const k_u32 kvh = K_GX / hs, t = K_GZ;
-    const k_u32 h0 = kvh * G + (K_GX % hs) * GS; /* the first query head served here */
-    const k_u32 n_vis = p.pos0 + t + 1u;
-    const k_u32 nb_t = (n_vis + K_ATTN_BLOCK - 1u) / K_ATTN_BLOCK;
-    const k_u32 b0 = K_GY * p.blocks_per_split;
-    const k_u32 b1 = b0 + p.blocks_per_split < nb_t ? b0 + p.blocks_per_split : nb_t;
-    K_TG_ARRAY(float, qs, K_ATTN_MAX_GROUP * K_ATTN_MAX_DIM);
-    K_TG_ARRAY(float, S, K_ATTN_MAX_GROUP * K_ATTN_BLOCK);
-    K_TG_ARRAY(float, ML, 2 * K_ATTN_MAX_GROUP);
-    if (kvh >= p.n_head_kv || t >= p.n_rows || b0 >= b1) return; /* whole threadgroup */
 
-    for (k_u32 e = K_TID; e < GS * dh; e += K_TG_SIZE) {
-        const k_u32 g = e / dh, d = e % dh;
-        K_ST(qs, g * dh + d, K_LD(q, t * p.q_stride + (h0 + g) * p.q_head_stride + d));
-    }
-    K_BARRIER();
+/* Stage s of a block with nt tiles: K tile s for s < nt, then V tile
+ * (s - nt) % nt (once per d slice). The tile's first 16-byte chunk in the
+ * pool, its chunk count (rounded up: the last chunk may run into positions
+ * past the block's length, inside the page, never used), and which pool. */
+typedef struct {
+    K_DEV_IN k_u32x4 *src;
+    k_u32 n;
+} k_attn_stage;
+K_FN k_attn_stage k_attn_stage_of(K_DEV_IN k_u16 *kpool, K_DEV_IN k_u16 *vpool, k_u32 kb, k_u32 len, k_u32 dh,
+                                  k_u32 nt, k_u32 s) {
+    const k_u32 j = s < nt ? s : (s - nt) % nt, p0 = j * K_ATTN_TILE;
+    const k_u32 tl = len - p0 < K_ATTN_TILE ? len - p0 : K_ATTN_TILE;
+    k_attn_stage st;
+    st.src = (K_DEV_IN k_u32x4 *)(s < nt ? kpool : vpool) + (kb + p0 * dh) / 8u;
+    st.n = (tl * dh + 7u) / 8u;
+    return st;
+}
 
-    for (k_u32 b = b0; b < b1; b++) {
-        const k_u32 p0 = b * K_ATTN_BLOCK;
-        const k_u32 len = n_vis - p0 < K_ATTN_BLOCK ? n_vis - p0 : K_ATTN_BLOCK;
+/* The chunks tid, tid + tg, ... of stage st that a thread keeps in
+ * registers (the first K_ATTN_STAGE_REGS of them). Arrays travel in
+ * structs by value: a helper's pointer to thread memory would need
+ * Metal's `thread` address space. */
+typedef struct {
+    k_u32x4 c[K_ATTN_STAGE_REGS];
+} k_attn_regs;
+K_FN k_attn_regs k_attn_stage_load(k_attn_stage st, k_u32 tid, k_u32 tg) {
+    k_attn_regs reg;
+    K_UNROLL for (k_u32 i = 0; i < K_ATTN_STAGE_REGS; i++) {
+        const k_u32 c = tid + i * tg;
+        if (c < st.n)
+            reg.c[i] = K_LD(st.src, c);
+        else
+            reg.c[i].x = reg.c[i].y = reg.c[i].z = reg.c[i].w = 0u; /* never stored */
+    }
+    return reg;
+}
+
+/* The stage into the tile: the registers, then any chunks past them. */
+K_FN void k_attn_stage_store(k_attn_stage st, k_attn_regs reg, K_TGM k_u32x4 *tile, k_u32 tid, k_u32 tg) {
+    K_UNROLL for (k_u32 i = 0; i < K_ATTN_STAGE_REGS; i++) {
+        const k_u32 c = tid + i * tg;
+        if (c < st.n) K_ST(tile, c, reg.c[i]);
+    }
+    for (k_u32 c = tid + K_ATTN_STAGE_REGS * tg; c < st.n; c += tg) K_ST(tile, c, K_LD(st.src, c));
+}
+
+/* Positions of block p0b that query row vis (it sees [0, vis)) sees. */
+K_FN k_u32 k_attn_len(k_u32 vis, k_u32 p0b) {
+    return vis <= p0b ? 0u : vis - p0b < K_ATTN_BLOCK ? vis - p0b : K_ATTN_BLOCK;
+}
+
+/* Step 2's reduction of 8 items: x[i] is lane `lane`'s partial dot of
+ * item i (a position of the pair and a query of four). Returns, in every
+ * lane, the full sum of item (lane >> 2) & 7: k_simd_sum's value (the
+ * butterfly 16, 8, 4, 2, 1, every add joining the same two partial sums),
+ * but the first three levels are transposed: at level m a lane keeps one
+ * item of each pair (by bit m of its lane) and adds its partner's partial
+ * of it, so 8 sums cost 7 + 2 shuffles instead of 8 x 5. */
+typedef struct {
+    float v[8];
+} k_attn_items8;
+K_FN float k_attn_sums8(k_attn_items8 x8, k_u32 lane) {
+    const int b4 = (lane >> 4) & 1u, b3 = (lane >> 3) & 1u, b2 = (lane >> 2) & 1u;
+    float y[4], z[2];
+    K_UNROLL for (k_u32 i = 0; i < 4u; i++) {
+        const float keep = b4 ? x8.v[i + 4u] : x8.v[i], send = b4 ? x8.v[i] : x8.v[i + 4u];
+        y[i] = keep + k_shfl_xor(send, 16u);
+    }
+    K_UNROLL for (k_u32 i = 0; i < 2u; i++) {
+        const float keep = b3 ? y[i + 2u] : y[i], send = b3 ? y[i] : y[i + 2u];
+        z[i] = keep + k_shfl_xor(send, 8u);
+    }
+    const float keep = b2 ? z[1] : z[0], send = b2 ? z[0] : z[1];
+    float u = keep + k_shfl_xor(send, 4u);
+    u = u + k_shfl_xor(u, 2u);
+    return u + k_shfl_xor(u, 1u);
+}
+
+/* Where a threadgroup is and what it serves (attn_partials' geometry). */
+typedef struct {
+    k_u32 G, GS, kvh, h0, t0, NQ, vis_last, b0, b1;
+} k_attn_geom;
+
+/* One threadgroup's blocks b0..b1 (steps 1-4 of the header). head_dim dh
+ * is an argument so that the kernel can call it with a constant 256 (the
+ * real models' head_dim): inlined, its guards and index arithmetic fold
+ * (ALU instructions were 43% of the issue slots with a runtime head_dim). */
+K_FN void k_attn_partials_body(k_attn_partials_params p, K_DEV_IN float *q, K_DEV_IN k_u16 *kpool,
+                               K_DEV_IN k_u16 *vpool, K_DEV_IN k_u32 *pages, K_DEV float *part, const k_u32 dh,
+                               k_attn_geom g, K_TGM float *qs, K_TGM float *S, K_TGM float *ML,
+                               K_TGM k_u32x4 *tile, k_u32 tid, k_u32 tg) {
+    const k_u32 lane = tid & 31u, sg = tid >> 5, nsg = tg >> 5, GS = g.GS, NQ = g.NQ, t0 = g.t0;
+    K_TGM k_u16 *th = (K_TGM k_u16 *)tile;
+
+    /* query vector v = row v / GS, head v % GS */
+    for (k_u32 e = tid; e < NQ * dh; e += tg) {
+        const k_u32 v = e / dh, d = e % dh;
+        K_ST(qs, v * dh + d, K_LD(q, (t0 + v / GS) * p.q_stride + (g.h0 + v % GS) * p.q_head_stride + d));
+    }
+
+    /* step 4's place: thread row r (queries r, r + R, ...), element d of each d slice */
+    const k_u32 R = tg >= dh ? tg / dh : 1u;
+    const k_u32 r = tg >= dh ? tid / dh : 0u, dt = tg >= dh ? tid % dh : tid;
+    const k_u32 n_slice = tg >= dh ? 1u : (dh + tg - 1u) / tg;
+
+    for (k_u32 b = g.b0; b < g.b1; b++) {
+        const k_u32 p0b = b * K_ATTN_BLOCK;
+        const k_u32 len = k_attn_len(g.vis_last, p0b); /* the group's longest: its last row's */
         const k_u32 page = K_LD(pages, b);
-        const k_u32 kb = (page * p.n_head_kv + kvh) * K_ATTN_BLOCK * dh;
+        const k_u32 kb = (page * p.n_head_kv + g.kvh) * K_ATTN_BLOCK * dh;
         if (K_ATTN_L2AHEAD) {
-            if (b == b0) k_attn_prefetch_block(kpool, vpool, kb, len * dh, K_TID, K_TG_SIZE);
-            if (b + 1u < b1) {
-                const k_u32 nlen = n_vis - p0 - K_ATTN_BLOCK < K_ATTN_BLOCK ? n_vis - p0 - K_ATTN_BLOCK : K_ATTN_BLOCK;
-                k_attn_prefetch_block(kpool, vpool, (K_LD(pages, b + 1u) * p.n_head_kv + kvh) * K_ATTN_BLOCK * dh,
-                                      nlen * dh, K_TID, K_TG_SIZE);
-            }
+            if (b == g.b0) k_attn_prefetch_block(kpool, vpool, kb, len * dh, tid, tg);
+            if (b + 1u < g.b1)
+                k_attn_prefetch_block(kpool, vpool, (K_LD(pages, b + 1u) * p.n_head_kv + g.kvh) * K_ATTN_BLOCK * dh,
+                                      k_attn_len(g.vis_last, p0b + K_ATTN_BLOCK) * dh, tid, tg);
         }
-
-        /* The per-head loops run to the constant K_ATTN_MAX_GROUP with a
-         * g < G guard, so part[] and acc[] stay in registers (indexed by a
+        const k_u32 nt = (len + K_ATTN_TILE - 1u) / K_ATTN_TILE, n_stage = nt * (1u + n_slice);
+        k_attn_regs reg = k_attn_stage_load(k_attn_stage_of(kpool, vpool, kb, len, dh, nt, 0u), tid, tg);
+        /* The per-query loops run to the constant K_ATTN_MAX_QV with a
+         * v < NQ guard, so part and acc[] stay in registers (indexed by a
          * runtime bound they spilled to local memory on CUDA: 350 us per
          * block on the H200); the float operations are the same. */
-        for (k_u32 pp = K_SIMD; pp < len; pp += K_ATTN_KPOS * K_NSIMD) { /* uniform per SIMD-group */
-            /* K_ATTN_KPOS positions pp + j NSIMD per pass, and the lane's K
-             * elements d = lane + 32 i of all their rows loaded before the
-             * first use: a loop to the runtime dh waited out one load latency
-             * per element (8 per position at head_dim 256: 64 us for one
-             * block at ctx 128, the KV streamed at ~0.2 TB/s at 32k on the
-             * H200). Each position's dot still adds in ascending d: the same
-             * bits whatever K_ATTN_KPOS */
-            float kv[K_ATTN_KPOS][K_ATTN_MAX_DIM / 32u];
-            K_UNROLL for (k_u32 j = 0; j < K_ATTN_KPOS; j++) {
-                const k_u32 pj = pp + j * K_NSIMD;
+        for (k_u32 s = 0; s < nt; s++) { /* the K tiles: step 2 */
+            const k_u32 tp0 = s * K_ATTN_TILE, tl = len - tp0 < K_ATTN_TILE ? len - tp0 : K_ATTN_TILE;
+            K_BARRIER(); /* the tile's readers of the previous stage are done */
+            k_attn_stage_store(k_attn_stage_of(kpool, vpool, kb, len, dh, nt, s), reg, tile, tid, tg);
+#ifndef PLANT_MISSING_BARRIER
+            K_BARRIER();
+#endif
+            reg = k_attn_stage_load(k_attn_stage_of(kpool, vpool, kb, len, dh, nt, s + 1u), tid, tg);
+            /* positions pl, pl + 1 per pass (uniform per SIMD-group); each
+             * query's K element loads serve both */
+            for (k_u32 pl = 2u * sg; pl < tl; pl += 2u * nsg) {
+                const int two = pl + 1u < tl;
+                float k0[K_ATTN_MAX_DIM / 32u], k1[K_ATTN_MAX_DIM / 32u];
                 K_UNROLL for (k_u32 i = 0; i < K_ATTN_MAX_DIM / 32u; i++) {
-                    const k_u32 d = K_LANE + 32u * i;
-                    kv[j][i] = pj < len && d < dh ? k_h2f(K_LD(kpool, kb + pj * dh + d)) : 0.0f;
+                    const k_u32 d = lane + 32u * i;
+                    k0[i] = d < dh ? k_h2f(K_LD(th, pl * dh + d)) : 0.0f;
+                    k1[i] = d < dh && two ? k_h2f(K_LD(th, (pl + 1u) * dh + d)) : 0.0f;
                 }
-            }
-            float part[K_ATTN_KPOS][K_ATTN_MAX_GROUP];
-            K_UNROLL for (k_u32 j = 0; j < K_ATTN_KPOS; j++)
-                K_UNROLL for (k_u32 g = 0; g < K_ATTN_MAX_GROUP; g++) part[j][g] = 0.0f;
-            K_UNROLL for (k_u32 i = 0; i < K_ATTN_MAX_DIM / 32u; i++) {
-                const k_u32 d = K_LANE + 32u * i;
-                if (d < dh)
-                    K_UNROLL for (k_u32 g = 0; g < K_ATTN_MAX_GROUP; g++)
-                        if (g < GS) {
-                            const float qv = K_LD(qs, g * dh + d);
-                            K_UNROLL for (k_u32 j = 0; j < K_ATTN_KPOS; j++) part[j][g] += kv[j][i] * qv;
-                        }
-            }
-            K_UNROLL for (k_u32 j = 0; j < K_ATTN_KPOS; j++) {
-                const k_u32 pj = pp + j * K_NSIMD;
-                if (pj >= len) break; /* uniform per SIMD-group: no lane skips the shuffles alone */
-                K_UNROLL for (k_u32 g = 0; g < K_ATTN_MAX_GROUP; g++) {
-                    if (g >= GS) break;
-                    const float s = k_simd_sum(part[j][g]) * p.scale;
-                    if (K_LANE == 0) K_ST(S, g * K_ATTN_BLOCK + pj, s);
+                for (k_u32 vh = 0; vh < NQ; vh += 4u) { /* queries vh .. vh + 3 */
+                    k_attn_items8 x;
+                    K_UNROLL for (k_u32 u = 0; u < 4u; u++) {
+                        float a0 = 0.0f, a1 = 0.0f;
+                        if (vh + u < NQ)
+                            K_UNROLL for (k_u32 i = 0; i < K_ATTN_MAX_DIM / 32u; i++) {
+                                const k_u32 d = lane + 32u * i;
+                                if (d < dh) {
+                                    const float qv = K_LD(qs, (vh + u) * dh + d);
+                                    a0 += k0[i] * qv;
+                                    a1 += k1[i] * qv;
+                                }
+                            }
+                        x.v[u] = a0, x.v[4u + u] = a1;
+                    }
+                    const float sum = k_attn_sums8(x, lane);
+                    const k_u32 item = (lane >> 2) & 7u, j = item >> 2, v = vh + (item & 3u);
+                    if ((lane & 3u) == 0u && v < NQ && (j == 0u || two))
+                        K_ST(S, v * K_ATTN_BLOCK + tp0 + pl + j, sum * p.scale);
                 }
             }
         }
-#ifndef PLANT_MISSING_BARRIER
-        K_BARRIER();
-#endif
-
-        for (k_u32 g = K_SIMD; g < GS; g += K_NSIMD) {
+        K_BARRIER(); /* every score of the block written */
+        /* step 3 */
+        for (k_u32 v = sg; v < NQ; v += nsg) {
+            const k_u32 lv = k_attn_len(p.pos0 + t0 + v / GS + 1u, p0b);
+            if (lv == 0u) continue; /* this row does not see the block */
             float m = K_NEG_INF;
-            for (k_u32 pp = K_LANE; pp < len; pp += 32u) m = k_max2(m, K_LD(S, g * K_ATTN_BLOCK + pp));
+            for (k_u32 pp = lane; pp < lv; pp += 32u) m = k_max2(m, K_LD(S, v * K_ATTN_BLOCK + pp));
             m = k_simd_max(m);
             float l = 0.0f;
-            for (k_u32 pp = K_LANE; pp < len; pp += 32u) {
-                const float e = k_exp(K_LD(S, g * K_ATTN_BLOCK + pp) - m);
-                K_ST(S, g * K_ATTN_BLOCK + pp, e);
+            for (k_u32 pp = lane; pp < lv; pp += 32u) {
+                const float e = k_exp(K_LD(S, v * K_ATTN_BLOCK + pp) - m);
+                K_ST(S, v * K_ATTN_BLOCK + pp, e);
                 l += e;
             }
             l = k_simd_sum(l);
-            if (K_LANE == 0) {
-                K_ST(ML, 2u * g, m);
-                K_ST(ML, 2u * g + 1u, l);
+            if (lane == 0u) {
+                K_ST(ML, 2u * v, m);
+                K_ST(ML, 2u * v + 1u, l);
             }
         }
-        K_BARRIER();
-
-        /* step 4: acc[k] is head r + k R's chain for element d (R rows of
-         * threads share the heads when head_dim fits the threadgroup
-         * several times: at GS 8, head_dim 256 and 1024 threads every
-         * thread runs 2 chains, where one thread per element ran all 8) */
-        const k_u32 R = K_TG_SIZE >= dh ? K_TG_SIZE / dh : 1u, r = K_TID / dh;
-        if (r < R)
-        for (k_u32 d = K_TID % dh; d < dh; d += K_TG_SIZE) {
-            float acc[K_ATTN_MAX_GROUP];
-            K_UNROLL for (k_u32 k = 0; k < K_ATTN_MAX_GROUP; k++) acc[k] = 0.0f;
-            /* K_ATTN_VAHEAD V loads in flight before their adds (latency:
-             * one or two threadgroups per SM at short contexts); the adds
-             * keep ascending pp order, so the sums are unchanged */
-            k_u32 pp = 0;
-            for (; pp + K_ATTN_VAHEAD <= len; pp += K_ATTN_VAHEAD) {
-                float v8[K_ATTN_VAHEAD];
-                K_UNROLL for (k_u32 u = 0; u < K_ATTN_VAHEAD; u++) v8[u] = k_h2f(K_LD(vpool, kb + (pp + u) * dh + d));
-                K_UNROLL for (k_u32 u = 0; u < K_ATTN_VAHEAD; u++)
-                    K_UNROLL for (k_u32 k = 0; k < K_ATTN_MAX_GROUP; k++)
-                        if (r + k * R < GS) acc[k] += K_LD(S, (r + k * R) * K_ATTN_BLOCK + pp + u) * v8[u];
+        /* positions every row of the group sees: its first row's (row t0 + i
+         * sees i more, so only the last block's last few positions differ) */
+        const k_u32 lmin = k_attn_len(p.pos0 + t0 + 1u, p0b);
+        for (k_u32 sl = 0; sl < n_slice; sl++) { /* the V tiles, per d slice: step 4 */
+            const k_u32 d = sl * tg + dt;
+            float acc[K_ATTN_MAX_QV];
+            K_UNROLL for (k_u32 k = 0; k < K_ATTN_MAX_QV; k++) acc[k] = 0.0f;
+            for (k_u32 j = 0; j < nt; j++) {
+                const k_u32 s = nt + sl * nt + j;
+                const k_u32 tp0 = j * K_ATTN_TILE, tl = len - tp0 < K_ATTN_TILE ? len - tp0 : K_ATTN_TILE;
+                K_BARRIER(); /* the tile's readers of the previous stage are done (and, first, S's writers) */
+                k_attn_stage_store(k_attn_stage_of(kpool, vpool, kb, len, dh, nt, s), reg, tile, tid, tg);
+                K_BARRIER();
+                if (s + 1u < n_stage) reg = k_attn_stage_load(k_attn_stage_of(kpool, vpool, kb, len, dh, nt, s + 1u), tid, tg);
+                if (r >= R || d >= dh) continue;
+                if (tl == K_ATTN_TILE && tp0 + K_ATTN_TILE <= lmin) {
+                    /* a whole tile every row sees: no per-query length, and
+                     * runs of 8 positions unrolled (loads ahead of the adds) */
+                    for (k_u32 pl0 = 0; pl0 < K_ATTN_TILE; pl0 += 8u)
+                        K_UNROLL for (k_u32 u = 0; u < 8u; u++) {
+                            const float vv = k_h2f(K_LD(th, (pl0 + u) * dh + d));
+                            K_UNROLL for (k_u32 k = 0; k < K_ATTN_MAX_QV; k++) {
+                                if (r + k * R >= NQ) break;
+                                acc[k] += K_LD(S, (r + k * R) * K_ATTN_BLOCK + tp0 + pl0 + u) * vv;
+                            }
+                        }
+                    continue;
+                }
+                for (k_u32 pl = 0; pl < tl; pl++) {
+                    const k_u32 pb = tp0 + pl;
+                    const float vv = k_h2f(K_LD(th, pl * dh + d));
+                    K_UNROLL for (k_u32 k = 0; k < K_ATTN_MAX_QV; k++) {
+                        const k_u32 v = r + k * R;
+                        if (v >= NQ) break;
+                        if (pb < lmin || pb < k_attn_len(p.pos0 + t0 + v / GS + 1u, p0b)) /* each query's own length */
+                            acc[k] += K_LD(S, v * K_ATTN_BLOCK + pb) * vv;
+                    }
+                }
             }
-            for (; pp < len; pp++) {
-                const float v = k_h2f(K_LD(vpool, kb + pp * dh + d));
-                K_UNROLL for (k_u32 k = 0; k < K_ATTN_MAX_GROUP; k++)
-                    if (r + k * R < GS) acc[k] += K_LD(S, (r + k * R) * K_ATTN_BLOCK + pp) * v;
-            }
-            K_UNROLL for (k_u32 k = 0; k < K_ATTN_MAX_GROUP; k++) {
-                if (r + k * R >= GS) break;
-                const k_u32 o = ((t * p.n_head + h0 + r + k * R) * p.n_blocks + b) * (2u + dh);
-                K_ST(part, o + 2u + d, acc[k]);
-            }
+            if (r < R && d < dh)
+                K_UNROLL for (k_u32 k = 0; k < K_ATTN_MAX_QV; k++) {
+                    const k_u32 v = r + k * R;
+                    if (v >= NQ) break;
+                    if (k_attn_len(p.pos0 + t0 + v / GS + 1u, p0b) == 0u) continue;
+                    const k_u32 o = (((t0 + v / GS) * p.n_head + g.h0 + v % GS) * p.n_blocks + b) * (2u + dh);
+                    K_ST(part, o + 2u + d, acc[k]);
+                }
         }
-        if (K_TID < GS) {
-            const k_u32 o = ((t * p.n_head + h0 + K_TID) * p.n_blocks + b) * (2u + dh);
-            K_ST(part, o, K_LD(ML, 2u * K_TID));
-            K_ST(part, o + 1u, K_LD(ML, 2u * K_TID + 1u));
+        for (k_u32 v = tid; v < NQ; v += tg) {
+            if (k_attn_len(p.pos0 + t0 + v / GS + 1u, p0b) == 0u) continue;
+            const k_u32 o = (((t0 + v / GS) * p.n_head + g.h0 + v % GS) * p.n_blocks + b) * (2u + dh);
+            K_ST(part, o, K_LD(ML, 2u * v));
+            K_ST(part, o + 1u, K_LD(ML, 2u * v + 1u));
         }
-        K_BARRIER(); /* S and ML are rewritten by the next block */
     }
+}
+
+/* Launch bound: at most K_ATTN_BOUND_TG threads, so ptxas caps registers
+ * at 65536 / K_ATTN_BOUND_TG: 1024 keeps 64 (two threadgroups of 512 an
+ * SM); 512 lets it take 109 (one). Only speed depends on it. */
+#ifndef K_ATTN_BOUND_TG
+#define K_ATTN_BOUND_TG 1024
+#endif
+K_KERNEL_BOUNDED(attn_partials, K_ATTN_BOUND_TG, 1) {
+    K_CHECK_TAG(attn_partials);
+    const k_u32 dh = p.head_dim, hs = p.head_split, rg = p.group_rows;
+    if (p.n_head_kv == 0u || p.n_head % p.n_head_kv || p.n_head / p.n_head_kv > K_ATTN_MAX_GROUP ||
+        dh == 0u || dh > K_ATTN_MAX_DIM || p.blocks_per_split == 0u || hs == 0u ||
+        (p.n_head / p.n_head_kv) % hs || rg == 0u || (p.n_head / p.n_head_kv / hs) * rg > K_ATTN_MAX_QV) {
+        k_raise(status, K_ERR_SHAPE);
+        return;
+    }
+    k_attn_geom g;
+    g.G = p.n_head / p.n_head_kv, g.GS = g.G / hs;
+    g.kvh = K_GX / hs, g.t0 = K_GZ * rg;
+    g.h0 = g.kvh * g.G + (K_GX % hs) * g.GS; /* the first query head served here */
+    const k_u32 nr = g.t0 < p.n_rows ? (p.n_rows - g.t0 < rg ? p.n_rows - g.t0 : rg) : 0u;
+    g.NQ = g.GS * nr;
+    g.vis_last = p.pos0 + g.t0 + nr; /* positions the group's last row sees */
+    const k_u32 nb_t = (g.vis_last + K_ATTN_BLOCK - 1u) / K_ATTN_BLOCK;
+    g.b0 = K_GY * p.blocks_per_split;
+    g.b1 = g.b0 + p.blocks_per_split < nb_t ? g.b0 + p.blocks_per_split : nb_t;
+    K_TG_ARRAY(float, qs, K_ATTN_MAX_QV * K_ATTN_MAX_DIM);
+    K_TG_ARRAY(float, S, K_ATTN_MAX_QV * K_ATTN_BLOCK);
+    K_TG_ARRAY(float, ML, 2 * K_ATTN_MAX_QV);
+    K_TG_ARRAY(k_u32x4, tile, K_ATTN_TILE * K_ATTN_MAX_DIM / 8u);
+    if (g.kvh >= p.n_head_kv || nr == 0u || g.b0 >= g.b1) return; /* whole threadgroup */
+    if (dh == K_ATTN_MAX_DIM)
+        k_attn_partials_body(p, q, kpool, vpool, pages, part, K_ATTN_MAX_DIM, g, qs, S, ML, tile, K_TID, K_TG_SIZE);
+    else
+        k_attn_partials_body(p, q, kpool, vpool, pages, part, dh, g, qs, S, ML, tile, K_TID, K_TG_SIZE);
 }
 
 /* One threadgroup per (query head, row); thread d (stride K_TG_SIZE) merges

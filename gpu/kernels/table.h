@@ -196,7 +196,7 @@ typedef struct {
 
 /* ------------------------------------------------------ attn_partials -- */
 /* Split-K decode/verify attention over the F16 KV shadow, first pass: one
- * threadgroup per (kv head x head split, split, query row); it walks its
+ * threadgroup per (kv head x head split, split, group of query rows); it walks its
  * blocks of K_ATTN_BLOCK positions and writes one partial (max, sum,
  * acc[head_dim]) per (query head it serves, block): the GQA group's G query
  * heads are dealt to head_split threadgroups, G / head_split each. K/V pages are
@@ -206,6 +206,9 @@ typedef struct {
 #define K_ATTN_BLOCK 256 /* == DS4_KV_PAGE: the CPU's split-K block */
 #define K_ATTN_MAX_GROUP 8
 #define K_ATTN_MAX_DIM 256 /* head_dim, at most */
+/* Query vectors (query heads x query rows) one threadgroup serves from one
+ * read of each K/V tile: (G / head_split) x group_rows at most this. */
+#define K_ATTN_MAX_QV 8
 typedef struct {
     k_u32 tag;
     k_u32 n_head;
@@ -220,6 +223,7 @@ typedef struct {
     k_u32 q_head_stride;
     float scale;
     k_u32 head_split;       /* threadgroups per GQA group (divides G; attn_plan.h) */
+    k_u32 group_rows;       /* query rows per threadgroup (grid z = ceil(n_rows / group_rows)) */
 } k_attn_partials_params;
 #define K_ATTN_PART_FLOATS(p) (2 + (p).head_dim)
 #define K_ARGS_attn_partials(X, K)                                        \

@@ -18,7 +18,7 @@
  *
  * Planted faults (compile with -D...): PLANT_OFF_BY_ONE_ROW (matvec reads
  * the next weight row), PLANT_MISSING_BARRIER (attention drops the barrier
- * after the scores), PLANT_WRONG_ARG (matvec's params and activations
+ * after a K/V tile's copy), PLANT_WRONG_ARG (matvec's params and activations
  * bound at each other's slot), PLANT_WRONG_ARG_UNCHECKED (the same, launched
  * without the host check: the kernel's own tag check must raise),
  * PLANT_GDN_WRONG_KHEAD (GDN value heads read grouped, not tiled, k heads),
@@ -958,7 +958,7 @@ typedef struct {
  * With expect_shape the partials launch must raise K_ERR_SHAPE instead
  * (1 when it does). */
 static int run_attn_hs(const attn_case *c, uint32_t pos0, uint32_t n_rows, const float *q, uint32_t bps,
-                       uint32_t hs, uint32_t tg, int schedule, float *out, int expect_shape) {
+                       uint32_t hs, uint32_t rg, uint32_t tg, int schedule, float *out, int expect_shape) {
     const uint32_t nb = (pos0 + n_rows + K_ATTN_BLOCK - 1) / K_ATTN_BLOCK;
     const uint32_t qs = c->n_head * c->dh;
     const size_t part_n = (size_t)n_rows * c->n_head * nb * (2 + c->dh);
@@ -966,7 +966,8 @@ static int run_attn_hs(const attn_case *c, uint32_t pos0, uint32_t n_rows, const
     fill_nan(part, part_n);
     fill_nan(out, (size_t)n_rows * qs);
     k_attn_partials_params p = {K_TAG_OF(attn_partials), c->n_head, c->n_head_kv, c->dh, n_rows, pos0,
-                                nb, bps, c->n_pages, qs, c->dh, c->scale, hs};
+                                nb, bps, c->n_pages, qs, c->dh, c->scale, hs, rg};
+    const uint32_t ng = rg ? (n_rows + rg - 1) / rg : 1;
     const size_t pool = (size_t)c->n_pages * c->n_head_kv * K_ATTN_BLOCK * c->dh * 2;
     k_binding b[] = {K_BIND(attn_partials, status, status, 8), K_BIND(attn_partials, p, &p, sizeof p),
                      K_BIND(attn_partials, q, q, sizeof(float) * n_rows * qs),
@@ -974,7 +975,7 @@ static int run_attn_hs(const attn_case *c, uint32_t pos0, uint32_t n_rows, const
                      K_BIND(attn_partials, pages, c->pages, 4 * nb),
                      K_BIND(attn_partials, part, part, sizeof(float) * part_n)};
     if (expect_shape) {
-        const uint32_t grid[3] = {c->n_head_kv * (hs ? hs : 1), k_attn_n_splits(nb, bps), n_rows};
+        const uint32_t grid[3] = {c->n_head_kv * (hs ? hs : 1), k_attn_n_splits(nb, bps), ng};
         emul_options opt = {schedule, 0};
         char err[600];
         status[0] = status[1] = 0;
@@ -982,7 +983,7 @@ static int run_attn_hs(const attn_case *c, uint32_t pos0, uint32_t n_rows, const
         free(part);
         return rc == 0 && (status[0] & K_ERR_SHAPE);
     }
-    int rc = launch(K_ID_attn_partials, c->n_head_kv * hs, k_attn_n_splits(nb, bps), n_rows, tg, b, 7, schedule,
+    int rc = launch(K_ID_attn_partials, c->n_head_kv * hs, k_attn_n_splits(nb, bps), ng, tg, b, 7, schedule,
                     "attn_partials");
     if (!rc) {
         k_attn_merge_params m = {K_TAG_OF(attn_merge), c->n_head, c->dh, n_rows, pos0, nb, qs};
@@ -997,7 +998,7 @@ static int run_attn_hs(const attn_case *c, uint32_t pos0, uint32_t n_rows, const
 
 static int run_attn(const attn_case *c, uint32_t pos0, uint32_t n_rows, const float *q, uint32_t bps,
                     int schedule, float *out) {
-    return run_attn_hs(c, pos0, n_rows, q, bps, 1, 128, schedule, out, 0);
+    return run_attn_hs(c, pos0, n_rows, q, bps, 1, 1, 128, schedule, out, 0);
 }
 
 static const uint16_t *kv_row(const attn_case *c, const uint16_t *pool, uint32_t kvh, uint32_t pos) {
@@ -1062,6 +1063,7 @@ static void suite_attn(void) {
         /* n_head_kv, G, head_dim, pos0 */
         {1, 1, 32, 0},   {2, 3, 40, 5},  {1, 8, 64, 255}, {2, 4, 32, 256},
         {1, 5, 72, 300}, {2, 2, 64, 700}, {1, 6, 32, 520},
+        {2, 4, 256, 254}, /* the real models' head_dim: the kernel's constant-256 path */
     };
     const uint32_t n_rows = 3;
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
@@ -1114,13 +1116,26 @@ static void suite_attn(void) {
             for (size_t ti = 0; ti < 3; ti++) {
                 if (hs == 1 && tgs[ti] == 128) continue; /* the base run */
                 const uint32_t bps = k_attn_blocks_per_split(c.n_blocks, c.n_head_kv, n_rows, 4);
-                if (run_attn_hs(&c, c.pos0, n_rows, c.q, bps, hs, tgs[ti], (hs + ti) & 1 ? EMUL_REVERSE : EMUL_FORWARD,
+                if (run_attn_hs(&c, c.pos0, n_rows, c.q, bps, hs, 1, tgs[ti], (hs + ti) & 1 ? EMUL_REVERSE : EMUL_FORWARD,
                                 o, 0))
                     goto next;
                 if (memcmp(o, base, sizeof(float) * n_rows * qs)) hs_ok = 0;
                 hs_n++;
             }
         }
+        /* query rows grouped per threadgroup (every K/V tile read once for
+         * rg rows x G / hs heads; the group's rows see different lengths of
+         * the last block): the same bits, at 64 and 256 threads */
+        for (uint32_t rg = 2; rg <= n_rows; rg++)
+            for (uint32_t hs = 1; hs <= G; hs++) {
+                if (G % hs || (G / hs) * rg > K_ATTN_MAX_QV) continue;
+                const uint32_t tg = (rg + hs) & 1 ? 64 : 256;
+                const uint32_t bps = k_attn_blocks_per_split(c.n_blocks, c.n_head_kv, 1, 4);
+                if (run_attn_hs(&c, c.pos0, n_rows, c.q, bps, hs, rg, tg, rg & 1 ? EMUL_REVERSE : EMUL_FORWARD, o, 0))
+                    goto next;
+                if (memcmp(o, base, sizeof(float) * n_rows * qs)) hs_ok = 0;
+                hs_n++;
+            }
         double worst = 0;
         for (uint32_t t = 0; t < n_rows; t++) {
             const double r = attn_check_row(&c, c.pos0 + t, c.q + t * qs, base + t * qs);
@@ -1132,7 +1147,7 @@ static void suite_attn(void) {
               "%.3f of it)%s%s%s (%d head-split runs)", c.n_head, c.n_head_kv, c.n_head / c.n_head_kv, c.dh, c.pos0,
               n_rows, c.n_blocks, worst, split_ok ? ", bit-identical for split counts 1.." : ", SPLIT COUNTS DIFFER",
               rows_ok ? ", each row alone bit-identical" : ", A ROW ALONE DIFFERS",
-              hs_ok ? ", every head split and threadgroup size bit-identical" : ", HEAD SPLITS DIFFER", hs_n);
+              hs_ok ? ", every head split, row grouping and threadgroup size bit-identical" : ", HEAD SPLITS OR ROW GROUPS DIFFER", hs_n);
     next:
         free(c.kpool), free(c.vpool), free(c.pages), free(c.q), free(base), free(o);
     }
@@ -1162,9 +1177,12 @@ static void suite_attn(void) {
         const size_t pe = (size_t)c.n_pages * c.n_head_kv * K_ATTN_BLOCK * c.dh;
         c.kpool = calloc(pe, 2), c.vpool = calloc(pe, 2), c.pages = calloc(1, 4), c.q = calloc(6 * 32, 4);
         float *o = malloc(sizeof(float) * 6 * 32);
-        const int r2 = run_attn_hs(&c, 0, 1, c.q, 1, 2, 128, EMUL_FORWARD, o, 1);
-        const int r0 = run_attn_hs(&c, 0, 1, c.q, 1, 0, 128, EMUL_FORWARD, o, 1);
-        check(r2 && r0, "attn_partials: a head split of 2 for G = 3, or 0, raises K_ERR_SHAPE");
+        const int r2 = run_attn_hs(&c, 0, 1, c.q, 1, 2, 1, 128, EMUL_FORWARD, o, 1);
+        const int r0 = run_attn_hs(&c, 0, 1, c.q, 1, 0, 1, 128, EMUL_FORWARD, o, 1);
+        const int g0 = run_attn_hs(&c, 0, 1, c.q, 1, 1, 0, 128, EMUL_FORWARD, o, 1);
+        const int g3 = run_attn_hs(&c, 0, 1, c.q, 1, 1, K_ATTN_MAX_QV / 3 + 1, 128, EMUL_FORWARD, o, 1);
+        check(r2 && r0 && g0 && g3, "attn_partials: a head split of 2 for G = 3, or 0, and group rows of 0 or "
+                                    "past K_ATTN_MAX_QV query vectors raise K_ERR_SHAPE");
         free(c.kpool), free(c.vpool), free(c.pages), free(c.q), free(o);
     }
 }
