@@ -82,9 +82,12 @@
 #define K_MOE_LOGITS_SPLIT 16u
 #endif
 
-/* Threadgroups the split-K attention aims for (about two per SM of an
- * H200's 132; attn_plan.h): only speed depends on it. */
-#define ATTN_TARGET_GROUPS 256
+/* Threadgroups the split-K attention aims for: two per SM of an H100's or
+ * H200's 132, as many as are resident at once (attn.h: 2 x 512 threads at
+ * 64 registers). Only speed depends on it. 256 made a 32768 + 40-token
+ * context (129 blocks, 2 KV heads) take 65 splits of 2 blocks: 130
+ * threadgroups, one an SM, each twice as long (ncu, session 22). */
+#define ATTN_TARGET_GROUPS 264
 /* Threadgroups below which attn_partials splits a GQA group's query heads
  * over several threadgroups (attn_plan.h k_attn_head_split): about one per
  * H200 core. Only speed depends on it; K_RUNNER_ATTN_HS=N (a divisor of G)
