@@ -1064,6 +1064,7 @@ static void suite_attn(void) {
         {1, 1, 32, 0},   {2, 3, 40, 5},  {1, 8, 64, 255}, {2, 4, 32, 256},
         {1, 5, 72, 300}, {2, 2, 64, 700}, {1, 6, 32, 520},
         {2, 4, 256, 254}, /* the real models' head_dim: the kernel's constant-256 path */
+        {1, 2, 36, 40},   /* a head_dim that is no multiple of 8: tile rows split 16-byte chunks */
     };
     const uint32_t n_rows = 3;
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
