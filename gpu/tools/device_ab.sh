@@ -14,8 +14,9 @@
 # Knobs: MODELS (bench recipes of gpu/bench/, default the 0.8B shapes and the
 # 27B-like), REPS (2), CTX (512,4096), STEPS (32), CHECK=0 skips
 # device_check.sh. Outputs "SAME"/"DIFFER" per file for the golden dense and
-# demo models (the kernels promise the old bits unless the change says not),
-# then BENCH lines prefixed by model and build.
+# demo models and, when dense08b-q8_0 is among MODELS, 300 tokens of that
+# shape (head_dim 256; the kernels promise the old bits unless the change says
+# not), then BENCH lines prefixed by model and build.
 set -u
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-build/device_ab}"; mkdir -p "$OUT"
@@ -50,6 +51,23 @@ done
 for f in prefill.f32 decode.f32 greedy.i32; do
   for m in g d; do cmp -s $W/${m}_new.$f $W/${m}_old.$f && echo "SAME $m $f" || echo "DIFFER $m $f"; done
 done
+# the real models' head_dim (256: attention's constant path; the golden and
+# demo models have 16 and 64) and vocabulary: 300 random tokens (two KV
+# blocks) of the 0.8B Q8_0 bench shape, when its file is there; ~300 MB a file
+if [ -f "$W/dense08b-q8_0.gguf" ]; then
+  python3 -c "
+import numpy as np
+np.random.default_rng(7).integers(0, 248320, 300).astype(np.int32).tofile('$W/t300.i32')"
+  for t in new old; do B=$NEW; [ $t = old ] && B=$OLD
+    timeout 120 $B $W/dense08b-q8_0.gguf $W/t300.i32 $W/b_$t 4 >/dev/null
+  done
+  for f in prefill.f32 decode.f32 last.f32 greedy.i32; do
+    cmp -s $W/b_new.$f $W/b_old.$f && echo "SAME 08b $f" || echo "DIFFER 08b $f"
+  done
+  cmp -s $W/b_new.prefill.f32 $W/b_new.decode.f32 && echo "SAME 08b new prefill==decode" ||
+    echo "DIFFER 08b new prefill/decode"
+  rm -f $W/b_*.f32
+fi
 for t in new old; do B=build/cuda/bench_matvec; [ $t = old ] && B=.oldtree/build/cuda/bench_matvec
   timeout 60 $B 5120 17408 2>&1 | grep "^PREFILL" | sed "s/^/$t /"; done
 for rep in $(seq 1 "${REPS:-2}"); do
