@@ -170,6 +170,15 @@ typedef struct {
     k_u32 G, GS, kvh, h0, t0, NQ, vis_last, b0, b1;
 } k_attn_geom;
 
+/* Positions of block p0b that query vector v (row v / GS of the group)
+ * sees, and where its partial for block b starts in `part`. */
+K_FN k_u32 k_attn_qlen(k_attn_partials_params p, k_attn_geom g, k_u32 v, k_u32 p0b) {
+    return k_attn_len(p.pos0 + g.t0 + v / g.GS + 1u, p0b);
+}
+K_FN k_u32 k_attn_part_at(k_attn_partials_params p, k_attn_geom g, k_u32 v, k_u32 b, k_u32 dh) {
+    return (((g.t0 + v / g.GS) * p.n_head + g.h0 + v % g.GS) * p.n_blocks + b) * (2u + dh);
+}
+
 /* One threadgroup's blocks b0..b1 (steps 1-4 of the header). head_dim dh
  * is an argument so that the kernel can call it with a constant 256 (the
  * real models' head_dim): inlined, its guards and index arithmetic fold
@@ -252,7 +261,7 @@ K_FN void k_attn_partials_body(k_attn_partials_params p, K_DEV_IN float *q, K_DE
         K_BARRIER(); /* every score of the block written */
         /* step 3 */
         for (k_u32 v = sg; v < NQ; v += nsg) {
-            const k_u32 lv = k_attn_len(p.pos0 + t0 + v / GS + 1u, p0b);
+            const k_u32 lv = k_attn_qlen(p, g, v, p0b);
             if (lv == 0u) continue; /* this row does not see the block */
             float m = K_NEG_INF;
             for (k_u32 pp = lane; pp < lv; pp += 32u) m = k_max2(m, K_LD(S, v * K_ATTN_BLOCK + pp));
@@ -303,7 +312,7 @@ K_FN void k_attn_partials_body(k_attn_partials_params p, K_DEV_IN float *q, K_DE
                     K_UNROLL for (k_u32 k = 0; k < K_ATTN_MAX_QV; k++) {
                         const k_u32 v = r + k * R;
                         if (v >= NQ) break;
-                        if (pb < lmin || pb < k_attn_len(p.pos0 + t0 + v / GS + 1u, p0b)) /* each query's own length */
+                        if (pb < lmin || pb < k_attn_qlen(p, g, v, p0b)) /* each query's own length */
                             acc[k] += K_LD(S, v * K_ATTN_BLOCK + pb) * vv;
                     }
                 }
@@ -312,14 +321,14 @@ K_FN void k_attn_partials_body(k_attn_partials_params p, K_DEV_IN float *q, K_DE
                 K_UNROLL for (k_u32 k = 0; k < K_ATTN_MAX_QV; k++) {
                     const k_u32 v = r + k * R;
                     if (v >= NQ) break;
-                    if (k_attn_len(p.pos0 + t0 + v / GS + 1u, p0b) == 0u) continue;
-                    const k_u32 o = (((t0 + v / GS) * p.n_head + g.h0 + v % GS) * p.n_blocks + b) * (2u + dh);
+                    if (k_attn_qlen(p, g, v, p0b) == 0u) continue;
+                    const k_u32 o = k_attn_part_at(p, g, v, b, dh);
                     K_ST(part, o + 2u + d, acc[k]);
                 }
         }
         for (k_u32 v = tid; v < NQ; v += tg) {
-            if (k_attn_len(p.pos0 + t0 + v / GS + 1u, p0b) == 0u) continue;
-            const k_u32 o = (((t0 + v / GS) * p.n_head + g.h0 + v % GS) * p.n_blocks + b) * (2u + dh);
+            if (k_attn_qlen(p, g, v, p0b) == 0u) continue;
+            const k_u32 o = k_attn_part_at(p, g, v, b, dh);
             K_ST(part, o, K_LD(ML, 2u * v));
             K_ST(part, o + 1u, K_LD(ML, 2u * v + 1u));
         }
