@@ -34,6 +34,7 @@
 
 #include "../gpu/dialect/cuda.h"
 #include "../gpu/host/bind.h"
+#include "../gpu/host/q8_0_rows.h"
 
 extern "C" int k_cuda_launch(int id, const uint32_t grid[3], uint32_t tg, const k_binding *b, int nb,
                              cudaStream_t stream, char *err, size_t cap);
@@ -56,8 +57,10 @@ static uint32_t rnd(void) {
 // fp16 bits of a small positive scale (0x2000..0x23ff: ~0.008..0.016)
 static uint16_t small_half(void) { return (uint16_t)(0x2000u | (rnd() & 0x3ffu)); }
 
-// Random weight blocks of `type` (0: Q8_0) with finite scales.
-static void fill_weights(uint8_t *w, size_t n_blocks, int type) {
+// Random weight rows of nb blocks of `type` (0: Q8_0) with finite scales;
+// Q8_0 in the device layout the kernels read (q8_0_rows.h).
+static void fill_weights(uint8_t *w, size_t n_rows, size_t nb, int type) {
+    const size_t n_blocks = n_rows * nb;
     const size_t bs = type == 0 ? 34 : K_KQ_BLOCK_BYTES(type);
     for (size_t i = 0; i < n_blocks * bs; i++) w[i] = (uint8_t)rnd();
     for (size_t b = 0; b < n_blocks; b++) {
@@ -69,6 +72,12 @@ static void fill_weights(uint8_t *w, size_t n_blocks, int type) {
             h = small_half();
             memcpy(blk + 2, &h, 2);
         }
+    }
+    if (type == 0) {
+        uint8_t *t = (uint8_t *)malloc(n_blocks * 34);
+        memcpy(t, w, n_blocks * 34);
+        k_q8_0_rows_to_device(w, t, n_rows, 32 * nb);
+        free(t);
     }
 }
 
@@ -135,7 +144,7 @@ static void bench_shape(int type, uint32_t n_in, uint32_t n_out, double us_out[N
     if (copies < 6) copies = 6;
     uint8_t *hw = (uint8_t *)malloc(wbytes), *hx = (uint8_t *)malloc(xmax);
     fill_acts(hx, (size_t)K_MATVEC_MAX_ROWS * nb, kq);
-    fill_weights(hw, (size_t)n_out * nb, type); // the same bytes at every copy: what defeats the L2
+    fill_weights(hw, n_out, nb, type); // the same bytes at every copy: what defeats the L2
     uint8_t **dw = (uint8_t **)malloc(sizeof(uint8_t *) * copies), *dx;
     float *dy;
     uint32_t *dstatus;
@@ -314,7 +323,7 @@ static void bench_prefill(uint32_t a_in, uint32_t a_out) {
             const size_t bs = kq ? K_KQ_BLOCK_BYTES(type) : 34, nb = n_in / (kq ? 256 : 32), xbs = kq ? 292 : 34;
             const size_t wbytes = (size_t)n_out * nb * bs, xbytes = (size_t)rows * nb * xbs;
             uint8_t *hw = (uint8_t *)malloc(wbytes), *hx = (uint8_t *)malloc(xbytes), *dw, *dx;
-            fill_weights(hw, (size_t)n_out * nb, type);
+            fill_weights(hw, n_out, nb, type);
             fill_acts(hx, (size_t)rows * nb, kq);
             float *dy;
             uint32_t *dstatus;

@@ -16,6 +16,7 @@
  *                            (bounds- and race-checked under the emulator)
  *   k_shfl_xor(v, m)         the value of lane (lane ^ m) of the SIMD-group
  *   k_shfl_xor_i(v, m)       the same for an int (bits exact)
+ *   k_shfl_at_i(v, src)      an int's value in lane src (0..31) of the SIMD-group
  *   k_dot4(a, b, c)          c + dot product of the 4 signed bytes of a and b
  *                            (CUDA __dp4a; exact integers on every target)
  *   K_PREFETCH(p, i)         hint: fetch the line of byte i of device buffer

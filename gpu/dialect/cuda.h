@@ -35,6 +35,7 @@
 
 #define k_shfl_xor(v, m) __shfl_xor_sync(0xffffffffu, (v), (int)(m))
 #define k_shfl_xor_i(v, m) __shfl_xor_sync(0xffffffffu, (int)(v), (int)(m))
+#define k_shfl_at_i(v, src) __shfl_sync(0xffffffffu, (int)(v), (int)(src))
 /* c + the dot product of the four signed bytes of a and of b (IDP4A: one
  * instruction for four int8 multiply-adds; exact integer, like the others) */
 K_FN int k_dot4(k_u32 a, k_u32 b, int c) { return __dp4a((int)a, (int)b, c); }

@@ -35,6 +35,7 @@
 
 #define k_shfl_xor(v, m) emul_shfl_xor((v), (m), __LINE__)
 #define k_shfl_xor_i(v, m) emul_shfl_xor_i((v), (m), __LINE__)
+#define k_shfl_at_i(v, src) emul_shfl_at_i((v), (src), __LINE__)
 typedef struct { uint32_t x, y, z, w; } k_u32x4; /* 16-byte loads; the emulator checks their alignment */
 typedef struct { uint32_t x, y; } k_u32x2;       /* 8-byte loads */
 /* a hint on the GPU; here its address is bounds-checked like a load */

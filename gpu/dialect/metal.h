@@ -42,6 +42,7 @@ using namespace metal;
 
 #define k_shfl_xor(v, m) simd_shuffle_xor((v), (ushort)(m))
 #define k_shfl_xor_i(v, m) simd_shuffle_xor((int)(v), (ushort)(m))
+#define k_shfl_at_i(v, src) simd_shuffle((int)(v), (ushort)(src))
 typedef uint4 k_u32x4; /* 16-byte loads */
 typedef uint2 k_u32x2; /* 8-byte loads */
 #define K_PREFETCH(p, i) ((void)(p), (void)(i)) /* no MSL equivalent; a hint only */

@@ -95,20 +95,27 @@ void emul_barrier(int line) {
     yield_to_scheduler();
 }
 
-float emul_shfl_xor(float v, uint32_t mask, int line) {
+/* The rendezvous of every shuffle: this lane posts v, waits for its 31
+ * partners at this call, then reads what lane `src` of its SIMD-group
+ * posted. */
+static float shfl_from(float v, uint32_t src, int line) {
     fiber *f = &E.f[E.cur];
     const uint32_t tid = (uint32_t)E.cur;
-    if (mask >= 32u) {
-        fail("line %d: shuffle mask %u is not below the SIMD width 32", line, mask);
-        return v;
-    }
     E.xbuf[f->parity][tid] = v;
     f->state = WAIT_SIMD;
     f->site = line;
     yield_to_scheduler();
-    const float r = E.xbuf[f->parity][tid ^ mask];
+    const float r = E.xbuf[f->parity][(tid & ~31u) | src];
     f->parity ^= 1;
     return r;
+}
+
+float emul_shfl_xor(float v, uint32_t mask, int line) {
+    if (mask >= 32u) {
+        fail("line %d: shuffle mask %u is not below the SIMD width 32", line, mask);
+        return v;
+    }
+    return shfl_from(v, ((uint32_t)E.cur & 31u) ^ mask, line);
 }
 
 /* Integers ride the float exchange as bit patterns (memcpy, no float
@@ -118,6 +125,20 @@ int emul_shfl_xor_i(int v, uint32_t mask, int line) {
     memcpy(&f, &v, sizeof f);
     f = emul_shfl_xor(f, mask, line);
     memcpy(&v, &f, sizeof v);
+    return v;
+}
+
+/* An int from lane src of this SIMD-group (CUDA __shfl_sync, Metal
+ * simd_shuffle), its bits carried as emul_shfl_xor_i carries them. */
+int emul_shfl_at_i(int v, uint32_t src, int line) {
+    if (src >= 32u) {
+        fail("line %d: shuffle source lane %u is not below the SIMD width 32", line, src);
+        return v;
+    }
+    float x;
+    memcpy(&x, &v, sizeof x);
+    x = shfl_from(x, src, line);
+    memcpy(&v, &x, sizeof v);
     return v;
 }
 

@@ -48,6 +48,7 @@ extern emul_thread_pos emul_pos; /* of the running fiber (one OS thread runs the
 void emul_barrier(int line);
 float emul_shfl_xor(float v, uint32_t mask, int line);
 int emul_shfl_xor_i(int v, uint32_t mask, int line);
+int emul_shfl_at_i(int v, uint32_t src, int line);
 /* warp-wide int8 MMA, k 16 or 32 (emul.c has the fragment layout); a2, a3
  * and b1 unused at k 16 */
 void emul_mma_s8(uint32_t k, const uint32_t a[4], const uint32_t b[2], int32_t c[4], int line);

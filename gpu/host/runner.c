@@ -32,6 +32,7 @@
 #include <string.h>
 
 #include "../kernels/attn_plan.h"
+#include "q8_0_rows.h"
 
 #ifndef K_GDN_SEQ_TARGET_GROUPS
 /* gdn_seq's split for runs of at least K_GDN_SEQ_SPLIT_MIN tokens (every
@@ -148,6 +149,36 @@ void *kr_mem_upload(k_device *d, k_allocs *a, const void *src, size_t bytes, ds4
     return p;
 }
 
+/* `bytes` of weight rows (n_in values each) of ds4 type `type` to byte `off`
+ * of the device buffer dst. Q8_0 rows go in the device layout
+ * (q8_0_rows.h: the same bytes per row, codes then scales), repacked a
+ * bounded slice at a time so no host copy of a whole matrix is made; every
+ * other type as it is. */
+static int kr_upload_weights(k_device *d, void *dst, size_t off, const void *src, size_t bytes, int type, int64_t n_in,
+                             ds4_error *err) {
+    if (!bytes) return 0;
+    if (type != DS4_TYPE_Q8_0) {
+        if (d->upload(d, (uint8_t *)dst + off, src, bytes))
+            return ds4_fail(err, DS4_ERR_INTERNAL, "%s upload: %s", d->name, d->err);
+        return 0;
+    }
+    const size_t rb = (size_t)n_in / 32 * 34, slice = rb * (((size_t)1 << 20) / rb + 1); /* ~1 MB */
+    if (n_in <= 0 || n_in % 32 || bytes % rb)
+        return ds4_fail(err, DS4_ERR_INTERNAL, "Q8_0 upload: %zu bytes are not whole rows of %lld values", bytes,
+                        (long long)n_in);
+    uint8_t *host = malloc(slice < bytes ? slice : bytes);
+    if (!host) return ds4_fail(err, DS4_ERR_NOMEM, "out of host memory");
+    int rc = 0;
+    for (size_t o = 0; o < bytes && !rc; o += slice) {
+        const size_t n = bytes - o < slice ? bytes - o : slice;
+        k_q8_0_rows_to_device(host, (const uint8_t *)src + o, n / rb, (size_t)n_in);
+        if (d->upload(d, (uint8_t *)dst + off + o, host, n))
+            rc = ds4_fail(err, DS4_ERR_INTERNAL, "%s upload: %s", d->name, d->err);
+    }
+    free(host);
+    return rc;
+}
+
 /* Session memory. */
 void *kr_dalloc(k_runner *r, size_t bytes, ds4_error *err) { return mem_alloc(r->dev, &r->mem, bytes, err); }
 static void *upload(k_runner *r, const void *src, size_t bytes, ds4_error *err) {
@@ -175,8 +206,9 @@ int kr_upload_mat(k_gpu_model *r, const ds4_tensor *t, dev_mat *out, ds4_error *
     out->n_in = t->ne[0];
     out->n_out = t->ne[1];
     out->bytes = t->row_bytes * (size_t)t->ne[1];
-    out->p = kr_mem_upload(r->dev, &r->mem, t->data, out->bytes, err);
-    return out->p ? 0 : err->code;
+    out->p = mem_alloc(r->dev, &r->mem, out->bytes, err);
+    if (!out->p) return err->code;
+    return kr_upload_weights(r->dev, out->p, 0, t->data, out->bytes, t->type, t->ne[0], err);
 }
 
 /* Matrices that read the same activations and whose outputs sit side by
@@ -207,16 +239,13 @@ int kr_upload_group(k_gpu_model *r, const ds4_tensor *const *t, dev_mat *const *
         }
         size_t total = 0, off = 0;
         for (int i = i0; i < i1; i++) total += t[i]->row_bytes * (size_t)t[i]->ne[1];
-        uint8_t *host = malloc(total), *dev;
-        if (!host) return ds4_fail(err, DS4_ERR_NOMEM, "out of host memory");
+        uint8_t *dev = mem_alloc(r->dev, &r->mem, total, err);
+        if (!dev) return err->code;
         for (int i = i0; i < i1; i++) {
             const size_t bytes = t[i]->row_bytes * (size_t)t[i]->ne[1];
-            memcpy(host + off, t[i]->data, bytes);
+            if ((rc = kr_upload_weights(r->dev, dev, off, t[i]->data, bytes, t[i]->type, t[i]->ne[0], err))) return rc;
             off += bytes;
         }
-        dev = kr_mem_upload(r->dev, &r->mem, host, total, err);
-        free(host);
-        if (!dev) return err->code;
         run->m = (dev_mat){dev, t[i0]->type, t[i0]->ne[0], 0, total};
         for (off = 0; i0 < i1; i0++) {
             const size_t bytes = t[i0]->row_bytes * (size_t)t[i0]->ne[1];
@@ -936,11 +965,10 @@ int kr_moe_layer(k_runner *r, dev_layer *L, int64_t n, unsigned ready, ds4_error
     return kr_launch(r, K_ID_moe_down, (uint32_t)((E + 3) / 4), (uint32_t)n, 1, 128, b, 8, err);
 }
 
-/* Uploads `bytes` of src at byte `off` of the device buffer dst. */
-static int upload_at(k_gpu_model *g, void *dst, size_t off, const void *src, size_t bytes, ds4_error *err) {
-    if (bytes && g->dev->upload(g->dev, (uint8_t *)dst + off, src, bytes))
-        return ds4_fail(err, DS4_ERR_INTERNAL, "%s upload: %s", g->dev->name, g->dev->err);
-    return 0;
+/* The first `bytes` of weight tensor t at byte `off` of the device buffer
+ * dst (kr_upload_weights: Q8_0 rows in the device layout). */
+static int upload_w(k_gpu_model *g, void *dst, size_t off, const ds4_tensor *t, size_t bytes, ds4_error *err) {
+    return kr_upload_weights(g->dev, dst, off, t->data, bytes, t->type, t->ne[0], err);
 }
 
 static int moe_type(const k_gpu_model *g, const ds4_tensor *t, uint32_t *out, ds4_error *err) {
@@ -1011,12 +1039,11 @@ int kr_open_moe(k_gpu_model *g, const ds4_layer *T, dev_layer *L, ds4_error *err
     if (!(M->wgu = mem_alloc(g->dev, &g->mem, M->gu_bytes, err)) ||
         !(M->wdn = mem_alloc(g->dev, &g->mem, M->dn_bytes, err)))
         return err->code;
-    if ((rc = upload_at(g, M->wgu, 0, tg->data, gbytes, err)) ||
-        (!fused && (rc = upload_at(g, M->wgu, u_base, tu->data, ubytes, err))) ||
-        (rc = upload_at(g, M->wgu, sg_base, T->ffn_gate_shexp.data, sgb, err)) ||
-        (rc = upload_at(g, M->wgu, su_base, T->ffn_up_shexp.data, sub, err)) ||
-        (rc = upload_at(g, M->wdn, 0, T->ffn_down_exps.data, dbytes, err)) ||
-        (rc = upload_at(g, M->wdn, sd_base, T->ffn_down_shexp.data, sdb, err)))
+    if ((rc = upload_w(g, M->wgu, 0, tg, gbytes, err)) || (!fused && (rc = upload_w(g, M->wgu, u_base, tu, ubytes, err))) ||
+        (rc = upload_w(g, M->wgu, sg_base, &T->ffn_gate_shexp, sgb, err)) ||
+        (rc = upload_w(g, M->wgu, su_base, &T->ffn_up_shexp, sub, err)) ||
+        (rc = upload_w(g, M->wdn, 0, &T->ffn_down_exps, dbytes, err)) ||
+        (rc = upload_w(g, M->wdn, sd_base, &T->ffn_down_shexp, sdb, err)))
         return rc;
     /* the router, and the shared expert's gate as row n_expert */
     if (T->ffn_gate_inp.type != DS4_TYPE_F32 || (T->ffn_gate_inp_shexp.data && T->ffn_gate_inp_shexp.type != DS4_TYPE_F32))

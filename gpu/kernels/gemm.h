@@ -69,9 +69,9 @@ K_FN k_u32 k_gemm_act(k_gemm_map m, k_u32 P) {
 K_FN void k_gemm_q8_0_tile(K_DEV_IN k_u8 *w, k_u32 wbase, k_u32 n_in, k_u32 n_out, k_u32 o0, K_DEV_IN k_u8 *xq,
                            K_DEV_IN k_u32 *order, k_gemm_map m, K_DEV float *y, K_TGM k_u32x4 *xt, k_u32 tid,
                            k_u32 lane) {
-    const k_u32 nb = n_in / 32u;
+    const k_u32 nb = n_in / 32u, a16 = wbase % 16u == 0u && (34u * nb) % 16u == 0u;
     /* lane 8 j + t owns the blocks ib = 4 t + j (mod 32) */
-    const k_u32 slot = 4u * (lane & 7u) + (lane >> 3);
+    const k_u32 slot = k_q8_0_adder(lane);
     K_DEV_IN k_u16 *w16 = (K_DEV_IN k_u16 *)w;
     K_DEV_IN k_u16 *x16 = (K_DEV_IN k_u16 *)xq;
     float acc[K_GEMM_TOS][K_GEMM_TR];
@@ -105,9 +105,12 @@ K_FN void k_gemm_q8_0_tile(K_DEV_IN k_u8 *w, k_u32 wbase, k_u32 n_in, k_u32 n_ou
 #else
                 const k_u32 o = o0 + i < n_out ? o0 + i : n_out - 1u;
 #endif
-                const k_u32 wo = wbase + (o * nb + ib) * 34u;
-                K_UNROLL for (k_u32 q = 0; q < 8u; q++) wq[i][q] = k_ld_w2(w16, wo + 2u + 4u * q);
-                dw[i] = k_h2f((k_u16)k_ld_u16_at(w16, wo));
+                const k_u32 wr = wbase + o * 34u * nb; /* the device layout (quant_q8_0.h) */
+                const k_u32x4 c0 = k_q8w_ld16(w, k_q8w_code_at(wr, ib), a16);
+                const k_u32x4 c1 = k_q8w_ld16(w, k_q8w_code_at(wr, ib) + 16u, a16);
+                wq[i][0] = c0.x, wq[i][1] = c0.y, wq[i][2] = c0.z, wq[i][3] = c0.w;
+                wq[i][4] = c1.x, wq[i][5] = c1.y, wq[i][6] = c1.z, wq[i][7] = c1.w;
+                dw[i] = k_h2f((k_u16)k_ld_u16_at(w16, k_q8w_scale_at(wr, nb, ib)));
             }
             K_UNROLL for (k_u32 r = 0; r < K_GEMM_TR; r++) {
                 if (r >= m.n) continue;

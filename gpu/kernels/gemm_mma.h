@@ -143,16 +143,22 @@ K_FN k_u32 k_mma_min(k_u32 a, k_u32 b) { return a < b ? a : b; }
  * words) and qd[a] = (d_x of the two blocks). Rows past n_out / n_rows and
  * a second block past nb are staged clamped and not used. */
 K_FN void k_mma_q8_stage_rows(K_DEV_IN k_u16 *q16, k_u32 nb, k_u32 n, k_u32 first, k_u32 count, k_u32 ib,
-                              k_u32 jb1, K_TGM k_u32x4 *qc, K_TGM k_u32x4 *qd, k_u32 tid) {
+                              k_u32 jb1, k_u32 weights, K_TGM k_u32x4 *qc, K_TGM k_u32x4 *qd, k_u32 tid) {
     for (k_u32 e = tid; e < 4u * count; e += K_MMA_TG) {
         const k_u32 j = e >> 2, c = e & 3u, row = k_mma_min(first + j, n - 1u) * nb;
-        const k_u32 o0 = (row + ib) * 34u, o1 = (row + jb1) * 34u;
+        /* codes and scale of blocks ib, jb1: the weights' device layout
+         * (quant_q8_0.h: 32 nb codes then nb scales per row) or the
+         * activations' 34-byte blocks */
+        const k_u32 c0 = weights ? 32u * (row + ib) + 2u * row : (row + ib) * 34u + 2u;
+        const k_u32 c1 = weights ? 32u * (row + jb1) + 2u * row : (row + jb1) * 34u + 2u;
+        const k_u32 s0 = weights ? 34u * row + 32u * nb + 2u * ib : (row + ib) * 34u;
+        const k_u32 s1 = weights ? 34u * row + 32u * nb + 2u * jb1 : (row + jb1) * 34u;
         k_u32x4 v;
-        v.x = k_ld_w2(q16, o0 + 2u + 4u * c), v.y = k_ld_w2(q16, o0 + 18u + 4u * c);
-        v.z = k_ld_w2(q16, o1 + 2u + 4u * c), v.w = k_ld_w2(q16, o1 + 18u + 4u * c);
+        v.x = k_ld_w2(q16, c0 + 4u * c), v.y = k_ld_w2(q16, c0 + 16u + 4u * c);
+        v.z = k_ld_w2(q16, c1 + 4u * c), v.w = k_ld_w2(q16, c1 + 16u + 4u * c);
         K_ST(qc, e, v);
         if (c == 0u) {
-            v.x = k_f32_bits(k_h2f((k_u16)k_ld_u16_at(q16, o0))), v.y = k_f32_bits(k_h2f((k_u16)k_ld_u16_at(q16, o1)));
+            v.x = k_f32_bits(k_h2f((k_u16)k_ld_u16_at(q16, s0))), v.y = k_f32_bits(k_h2f((k_u16)k_ld_u16_at(q16, s1)));
             v.z = 0u, v.w = 0u;
             K_ST(qd, j, v);
         }
@@ -163,8 +169,8 @@ K_FN void k_mma_q8_stage(K_DEV_IN k_u16 *w16, K_DEV_IN k_u16 *x16, k_u32 nb, k_u
                          k_u32 r0, k_u32 ib, K_TGM k_u32x4 *qw, K_TGM k_u32x4 *qs, K_TGM k_u32x4 *qx,
                          K_TGM k_u32x4 *qd, k_u32 tid) {
     const k_u32 jb1 = ib + 4u < nb ? ib + 4u : nb - 1u;
-    k_mma_q8_stage_rows(w16, nb, n_out, wr0, K_MMA_WR, ib, jb1, qw, qs, tid); /* weight rows */
-    k_mma_q8_stage_rows(x16, nb, nr, r0, K_MMA_TR, ib, jb1, qx, qd, tid);     /* activation rows */
+    k_mma_q8_stage_rows(w16, nb, n_out, wr0, K_MMA_WR, ib, jb1, 1u, qw, qs, tid); /* weight rows */
+    k_mma_q8_stage_rows(x16, nb, nr, r0, K_MMA_TR, ib, jb1, 0u, qx, qd, tid);     /* activation rows */
 }
 
 K_KERNEL_BOUNDED(gemm_q8_0_mma, K_MMA_TG, K_MMA_Q8_TGS) {

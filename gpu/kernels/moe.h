@@ -35,24 +35,23 @@
  */
 
 /* One weight row against one activation row, Q8_0 x Q8_0: matvec_q8_0's
- * order (quant_q8_0.h): the row's OPR octets take blocks round robin, lane
- * t of octet j adds the terms of blocks ib = j + OPR (t + 8 m) in
- * ascending order (the octet's exact integer sum times (d_w * d_x)), then
- * k_matvec_row_sum. Byte offsets wo (the matrix) and xo (the activation
- * row) keep every load 2-aligned. All 32 lanes call it with the same
- * trip count (the octet sums shuffle); every lane returns the row's value. */
+ * order and window helpers (quant_q8_0.h THE ORDER). wo: the matrix's
+ * byte offset in w (the device layout: rows of 32 nb codes then nb fp16
+ * scales); xo: the activation row's in xq (the file's 34-byte blocks).
+ * All 32 lanes call it with the same trip count (the window sums
+ * shuffle); every lane returns the row's value. */
 K_FN float k_moe_dot_q8_0(K_DEV_IN k_u8 *w, k_u32 wo, k_u32 row, k_u32 n_in, K_DEV_IN k_u8 *xq, k_u32 xo,
                           k_u32 lane) {
-    const k_u32 OPR = K_MATVEC_OCTETS_PER_ROW, nb = n_in / 32u, t = lane & 7u, j = (lane >> 3) % OPR;
-    K_DEV_IN k_u16 *w16 = (K_DEV_IN k_u16 *)w;
-    K_DEV_IN k_u16 *x16 = (K_DEV_IN k_u16 *)xq;
+    const k_u32 nb = n_in / 32u, rb = 34u * nb, wr = wo + row * rb, add = k_q8_0_adder(lane);
+    const k_u32 a16 = wo % 16u == 0u && rb % 16u == 0u;
     float acc = 0.0f;
-    for (k_u32 base = 0; base < nb; base += OPR) {
-        const k_u32 ib = base + j, live = ib < nb, ibx = live ? ib : 0u;
-        const k_u32 bw = wo + (row * nb + ibx) * 34u, bx = xo + ibx * 34u;
-        const int sumi = k_octet_isum(k_dot4(k_ld_w2(w16, bw + 2u + 4u * t), k_ld_w2(x16, bx + 2u + 4u * t), 0));
-        if (live && t == ((ib / OPR) & 7u))
-            acc += (float)sumi * (k_h2f((k_u16)k_ld_u16_at(w16, bw)) * k_h2f((k_u16)k_ld_u16_at(x16, bx)));
+    for (k_u32 w0 = 0; w0 < nb; w0 += 32u) {
+        const k_q8w_window W = k_q8w_window_load(w, wr, nb, w0, lane, a16);
+        const k_u32 ib = w0 + add;
+        const int sumi = k_q8_0_window_sumi(W, xq, xo, nb, w0, lane);
+        if (ib < nb)
+            acc += (float)sumi * (k_h2f((k_u16)k_ld_u16_at((K_DEV_IN k_u16 *)w, k_q8w_scale_at(wr, nb, ib))) *
+                                  k_h2f((k_u16)k_ld_u16_at((K_DEV_IN k_u16 *)xq, xo + 34u * ib)));
     }
     return k_matvec_row_sum(acc);
 }

@@ -271,11 +271,7 @@ K_FN k_kq_lane k_kq6_load(K_DEV_IN k_u16 *w16, k_u32 wo, k_u32 t) {
     return L;
 }
 
-/* Bits of the 64-bit value hi:lo shifted right by sh (0 or 16), low word:
- * (hi << 1) << (31 - sh) is hi << 32 = 0 for sh 0 without a 32-bit shift
- * (undefined in C). A few integer instructions (a PRMT / SHF on CUDA). */
-K_FN k_u32 k_funnel16(k_u32 lo, k_u32 hi, k_u32 sh) { return (lo >> sh) | ((hi << 1) << (31u - sh)); }
-
+/* k_funnel16: quant_q8_0.h */
 /* Bytes off..off+7 (off even) as two little-endian words from 4-byte
  * loads: 2 loads when off is 4-aligned, 3 when it is not (the third only
  * then, so a block's last 8 bytes never read past its end). The same

@@ -53,30 +53,50 @@ K_FN k_u32 k_ld_w2(K_DEV_IN k_u16 *b16, k_u32 off) {
     return (k_u32)K_LD(b16, off / 2u) | ((k_u32)K_LD(b16, off / 2u + 1u) << 16);
 }
 
-/* Blocks per octet per step of the Q8_0 matvec: 4 x 3 16-bit loads per
- * lane in flight before the first use. */
-#ifndef K_Q8_0_STEP
-#define K_Q8_0_STEP 4u
-#endif
-#ifndef K_Q8_0_AHEAD
-#define K_Q8_0_AHEAD 32u /* blocks of L2 prefetch ahead (CUDA) */
-#endif
-/* K_Q8_0_W1 1 (a sweep knob, default 0): width 1 takes its own loop. The
- * general loop walks all K_MATVEC_MAX_ROWS rows with a branch each, so at
- * width 1 the compiler emits, per block, the activation loads, the dot
- * and the octet's 3-shuffle integer sum behind 15 branches and cannot
- * overlap one block's shuffle chain (~100 cycles of latency) with the
- * next's. The width-1 loop issues every weight and activation load of the
- * step first, then the K_Q8_0_STEP independent dot + octet sums, then the
- * adder lane's float terms in ascending block order: the same integers and
- * the same float operations in the same order per lane, so the same bits
- * (width 1 is checked bit for bit against widths 2..16 and the GEMM). */
-#ifndef K_Q8_0_W1
-/* 1 since measured on the H200 2026-11-30 (gpu/tools/device_matvec_sweep.sh): Q8_0 width 1 at 43 / 40 / 32% of
- * 4300 GB/s on 5120x17408 / 17408x5120 / 5120x6144 (0: 20 / 21 / 15%), width
- * 4 12.5 / 10.1 / 8.0% (0: 11.4 / 8.2 / 7.4%) */
-#define K_Q8_0_W1 1
-#endif
+/* Q8_0 WEIGHTS ON THE DEVICE. A row of nb = n_in / 32 blocks is stored as
+ * its 32 nb codes, then its nb fp16 scales: the file's 34 nb bytes per row,
+ * permuted inside the row (gpu/host/q8_0_rows.h, at upload). Rows keep
+ * their size, so matrices concatenated by rows, expert strides and buffer
+ * sizes are the file's. GGUF's 34-byte blocks leave codes 2-aligned (the
+ * matvec issued 6 16-bit loads per lane and block); here a row's codes
+ * start at its first byte, 16-aligned whenever rows are (nb % 8 == 0), so
+ * a lane takes 16 codes in one load. Activations keep the file's blocks
+ * (quantize_q8_0 and the fused kernels write them; the CPU reads them). */
+K_FN k_u32 k_q8w_code_at(k_u32 row_off, k_u32 ib) { return row_off + 32u * ib; }
+K_FN k_u32 k_q8w_scale_at(k_u32 row_off, k_u32 nb, k_u32 ib) { return row_off + 32u * nb + 2u * ib; }
+
+/* Bits of the 64-bit value hi:lo shifted right by sh (0 or 16), low word:
+ * (hi << 1) << (31 - sh) is hi << 32 = 0 for sh 0 without a 32-bit shift
+ * (undefined in C). A few integer instructions (a PRMT / SHF on CUDA). */
+K_FN k_u32 k_funnel16(k_u32 lo, k_u32 hi, k_u32 sh) { return (lo >> sh) | ((hi << 1) << (31u - sh)); }
+
+/* Bytes off..off+15 (off even) as 4 little-endian words: 4 word loads,
+ * and a 16-bit one for bytes off+14, off+15 when off is 2 mod 4 (the words
+ * then start 2 bytes before off, inside the same buffer since off >= 2).
+ * Nothing past off + 15 is read. */
+K_FN k_u32x4 k_ld16_2a(K_DEV_IN k_u8 *b, k_u32 off) {
+    K_DEV_IN k_u32 *b32 = (K_DEV_IN k_u32 *)b;
+    K_DEV_IN k_u16 *b16 = (K_DEV_IN k_u16 *)b;
+    const k_u32 sh = (off & 2u) * 8u, bw = off >> 2;
+    const k_u32 w0 = K_LD(b32, bw), w1 = K_LD(b32, bw + 1u), w2 = K_LD(b32, bw + 2u), w3 = K_LD(b32, bw + 3u);
+    k_u32 w4 = 0u;
+    if (sh) w4 = (k_u32)K_LD(b16, off / 2u + 7u);
+    k_u32x4 r;
+    r.x = k_funnel16(w0, w1, sh), r.y = k_funnel16(w1, w2, sh), r.z = k_funnel16(w2, w3, sh), r.w = k_funnel16(w3, w4, sh);
+    return r;
+}
+
+/* 16 weight codes at byte off of the device layout: one 16-byte load when
+ * rows are 16-aligned (a16, uniform), else k_ld16_2a. */
+K_FN k_u32x4 k_q8w_ld16(K_DEV_IN k_u8 *w, k_u32 off, k_u32 a16) {
+    if (a16) return K_LD((K_DEV_IN k_u32x4 *)w, off / 16u);
+    return k_ld16_2a(w, off);
+}
+
+/* The exact integer dot of 16 codes (4 words) with 16 others, plus c. */
+K_FN int k_dot16(k_u32x4 a, k_u32x4 b, int c) {
+    return k_dot4(a.w, b.w, k_dot4(a.z, b.z, k_dot4(a.y, b.y, k_dot4(a.x, b.x, c))));
+}
 
 /* The sum over the lanes serving one output row: the octet butterfly (1, 2,
  * 4), then 8 and 16 as K_MATVEC_OCTETS_PER_ROW asks; one fixed order on
@@ -88,108 +108,115 @@ K_FN float k_matvec_row_sum(float v) {
     return v;
 }
 
-/* The Q8_0 matvec, no threadgroup memory, no barriers. A SIMD-group serves
- * K_MATVEC_ROWS_PER_SIMD weight rows (1 by default: the whole SIMD-group
- * streams one row); the row's OPR = K_MATVEC_OCTETS_PER_ROW octets take its
- * blocks round robin: at step `base`, octet j loads blocks base + u * OPR +
- * j (u < K_Q8_0_STEP), so one load instruction of the SIMD-group reads OPR
- * consecutive blocks. Lane t holds codes 4t..4t+3 of a block as one word
- * (two 16-bit loads: blocks are 34 bytes, only 2-aligned). Every weight
- * word is read once and dotted with all n_rows activation rows (k_dot4,
- * one instruction on CUDA; activations straight from device memory: tiny,
- * L1/L2-resident); the octet's integer sum is the CPU's sumi
- * (csrc/quants/scalar.c dot_q8_0_q8_0) exactly, and the octet's k-th block
- * (ib = k OPR + j) has its term sumi * (d_w * d_x) added by lane k % 8:
- * lane t of octet j gets blocks ib = j + OPR (t + 8 m), m = 0, 1, ... in
- * ascending order (at most ceil(nb / (8 OPR))), then the row's
- * 3 + log2(OPR)-level butterfly (k_matvec_row_sum). So
- * a row's result never depends on n_rows or the threadgroup size (batch
- * invariance), and differs from the CPU's serial block sum only in the
- * order of the same terms (tolerance: docs/gpu.md). */
-/* L2 prefetch K_Q8_0_AHEAD blocks ahead of the step at `base`: lanes 0..1
- * of octet j touch the sectors of that block of row wrow (34 bytes: at most
- * 2 sectors), never past the row's last byte. A hint: no value depends on it. */
-K_FN void k_q8_0_prefetch(K_DEV_IN k_u8 *w, k_u32 wrow, k_u32 nb, k_u32 base, k_u32 j, k_u32 t, k_u32 OPR) {
-    if (t >= 2u) return;
-    K_UNROLL for (k_u32 u = 0; u < K_Q8_0_STEP; u++) {
-        const k_u32 pb = base + K_Q8_0_AHEAD + u * OPR + j;
-        if (pb < nb) K_PREFETCH(w, (wrow * nb + pb) * 34u + 32u * t);
-    }
+#if K_MATVEC_ROWS_PER_SIMD != 1
+#error "matvec_q8_0 serves one weight row per SIMD-group: the order of K_MATVEC_OCTETS_PER_ROW 4, which the GEMMs share"
+#endif
+
+/* THE ORDER (every Q8_0 dot: matvec_q8_0, the GEMMs of gemm.h and
+ * gemm_mma.h, the MoE kernels). A row's blocks fall into windows of 32;
+ * lane L = 8 j + t of the SIMD-group adds, for every window w ascending,
+ * the term sumi * (d_w * d_x) of block 32 w + k_q8_0_adder(L) = 4 t + j (when
+ * that block exists), sumi being the block's exact integer dot (the CPU's
+ * sumi, csrc/quants/scalar.c dot_q8_0_q8_0); then the row's butterfly
+ * k_matvec_row_sum. So a row's value never depends on how many rows share
+ * the launch or which kernel computes it (batch invariance), and differs
+ * from the CPU's serial block sum only in the order of the same terms
+ * (tolerance: docs/gpu.md). It is the order the matvec had when an octet j
+ * streamed blocks j mod 4 and its lane (ib / 4) mod 8 added them. */
+K_FN k_u32 k_q8_0_adder(k_u32 lane) { return 4u * (lane & 7u) + (lane >> 3); }
+
+/* One window's weights for lane L: codes 16 (L & 1)..+15 of blocks
+ * w0 + L/2 (a) and w0 + 16 + L/2 (b) of the row at byte wr (zeros past
+ * nb): a SIMD-group's two loads read the window's 1024 codes in order. */
+typedef struct {
+    k_u32x4 a, b;
+} k_q8w_window;
+
+K_FN k_q8w_window k_q8w_window_load(K_DEV_IN k_u8 *w, k_u32 wr, k_u32 nb, k_u32 w0, k_u32 lane, k_u32 a16) {
+    const k_u32 b0 = w0 + (lane >> 1), b1 = b0 + 16u, h = 16u * (lane & 1u);
+    k_q8w_window W;
+    W.a.x = W.a.y = W.a.z = W.a.w = 0u;
+    W.b = W.a;
+    if (b0 < nb) W.a = k_q8w_ld16(w, k_q8w_code_at(wr, b0) + h, a16);
+    if (b1 < nb) W.b = k_q8w_ld16(w, k_q8w_code_at(wr, b1) + h, a16);
+    return W;
 }
 
-K_KERNEL(matvec_q8_0) {
+/* The window's exact block integers against the activation row at byte xr
+ * of xq (the file's 34-byte blocks): lane L dots its 2 x 16 codes, lane
+ * pairs add theirs (xor 1), and lane L then takes block w0 + adder(L)'s
+ * integer from the pair that holds it (lane 2 a of a pair's sums for a <
+ * 16, lane 2 (a - 16) + 1 for a >= 16: each lane sends the sum its
+ * receiver wants). All 32 lanes call it (uniform control flow); 0 for a
+ * block past nb. */
+K_FN int k_q8_0_window_sumi(k_q8w_window W, K_DEV_IN k_u8 *xq, k_u32 xr, k_u32 nb, k_u32 w0, k_u32 lane) {
+    const k_u32 b0 = w0 + (lane >> 1), b1 = b0 + 16u, h = 16u * (lane & 1u), a = k_q8_0_adder(lane);
+    int pa = 0, pb = 0;
+    if (b0 < nb) pa = k_dot16(W.a, k_ld16_2a(xq, xr + 34u * b0 + 2u + h), 0);
+    if (b1 < nb) pb = k_dot16(W.b, k_ld16_2a(xq, xr + 34u * b1 + 2u + h), 0);
+    pa = pa + k_shfl_xor_i(pa, 1u);
+    pb = pb + k_shfl_xor_i(pb, 1u);
+    return k_shfl_at_i((lane & 1u) ? pb : pa, a < 16u ? 2u * a : 2u * (a - 16u) + 1u);
+}
+
+/* Windows whose weight loads are issued together (all loads before any
+ * use: 2 x 16 bytes per lane and window). */
+#ifndef K_Q8_0_WSTEP
+#define K_Q8_0_WSTEP 1u
+#endif
+
+/* CUDA's resident-threadgroups target for the matvec (registers per thread
+ * at most 65536 / (128 K_Q8_0_TGS)); a sweep knob, no effect on bits. */
+#ifndef K_Q8_0_TGS
+#define K_Q8_0_TGS 10
+#endif
+
+/* The Q8_0 matvec, no threadgroup memory, no barriers: one weight row per
+ * SIMD-group, every weight word read once and dotted with all n_rows
+ * activation rows (THE ORDER above). */
+K_KERNEL_BOUNDED(matvec_q8_0, K_MATVEC_MAX_TG, K_Q8_0_TGS) {
     K_CHECK_TAG(matvec_q8_0);
     if (p.n_in % 32u || p.n_rows == 0u || p.n_rows > K_MATVEC_MAX_ROWS ||
-        K_NGX * K_NSIMD * K_MATVEC_ROWS_PER_SIMD < p.n_out) { /* a grid that leaves rows out: loudly */
+        K_NGX * K_NSIMD < p.n_out) { /* a grid that leaves rows out: loudly */
         k_raise(status, K_ERR_SHAPE);
         return;
     }
-    const k_u32 OPR = K_MATVEC_OCTETS_PER_ROW;
-    const k_u32 nb = p.n_in / 32u, t = K_LANE & 7u, nr = p.n_rows;
-    const k_u32 o0 = (K_GX * K_NSIMD + K_SIMD) * K_MATVEC_ROWS_PER_SIMD;
-    if (o0 >= p.n_out) return; /* a whole SIMD-group; no barriers here */
-    /* octets of a row past the last one compute row n_out - 1 without
-     * storing: their SIMD-group's other rows need them in the shuffles */
-    const k_u32 o = o0 + (K_LANE >> 3) / OPR, j = (K_LANE >> 3) % OPR;
-    const k_u32 orow = o < p.n_out ? o : p.n_out - 1u;
+    const k_u32 nb = p.n_in / 32u, rb = 34u * nb, nr = p.n_rows, lane = K_LANE, add = k_q8_0_adder(lane);
+    const k_u32 o = K_GX * K_NSIMD + K_SIMD;
+    if (o >= p.n_out) return; /* a whole SIMD-group; no barriers here */
 #ifdef PLANT_OFF_BY_ONE_ROW
     /* planted fault (tests must turn red): the next row's weights, in bounds */
-    const k_u32 wrow = orow + 1u < p.n_out ? orow + 1u : orow;
+    const k_u32 wrow = o + 1u < p.n_out ? o + 1u : o;
 #else
-    const k_u32 wrow = orow;
+    const k_u32 wrow = o;
 #endif
-    K_DEV_IN k_u16 *w16 = (K_DEV_IN k_u16 *)w;
-    K_DEV_IN k_u16 *x16 = (K_DEV_IN k_u16 *)xq;
+    const k_u32 wr = wrow * rb, a16 = rb % 16u == 0u;
     /* row loops run to the constant K_MATVEC_MAX_ROWS with a guard so the
      * compiler unrolls them and keeps acc[] in registers */
     float acc[K_MATVEC_MAX_ROWS];
     K_UNROLL for (k_u32 r = 0; r < K_MATVEC_MAX_ROWS; r++) acc[r] = 0.0f;
-    /* the same trip count in all 32 lanes (the octet sums shuffle): a block
-     * past the row's end reads block 0 (in bounds) and adds nothing */
-    if (K_Q8_0_W1 && nr == 1u) { /* uniform: every lane of the launch takes it */
-        float acc0 = 0.0f;
-        for (k_u32 base = 0; base < nb; base += OPR * K_Q8_0_STEP) {
-            k_q8_0_prefetch(w, wrow, nb, base, j, t, OPR);
-            k_u32 wq[K_Q8_0_STEP], xw[K_Q8_0_STEP], dwh[K_Q8_0_STEP], dxh[K_Q8_0_STEP];
-            K_UNROLL for (k_u32 u = 0; u < K_Q8_0_STEP; u++) { /* all loads before any use */
-                const k_u32 ib = base + u * OPR + j, ibx = ib < nb ? ib : 0u;
-                const k_u32 wo = (wrow * nb + ibx) * 34u, xo = ibx * 34u;
-                wq[u] = k_ld_w2(w16, wo + 2u + 4u * t), dwh[u] = k_ld_u16_at(w16, wo);
-                xw[u] = k_ld_w2(x16, xo + 2u + 4u * t), dxh[u] = k_ld_u16_at(x16, xo);
-            }
-            int sumi[K_Q8_0_STEP];
-            K_UNROLL for (k_u32 u = 0; u < K_Q8_0_STEP; u++) sumi[u] = k_octet_isum(k_dot4(wq[u], xw[u], 0));
-            K_UNROLL for (k_u32 u = 0; u < K_Q8_0_STEP; u++) {
-                const k_u32 ib = base + u * OPR + j;
-                if (ib < nb && t == ((ib / OPR) & 7u))
-                    acc0 += (float)sumi[u] * (k_h2f((k_u16)dwh[u]) * k_h2f((k_u16)dxh[u]));
-            }
+    for (k_u32 base = 0; base < nb; base += 32u * K_Q8_0_WSTEP) {
+        k_q8w_window W[K_Q8_0_WSTEP];
+        float dw[K_Q8_0_WSTEP];
+        K_UNROLL for (k_u32 s = 0; s < K_Q8_0_WSTEP; s++) { /* all weight loads before any use */
+            const k_u32 w0 = base + 32u * s, ib = w0 + add;
+            W[s] = k_q8w_window_load(w, wr, nb, w0, lane, a16);
+            dw[s] = ib < nb ? k_h2f((k_u16)k_ld_u16_at((K_DEV_IN k_u16 *)w, k_q8w_scale_at(wr, nb, ib))) : 0.0f;
         }
-        acc[0] = acc0;
-    } else
-    for (k_u32 base = 0; base < nb; base += OPR * K_Q8_0_STEP) {
-        k_q8_0_prefetch(w, wrow, nb, base, j, t, OPR);
-        k_u32 wq[K_Q8_0_STEP];
-        float dw[K_Q8_0_STEP];
-        K_UNROLL for (k_u32 u = 0; u < K_Q8_0_STEP; u++) { /* all loads before any use */
-            const k_u32 ib = base + u * OPR + j, wo = (wrow * nb + (ib < nb ? ib : 0u)) * 34u;
-            wq[u] = k_ld_w2(w16, wo + 2u + 4u * t);
-            dw[u] = k_h2f((k_u16)k_ld_u16_at(w16, wo));
-        }
-        K_UNROLL for (k_u32 u = 0; u < K_Q8_0_STEP; u++) {
-            const k_u32 ib = base + u * OPR + j, live = ib < nb, ibx = live ? ib : 0u;
-            const k_u32 adder = live && t == ((ib / OPR) & 7u);
+        K_UNROLL for (k_u32 s = 0; s < K_Q8_0_WSTEP; s++) {
+            const k_u32 w0 = base + 32u * s, ib = w0 + add;
+            if (w0 >= nb) continue; /* uniform: a window past the row */
             K_UNROLL for (k_u32 r = 0; r < K_MATVEC_MAX_ROWS; r++) {
                 if (r >= nr) continue;
-                const k_u32 xo = (r * nb + ibx) * 34u;
-                const int sumi = k_octet_isum(k_dot4(wq[u], k_ld_w2(x16, xo + 2u + 4u * t), 0));
-                if (adder) acc[r] += (float)sumi * (dw[u] * k_h2f((k_u16)k_ld_u16_at(x16, xo)));
+                const int sumi = k_q8_0_window_sumi(W[s], xq, r * rb, nb, w0, lane);
+                if (ib < nb)
+                    acc[r] += (float)sumi * (dw[s] * k_h2f((k_u16)k_ld_u16_at((K_DEV_IN k_u16 *)xq, r * rb + 34u * ib)));
             }
         }
     }
     K_UNROLL for (k_u32 r = 0; r < K_MATVEC_MAX_ROWS; r++) {
         if (r >= nr) continue;
         const float s = k_matvec_row_sum(acc[r]);
-        if ((K_LANE & (8u * OPR - 1u)) == 0u && o < p.n_out) K_ST(y, r * p.y_stride + o, s);
+        if (lane == 0u) K_ST(y, r * p.y_stride + o, s);
     }
 }

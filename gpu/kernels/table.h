@@ -145,8 +145,11 @@ typedef struct {
 
 /* -------------------------------------------------------- matvec_q8_0 -- */
 /* y[r][o] = W_o . xq_r for r < n_rows (1..16: decode and the verify widths,
- * every weight block read once for all rows), W rows of n_in Q8_0 weights,
- * xq rows of Q8_0 activations (quantize_q8_0's output). A SIMD-group
+ * every weight block read once for all rows), W rows of n_in Q8_0 weights
+ * in the device layout (quant_q8_0.h: a row's codes, then its scales; every
+ * Q8_0 weight buffer of every kernel is so), xq rows of Q8_0 activations
+ * (quantize_q8_0's output, the file's 34-byte blocks; the binding
+ * 4-aligned, as every Q8_0 activation binding). A SIMD-group
  * serves K_MATVEC_ROWS_PER_SIMD output rows, its 4 octets (8 lanes each)
  * split evenly between them; launch K_MATVEC_GROUPS(n_out, SIMD-groups
  * per threadgroup) threadgroups (a grid too small for n_out raises

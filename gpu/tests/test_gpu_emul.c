@@ -54,6 +54,7 @@ int k_cuda_launch_host(int id, const uint32_t grid[3], uint32_t tg, const k_bind
 #define emul_launch(id, grid, tg, b, nb, opt, err, cap) k_cuda_launch_host(id, grid, tg, b, nb, opt, err, cap)
 #endif
 #include "../kernels/attn_plan.h"
+#include "../host/q8_0_rows.h"
 #include "../../csrc/forward/forward.h"
 #include "../../csrc/quants/quants.h"
 /* A threadgroup larger than a kernel's bound: under CUDA the kernels carry
@@ -354,6 +355,32 @@ static void quantize_rows(const float *x, uint8_t *q, uint32_t rows, uint32_t n)
         scalar.from_float[DS4_TYPE_Q8_0](x + (size_t)r * n, q + (size_t)r * (n / 32) * 34, n);
 }
 
+/* A copy of Q8_0 weight rows in the device layout (q8_0_rows.h: the
+ * kernels read weights only so; the CPU reference reads the file's). */
+static uint8_t *q8_rows_device(const uint8_t *w, uint32_t rows, uint32_t n_in) {
+    uint8_t *d = malloc((size_t)rows * (n_in / 32) * 34);
+    k_q8_0_rows_to_device(d, w, rows, n_in);
+    return d;
+}
+
+/* The same in place. */
+static void q8_rows_to_device_inplace(uint8_t *w, uint32_t rows, uint32_t n_in) {
+    uint8_t *d = q8_rows_device(w, rows, n_in);
+    memcpy(w, d, (size_t)rows * (n_in / 32) * 34);
+    free(d);
+}
+
+/* One activation row copied to the start of a 4-aligned scratch buffer, to
+ * be bound alone: bindings of Q8_0 activations are 4-aligned (the runner
+ * binds whole row blocks of its buffers), a row of an odd number of Q8_0
+ * blocks is not. */
+static uint8_t *x_row_alone(const uint8_t *row, size_t bytes) {
+    static uint32_t scratch[2048];
+    if (bytes > sizeof scratch) abort();
+    memcpy(scratch, row, bytes);
+    return (uint8_t *)scratch;
+}
+
 /* sum over blocks of |sumi * (d_w * d_x)|, computed here in double. */
 static double abs_terms(const uint8_t *w, const uint8_t *x, uint32_t nb) {
     double s = 0;
@@ -367,7 +394,9 @@ static double abs_terms(const uint8_t *w, const uint8_t *x, uint32_t nb) {
 }
 
 static void suite_matvec(void) {
-    const uint32_t n_ins[] = {32, 96, 1056, 2080};
+    /* 1280 (40 blocks): rows 16-aligned, so 16-byte weight loads, and a
+     * partial second window; the others take the 2-aligned loads */
+    const uint32_t n_ins[] = {32, 96, 1056, 2080, 1280};
     const uint32_t n_outs[] = {1, 5, 17};
     for (size_t ii = 0; ii < sizeof n_ins / 4; ii++)
         for (size_t io = 0; io < sizeof n_outs / 4; io++) {
@@ -378,6 +407,7 @@ static void suite_matvec(void) {
             uint8_t *w = malloc(n_out * nb * 34), *xq = malloc(R * nb * 34);
             quantize_rows(wf, w, n_out, n_in);
             quantize_rows(xf, xq, R, n_in);
+            uint8_t *wd = q8_rows_device(w, n_out, n_in), *x1 = malloc(nb * 34);
             float *y1 = malloc(sizeof(float) * R * n_out), *yw = malloc(sizeof(float) * R * n_out);
             /* Width 1 for each row, then every verify width 2..16 (all
              * widths on the first shapes, a few on the rest to stay fast). */
@@ -388,7 +418,10 @@ static void suite_matvec(void) {
                 const uint32_t reps = width == 1 ? R : 1;
                 for (uint32_t rep = 0; rep < reps; rep++) {
                     float *y = width == 1 ? y1 + rep * n_out : yw;
-                    const uint8_t *xa = width == 1 ? xq + rep * nb * 34 : xq;
+                    /* one row bound alone: copied to the start of a buffer (bindings of
+                     * Q8_0 activations are 4-aligned, as the runner's are) */
+                    if (width == 1) memcpy(x1, xq + rep * nb * 34, nb * 34);
+                    const uint8_t *xa = width == 1 ? x1 : xq;
                     if (width > 1) fill_nan(yw, R * n_out);
                     else fill_nan(y, n_out);
                     /* threadgroups of 1..4 SIMD-groups by width and row: a
@@ -397,7 +430,7 @@ static void suite_matvec(void) {
                     k_matvec_q8_0_params p = {K_TAG_OF(matvec_q8_0), n_in, n_out, width, n_out};
                     k_binding b[] = {K_BIND(matvec_q8_0, status, status, 8),
                                      K_BIND(matvec_q8_0, p, &p, sizeof p),
-                                     K_BIND(matvec_q8_0, w, w, n_out * nb * 34),
+                                     K_BIND(matvec_q8_0, w, wd, n_out * nb * 34),
                                      K_BIND(matvec_q8_0, xq, xa, width * nb * 34),
                                      K_BIND(matvec_q8_0, y, y, sizeof(float) * width * n_out)};
 #if defined(PLANT_WRONG_ARG) || defined(PLANT_WRONG_ARG_UNCHECKED)
@@ -434,7 +467,7 @@ static void suite_matvec(void) {
             check(ok && inv, "n_in=%u n_out=%u: within the reordering bound (worst %.2f of it); widths 2..16 "
                   "bit-identical to width 1 per row", n_in, n_out, worst);
         next:
-            free(wf), free(xf), free(w), free(xq), free(y1), free(yw);
+            free(wf), free(xf), free(w), free(wd), free(x1), free(xq), free(y1), free(yw);
         }
     /* A grid one threadgroup short of n_out: refused with K_ERR_SHAPE, not
      * a silent hole in y. */
@@ -1859,6 +1892,7 @@ static void gemm_case(int type, uint32_t n_in, uint32_t n_out, uint32_t n_rows, 
         float *wf = malloc(sizeof(float) * n_out * n_in);
         for (uint32_t i = 0; i < n_out * n_in; i++) wf[i] = frand(-1, 1);
         quantize_rows(wf, w, n_out, n_in);
+        q8_rows_to_device_inplace(w, n_out, n_in); /* matvec and GEMM read the device layout */
         quantize_rows(xf, xq, n_rows, n_in);
         free(wf);
     } else {
@@ -1880,7 +1914,7 @@ static void gemm_case(int type, uint32_t n_in, uint32_t n_out, uint32_t n_rows, 
             k_matvec_q8_0_params p = {K_TAG_OF(matvec_q8_0), n_in, n_out, 1, ys};
             k_binding b[] = {K_BIND(matvec_q8_0, status, status, 8), K_BIND(matvec_q8_0, p, &p, sizeof p),
                              K_BIND(matvec_q8_0, w, w, n_out * nb * bs),
-                             K_BIND(matvec_q8_0, xq, xq + r * nb * xbs, nb * xbs),
+                             K_BIND(matvec_q8_0, xq, x_row_alone(xq + r * nb * xbs, nb * xbs), nb * xbs),
                              K_BIND(matvec_q8_0, y, y1 + r * ys, sizeof(float) * n_out)};
             ok = !launch(K_ID_matvec_q8_0, K_MATVEC_GROUPS(n_out, 4), 1, 1, 128, b, 5, 0, "matvec_q8_0");
         } else {
@@ -1922,9 +1956,9 @@ static void gemm_case(int type, uint32_t n_in, uint32_t n_out, uint32_t n_rows, 
 }
 
 static void suite_gemm(void) {
-    const uint32_t q8_ins[] = {32, 96, 1056, 2080};
+    const uint32_t q8_ins[] = {32, 96, 1056, 2080, 1280}; /* 1280: 16-aligned rows (16-byte weight loads) */
     const uint32_t shapes[][2] = {{5, 17}, {17, 5}, {23, 37}, {1, 1}}; /* n_out, rows */
-    for (size_t ii = 0; ii < 4; ii++)
+    for (size_t ii = 0; ii < 5; ii++)
         for (size_t s = 0; s < 4; s++) {
             if (ii >= 2 && s == 2) continue; /* the widest shape on the short rows only (emulator time) */
             gemm_case(DS4_TYPE_Q8_0, q8_ins[ii], shapes[s][0], shapes[s][1], (int)(ii + s) & 1);

@@ -106,7 +106,8 @@ static int moe_dense(int t, const uint8_t *w, uint32_t n_in, uint32_t n_out, con
 /* One layer's weights and inputs for up to max_rows token rows. */
 typedef struct {
     const moe_case *c;
-    uint8_t *wgu, *wdn;                 /* the kernels' two weight buffers */
+    uint8_t *wgu, *wdn;                 /* the two weight buffers in the file's layout (CPU references) */
+    uint8_t *dgu, *ddn;                 /* the same in the device layout (q8_0_rows.h): what kernels read */
     uint8_t *wg, *wu, *wd, *sg, *su, *sd; /* the matrices inside them */
     size_t ebg, ebu, ebd;                 /* bytes per expert */
     size_t u_base, sg_base, su_base, gu_bytes, sd_base, dn_bytes;
@@ -134,6 +135,23 @@ static void moe_route_ref(const float *l, uint32_t ne, uint32_t k, uint32_t *sel
         sel[s] = (uint32_t)best, w[s] = p[best], ws += p[best];
     }
     for (uint32_t s = 0; s < k; s++) w[s] /= ws;
+}
+
+/* The device-layout twin of a pointer into wgu / wdn (the repack keeps
+ * every row at its offset). */
+static const uint8_t *moe_dev(const moe_layer_t *L, const uint8_t *p) {
+    return p >= L->wdn && p < L->wdn + L->dn_bytes ? L->ddn + (p - L->wdn) : L->dgu + (p - L->wgu);
+}
+
+/* A weight buffer's device twin: each Q8_0 region repacked in place of a
+ * copy (every other type as it is). */
+static uint8_t *moe_dev_buf(const uint8_t *w, size_t bytes, const int *type, const size_t *off, const size_t *rows,
+                            const uint32_t *n_in, int k) {
+    uint8_t *d = malloc(bytes);
+    memcpy(d, w, bytes);
+    for (int i = 0; i < k; i++)
+        if (type[i] == DS4_TYPE_Q8_0 && rows[i]) k_q8_0_rows_to_device(d + off[i], w + off[i], rows[i], n_in[i]);
+    return d;
 }
 
 static void moe_layer_make(moe_layer_t *L, const moe_case *c) {
@@ -207,10 +225,17 @@ static void moe_layer_make(moe_layer_t *L, const moe_case *c) {
             if (!c->fused_gu) moe_poison(c->t_up, L->wu + e * L->ebu, L->gu_rows, c->n_in);
             moe_poison(c->t_down, L->wd + e * L->ebd, c->n_in, c->n_ff);
         }
+    const int tgu[4] = {c->t_gate, c->t_up, c->t_sgate, c->t_sup}, tdn[2] = {c->t_down, c->t_sdown};
+    const size_t ogu[4] = {0, L->u_base, L->sg_base, L->su_base}, odn[2] = {0, L->sd_base};
+    const size_t rgu[4] = {(size_t)ne * L->gu_rows, c->fused_gu ? 0 : (size_t)ne * L->gu_rows, c->n_ff_sh, c->n_ff_sh};
+    const size_t rdn[2] = {(size_t)ne * c->n_in, c->n_ff_sh ? c->n_in : 0};
+    const uint32_t igu[4] = {c->n_in, c->n_in, c->n_in, c->n_in}, idn[2] = {c->n_ff, c->n_ff_sh};
+    L->dgu = moe_dev_buf(L->wgu, L->gu_bytes, tgu, ogu, rgu, igu, 4);
+    L->ddn = moe_dev_buf(L->wdn, L->dn_bytes, tdn, odn, rdn, idn, 2);
 }
 
 static void moe_layer_free(moe_layer_t *L) {
-    free(L->wgu), free(L->wdn), free(L->logits), free(L->x), free(L->xq8), free(L->xqk), free(L->used);
+    free(L->dgu), free(L->ddn), free(L->wgu), free(L->wdn), free(L->logits), free(L->x), free(L->xq8), free(L->xqk), free(L->used);
 }
 
 /* What one run over rows [row0, row0 + n) returns. */
@@ -250,15 +275,21 @@ static int moe_run(const moe_layer_t *L, uint32_t row0, uint32_t n, moe_out *o) 
                                (uint32_t)L->ebg, (uint32_t)L->u_base, (uint32_t)L->ebu, L->u_row0,
                                (uint32_t)L->sg_base, (uint32_t)L->su_base, nf};
     const size_t a8 = moe_actb(DS4_TYPE_Q8_0, E), ak = moe_actb(DS4_TYPE_Q4_K, E);
+    /* the rows at the start of their own buffer: Q8_0 activation bindings
+     * are 4-aligned (the runner's are), row0 * a8 need not be */
+    uint8_t *x8 = malloc(n * a8 + 4);
+    memcpy(x8, L->xq8 + row0 * a8, n * a8);
     k_binding bg[] = {K_BIND(moe_gate_up, status, status, 8), K_BIND(moe_gate_up, p, &pg, sizeof pg),
                       K_BIND(moe_gate_up, sel, o->sel, 4 * n * k),
-                      K_BIND(moe_gate_up, xq8, L->xq8 + row0 * a8, n * a8),
+                      K_BIND(moe_gate_up, xq8, x8, n * a8),
                       K_BIND(moe_gate_up, xqk, L->xqk + row0 * ak, ak ? n * ak : 1),
-                      K_BIND(moe_gate_up, w, L->wgu, L->gu_bytes), K_BIND(moe_gate_up, h, o->h, sizeof(float) * P * nf)};
+                      K_BIND(moe_gate_up, w, L->dgu, L->gu_bytes), K_BIND(moe_gate_up, h, o->h, sizeof(float) * P * nf)};
     snprintf(what, sizeof what, "moe_gate_up rows=%u", n);
     /* 1..4 SIMD-groups a threadgroup by the row count (no effect on bits) */
     const uint32_t nsg = 1 + n % 4;
-    if (launch(K_ID_moe_gate_up, (nf + nsg - 1) / nsg, P, 1, 32 * nsg, bg, 7, (int)(n & 1), what)) return -1;
+    const int gu_rc = launch(K_ID_moe_gate_up, (nf + nsg - 1) / nsg, P, 1, 32 * nsg, bg, 7, (int)(n & 1), what);
+    free(x8);
+    if (gu_rc) return -1;
     /* h quantized for the down types, in the layout moe_down reads */
     o->hq8_bytes = n * k * moe_actb(DS4_TYPE_Q8_0, c->n_ff) + (c->n_ff_sh ? n * moe_actb(DS4_TYPE_Q8_0, c->n_ff_sh) : 0) + 1;
     o->hqk_bytes = n * k * moe_actb(DS4_TYPE_Q4_K, c->n_ff) + (c->n_ff_sh ? n * moe_actb(DS4_TYPE_Q4_K, c->n_ff_sh) : 0) + 4;
@@ -275,7 +306,7 @@ static int moe_run(const moe_layer_t *L, uint32_t row0, uint32_t n, moe_out *o) 
     k_binding bd[] = {K_BIND(moe_down, status, status, 8), K_BIND(moe_down, p, &pd, sizeof pd),
                       K_BIND(moe_down, sel, o->sel, 4 * n * k), K_BIND(moe_down, wt, o->wt, sizeof(float) * n * (k + 1)),
                       K_BIND(moe_down, hq8, o->hq8, o->hq8_bytes), K_BIND(moe_down, hqk, o->hqk, o->hqk_bytes),
-                      K_BIND(moe_down, w, L->wdn, L->dn_bytes), K_BIND(moe_down, out, o->y, sizeof(float) * n * E)};
+                      K_BIND(moe_down, w, L->ddn, L->dn_bytes), K_BIND(moe_down, out, o->y, sizeof(float) * n * E)};
     snprintf(what, sizeof what, "moe_down rows=%u", n);
     return launch(K_ID_moe_down, (E + nsg - 1) / nsg, n, 1, 32 * nsg, bd, 8, (int)(n & 1), what);
 }
@@ -324,8 +355,8 @@ static void moe_check_case(const moe_layer_t *L, const moe_out *o, uint32_t n, c
         const int tg = shared ? c->t_sgate : c->t_gate, tu = shared ? c->t_sup : c->t_up;
         const uint8_t *wg = shared ? L->sg : L->wg + e * L->ebg;
         const uint8_t *wu = shared ? L->su : L->wu + e * L->ebu + L->u_row0 * moe_rowb(tu, E);
-        if (moe_dense(tg, wg, E, rows, tg == DS4_TYPE_Q8_0 ? L->xq8 : L->xqk, n, G) ||
-            moe_dense(tu, wu, E, rows, tu == DS4_TYPE_Q8_0 ? L->xq8 : L->xqk, n, Uu)) {
+        if (moe_dense(tg, moe_dev(L, wg), E, rows, tg == DS4_TYPE_Q8_0 ? L->xq8 : L->xqk, n, G) ||
+            moe_dense(tu, moe_dev(L, wu), E, rows, tu == DS4_TYPE_Q8_0 ? L->xq8 : L->xqk, n, Uu)) {
             run_ok = 0;
             break;
         }
@@ -366,7 +397,7 @@ static void moe_check_case(const moe_layer_t *L, const moe_out *o, uint32_t n, c
                                 (shared ? n * k * moe_actb(td, c->n_ff) + t * ab : (t * k + s) * ab);
             const uint8_t *wd = shared ? L->sd : L->wd + e * L->ebd;
             memcpy(rowsq, hq, ab);
-            if (moe_dense(td, wd, nin, E, rowsq, 1, D)) {
+            if (moe_dense(td, moe_dev(L, wd), nin, E, rowsq, 1, D)) {
                 run_ok = 0;
                 break;
             }
@@ -472,7 +503,7 @@ static void moe_check_grouped(const moe_layer_t *L, uint32_t row0, uint32_t n, c
                          K_BIND(moe_gemm, tiles, tiles, 8 * T), K_BIND(moe_gemm, order, order, 4 * P),
                          K_BIND(moe_gemm, xq8, L->xq8 + row0 * a8, n * a8),
                          K_BIND(moe_gemm, xqk, L->xqk + row0 * ak, ak ? n * ak : 1),
-                         K_BIND(moe_gemm, w, L->wgu, L->gu_bytes), K_BIND(moe_gemm, y, gu, sizeof(float) * P * 2 * nf)};
+                         K_BIND(moe_gemm, w, L->dgu, L->gu_bytes), K_BIND(moe_gemm, y, gu, sizeof(float) * P * 2 * nf)};
         ok = launch(GEMM, T, (nf + tile_rows - 1) / tile_rows, 2, TG, b, 8, schedule, what) == 0;
     }
     /* SwiGLU + the down type's quantizer, in moe_down's layout */
@@ -507,7 +538,7 @@ static void moe_check_grouped(const moe_layer_t *L, uint32_t row0, uint32_t n, c
         k_binding b[] = {K_BIND(moe_gemm, status, status, 8), K_BIND(moe_gemm, p, &pm, sizeof pm),
                          K_BIND(moe_gemm, tiles, tiles, 8 * T), K_BIND(moe_gemm, order, order, 4 * P),
                          K_BIND(moe_gemm, xq8, hq8, hq8_bytes), K_BIND(moe_gemm, xqk, hqk, hqk_bytes),
-                         K_BIND(moe_gemm, w, L->wdn, L->dn_bytes), K_BIND(moe_gemm, y, dn, sizeof(float) * P * E)};
+                         K_BIND(moe_gemm, w, L->ddn, L->dn_bytes), K_BIND(moe_gemm, y, dn, sizeof(float) * P * E)};
         ok = launch(GEMM, T, (E + tile_rows - 1) / tile_rows, 1, TG, b, 8, schedule, what) == 0;
     }
     if (ok) {

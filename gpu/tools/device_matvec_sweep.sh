@@ -26,10 +26,9 @@
 #   K_KQ_AHEAD             super-blocks of L2 prefetch ahead (all K-quant widths)
 #   K_KQ_STREAM            1: the shared design's weight loads evict first
 #                          (ld.global.cs), keeping the activations in L1
-#   K_Q8_0_W1              1: the Q8_0 matvec's own width-1 loop (loads
-#                          first, the step's octet sums overlapped)
-#   K_Q8_0_STEP, K_Q8_0_AHEAD  the Q8_0 matvec's blocks per octet per step
-#                          and its prefetch distance
+#   K_Q8_0_WSTEP           the Q8_0 matvec's 32-block windows whose weight
+#                          loads are issued together
+#   K_Q8_0_TGS             the Q8_0 matvec's resident threadgroups per SM
 # The K-quant and Q8_0 knobs touch different kernels, so each build tries
 # one setting of each.
 # Log: $OUT/matvec_sweep.log when OUT is set (else build/matvec_sweep.log).
@@ -41,18 +40,16 @@ LOGDIR="${OUT:-build}"
 mkdir -p "$LOGDIR"
 LOG="$LOGDIR/matvec_sweep.log"
 JOBS=$(nproc 2>/dev/null || echo 4)
-SHAPES="5120 17408 17408 5120 5120 6144"
+SHAPES="${SHAPES:-5120 17408 17408 5120 5120 6144}" # pairs n_in n_out (multiples of 256 in)
 
 configs=("$@")
 [ ${#configs[@]} -eq 0 ] && configs=(
   ""
-  "-DK_KQ1_RPO=2 -DK_KQ1_RPS=2 -DK_Q8_0_W1=1"
-  "-DK_KQ1_RPO=4 -DK_KQ1_RPS=4 -DK_KQ1_TGS=6 -DK_Q8_0_W1=1 -DK_Q8_0_STEP=8u"
-  "-DK_KQ1_RPO=2 -DK_KQ1_RPS=2 -DK_KQ1_STEP=2u -DK_KQ1_TGS=5 -DK_Q8_0_W1=1 -DK_Q8_0_AHEAD=64u"
-  "-DK_KQ1_RPO=2 -DK_KQ1_RPS=2 -DK_KQ_STREAM=1 -DK_Q8_0_STEP=8u"
-  "-DK_KQ1_RPO=4 -DK_KQ1_RPS=4 -DK_KQ1_TGS=5 -DK_KQ_AHEAD=16u -DK_KQ_STREAM=1 -DK_Q8_0_W1=1 -DK_Q8_0_STEP=8u -DK_Q8_0_AHEAD=64u"
-  "-DK_KQ1_RPO=2 -DK_KQ1_RPS=2 -DK_KQ_AHEAD=16u -DK_Q8_0_W1=1 -DK_Q8_0_STEP=16u"
-  "-DK_KQ_AHEAD=16u -DK_Q8_0_AHEAD=64u"
+  "-DK_KQ1_TGS=8 -DK_Q8_0_WSTEP=2u"
+  "-DK_KQ1_TGS=6 -DK_Q8_0_TGS=12"
+  "-DK_KQ1_TGS=8 -DK_Q8_0_WSTEP=4u"
+  "-DK_KQ1_RPO=4 -DK_KQ1_RPS=4 -DK_KQ1_TGS=5"
+  "-DK_KQ_AHEAD=16u -DK_KQ_STREAM=0"
 )
 
 main() {
@@ -83,7 +80,7 @@ main() {
       SUMMARY+=("[$name] HARNESS FAILED (rc $hrc: $hres): not timed")
       continue
     fi
-    BENCH_TYPES=Q4_K,Q6_K,Q8_0 BENCH_WIDTHS=1,4 BENCH_MATVEC_ONLY=1 timeout 120 \
+    BENCH_TYPES=${BENCH_TYPES:-Q4_K,Q6_K,Q8_0} BENCH_WIDTHS=1,4 BENCH_MATVEC_ONLY=1 timeout 120 \
       ./build/cuda/bench_matvec $SHAPES >"$LOGDIR/bench_sweep.tmp" 2>&1
     brc=$?
     grep -E '^(SWEEP|FAIL)|SUMMARY|^Q[0-9]_' "$LOGDIR/bench_sweep.tmp"

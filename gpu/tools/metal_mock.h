@@ -27,6 +27,7 @@ using std::rint;
 template <class T, class U> T as_type(U u) { static_assert(sizeof(T) == sizeof(U), "as_type size"); T t; std::memcpy(&t, &u, sizeof t); return t; }
 float simd_shuffle_xor(float, ushort);
 int simd_shuffle_xor(int, ushort);
+int simd_shuffle(int, ushort);
 enum class mem_flags { mem_none, mem_threadgroup, mem_device };
 void threadgroup_barrier(mem_flags);
 struct atomic_uint { uint v; };
