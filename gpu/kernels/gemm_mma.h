@@ -154,8 +154,14 @@ K_FN void k_mma_q8_stage_rows(K_DEV_IN k_u16 *q16, k_u32 nb, k_u32 n, k_u32 firs
         const k_u32 s0 = weights ? 34u * row + 32u * nb + 2u * ib : (row + ib) * 34u;
         const k_u32 s1 = weights ? 34u * row + 32u * nb + 2u * jb1 : (row + jb1) * 34u;
         k_u32x4 v;
-        v.x = k_ld_w2(q16, c0 + 4u * c), v.y = k_ld_w2(q16, c0 + 16u + 4u * c);
-        v.z = k_ld_w2(q16, c1 + 4u * c), v.w = k_ld_w2(q16, c1 + 16u + 4u * c);
+        if (weights && nb % 2u == 0u) { /* uniform: the layout's codes are then 4-aligned, one load a word */
+            K_DEV_IN k_u32 *q32 = (K_DEV_IN k_u32 *)q16;
+            v.x = K_LD(q32, c0 / 4u + c), v.y = K_LD(q32, c0 / 4u + 4u + c);
+            v.z = K_LD(q32, c1 / 4u + c), v.w = K_LD(q32, c1 / 4u + 4u + c);
+        } else {
+            v.x = k_ld_w2(q16, c0 + 4u * c), v.y = k_ld_w2(q16, c0 + 16u + 4u * c);
+            v.z = k_ld_w2(q16, c1 + 4u * c), v.w = k_ld_w2(q16, c1 + 16u + 4u * c);
+        }
         K_ST(qc, e, v);
         if (c == 0u) {
             v.x = k_f32_bits(k_h2f((k_u16)k_ld_u16_at(q16, s0))), v.y = k_f32_bits(k_h2f((k_u16)k_ld_u16_at(q16, s1)));
