@@ -9,6 +9,7 @@
 // then runs the same checks on the GPU.
 #include <cuda_runtime.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "../gpu/dialect/cuda.h"
@@ -28,6 +29,25 @@ static const void *kernel_fn(int id) {
     for (size_t i = 0; i < sizeof kernels / sizeof kernels[0]; i++)
         if (kernels[i].id == id) return kernels[i].fn;
     return NULL;
+}
+
+// Kernels launched early (programmatic dependent launch, sm_90; only in a
+// build with -DK_CUDA_PDL_KERNELS, compiled but never run on a GPU yet): each
+// may be scheduled while the previous kernel still runs, and reads nothing but
+// weights before its K_DEP_WAIT() (gpu/dialect/common.h): the matvecs, whose
+// first weight loads would then overlap the previous kernel's tail. K_CUDA_PDL=0
+// launches them like every other kernel (an A/B switch; the bits are the same).
+static int early_start(int id) {
+#ifndef K_CUDA_PDL_KERNELS
+    (void)id;
+    return 0;
+#endif
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("K_CUDA_PDL");
+        on = !(e && !strcmp(e, "0"));
+    }
+    return on && (id == K_ID_matvec_q8_0 || id == K_ID_matvec_kq1 || id == K_ID_matvec_kq4 || id == K_ID_matvec_kq);
 }
 
 static int cuda_fail(char *err, size_t cap, const char *what, cudaError_t e) {
@@ -61,7 +81,18 @@ extern "C" int k_cuda_launch(int id, const uint32_t grid[3], uint32_t tg, const 
     int nargs = d->n_args;
     args[d->n_args] = &nargs;
     const dim3 g(grid[0] ? grid[0] : 1, grid[1] ? grid[1] : 1, grid[2] ? grid[2] : 1);
-    cudaError_t e = cudaLaunchKernel(fn, g, dim3(tg), args, 0, stream);
+    cudaError_t e;
+    if (early_start(id)) {
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[0].val.programmaticStreamSerializationAllowed = 1;
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = g, cfg.blockDim = dim3(tg), cfg.dynamicSmemBytes = 0, cfg.stream = stream;
+        cfg.attrs = at, cfg.numAttrs = 1;
+        e = cudaLaunchKernelExC(&cfg, fn, args);
+    } else {
+        e = cudaLaunchKernel(fn, g, dim3(tg), args, 0, stream);
+    }
     if (e != cudaSuccess) return cuda_fail(err, cap, d->name, e);
     return 0;
 }

@@ -33,6 +33,20 @@
 #define K_LD(p, i) ((p)[i])
 #define K_ST(p, i, v) ((p)[i] = (v))
 
+/* Programmatic dependent launch (sm_90; common.h K_DEP_WAIT), built only
+ * with -DK_CUDA_PDL_KERNELS (kernels and host alike: NVCC="nvcc
+ * -DK_CUDA_PDL_KERNELS"; compiled, NEVER RUN on a GPU yet, docs/gpu.md §4):
+ * the host launches the matvecs early (cuda/host.cu early_start); every
+ * kernel lets its successor be scheduled at its start (K_CHECK_TAG), and an
+ * early kernel waits for its predecessor's completion and memory here.
+ * Without the define both are no-ops and the code is what was measured. */
+#if defined(K_CUDA_PDL_KERNELS) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define K_DEP_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
+#define K_DEP_LAUNCH() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define K_DEP_WAIT() ((void)0)
+#define K_DEP_LAUNCH() ((void)0)
+#endif
 #define k_shfl_xor(v, m) __shfl_xor_sync(0xffffffffu, (v), (int)(m))
 #define k_shfl_xor_i(v, m) __shfl_xor_sync(0xffffffffu, (int)(v), (int)(m))
 #define k_shfl_at_i(v, src) __shfl_sync(0xffffffffu, (int)(v), (int)(src))

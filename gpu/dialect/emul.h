@@ -33,6 +33,8 @@
 #define K_LD(p, i) (*(__typeof__(&(p)[i]))emul_chk((p), &(p)[i], sizeof((p)[i]), 0, __LINE__))
 #define K_ST(p, i, v) (*(__typeof__(&(p)[i]))emul_chk((p), &(p)[i], sizeof((p)[i]), 1, __LINE__) = (v))
 
+#define K_DEP_WAIT() ((void)0)   /* CUDA only (cuda.h) */
+#define K_DEP_LAUNCH() ((void)0)
 #define k_shfl_xor(v, m) emul_shfl_xor((v), (m), __LINE__)
 #define k_shfl_xor_i(v, m) emul_shfl_xor_i((v), (m), __LINE__)
 #define k_shfl_at_i(v, src) emul_shfl_at_i((v), (src), __LINE__)

@@ -40,6 +40,8 @@ using namespace metal;
 #define K_LD(p, i) ((p)[i])
 #define K_ST(p, i, v) ((p)[i] = (v))
 
+#define K_DEP_WAIT() ((void)0)   /* CUDA only (cuda.h) */
+#define K_DEP_LAUNCH() ((void)0)
 #define k_shfl_xor(v, m) simd_shuffle_xor((v), (ushort)(m))
 #define k_shfl_xor_i(v, m) simd_shuffle_xor((int)(v), (ushort)(m))
 #define k_shfl_at_i(v, src) simd_shuffle((int)(v), (ushort)(src))

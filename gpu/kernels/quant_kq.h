@@ -402,6 +402,7 @@ K_FN void k_matvec_kq_rows(const k_matvec_kq_params p, K_DEV_IN k_u8 *w, K_DEV_I
                 const k_u32 ib = base + 4u * u + ph0 + h, blk = wrow * nb + (ib < nb ? ib : 0u);
                 L[u * PH + h] = q6 ? k_kq6_load(w16, blk * 210u, t) : k_kq45_load(w4, blk * (bs / 16u), type, t);
             }
+        if (base == 0u) K_DEP_WAIT(); /* weights in flight; activations only now (early start, common.h) */
         K_UNROLL for (k_u32 u = 0; u < STEP; u++)
             K_UNROLL for (k_u32 h = 0; h < PH; h++) {
                 const k_u32 ib = base + 4u * u + ph0 + h;
@@ -424,6 +425,7 @@ K_FN void k_matvec_kq_rows(const k_matvec_kq_params p, K_DEV_IN k_u8 *w, K_DEV_I
                 }
             }
     }
+    K_DEP_WAIT(); /* (a no-op after the first: here for a row of no blocks) */
     K_UNROLL for (k_u32 r = 0; r < R; r++) {
         if (r >= nr) continue;
         const float s = k_kq_phase_sum(acc[0][r], acc[1][r], acc[2][r], acc[3][r], PH);
@@ -507,6 +509,7 @@ K_FN void k_matvec_kq1_shared(const k_matvec_kq_params p, K_DEV_IN k_u8 *w, K_DE
                 const k_u32 ib = base + 4u * u + j, blk = wrow[m] * nb + (ib < nb ? ib : 0u);
                 Rw[u * M + m] = q6 ? k_kq6_fetch(w32, w16, blk * 210u, t) : k_kq45_fetch(w4, blk * (bs / 16u), type, t, K_KQ_STREAM);
             }
+        if (base == 0u) K_DEP_WAIT(); /* weights in flight; activations only now (early start, common.h) */
         K_UNROLL for (k_u32 u = 0; u < STEP; u++) {
             const k_u32 ib = base + 4u * u + j;
             if (ib >= nb) continue; /* past the row's end: adds nothing */
@@ -526,6 +529,7 @@ K_FN void k_matvec_kq1_shared(const k_matvec_kq_params p, K_DEV_IN k_u8 *w, K_DE
             }
         }
     }
+    K_DEP_WAIT(); /* (a no-op after the first: here for a row of no blocks) */
     K_UNROLL for (k_u32 m = 0; m < M; m++) {
         float s = k_octet_sum(acc[m]);
         s = s + k_shfl_xor(s, 8u);

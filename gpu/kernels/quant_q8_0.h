@@ -203,6 +203,7 @@ K_KERNEL_BOUNDED(matvec_q8_0, K_MATVEC_MAX_TG, K_Q8_0_TGS) {
             W[s] = k_q8w_window_load(w, wr, nb, w0, lane, a16);
             dw[s] = ib < nb ? k_h2f((k_u16)k_ld_u16_at((K_DEV_IN k_u16 *)w, k_q8w_scale_at(wr, nb, ib))) : 0.0f;
         }
+        if (base == 0u) K_DEP_WAIT(); /* weights in flight; activations only now (early start, common.h) */
         K_UNROLL for (k_u32 s = 0; s < K_Q8_0_WSTEP; s++) {
             const k_u32 w0 = base + 32u * s, ib = w0 + add;
             if (w0 >= nb) continue; /* uniform: a window past the row */
@@ -214,6 +215,7 @@ K_KERNEL_BOUNDED(matvec_q8_0, K_MATVEC_MAX_TG, K_Q8_0_TGS) {
             }
         }
     }
+    K_DEP_WAIT(); /* (a no-op after the first: here for a row of no blocks) */
     K_UNROLL for (k_u32 r = 0; r < K_MATVEC_MAX_ROWS; r++) {
         if (r >= nr) continue;
         const float s = k_matvec_row_sum(acc[r]);
