@@ -10,8 +10,7 @@
  * 32 float accumulators, one per lane L = 8 j + t of a SIMD-group, then
  * the butterfly (octet 1, 2, 4, then 8, 16: k_matvec_row_sum):
  *   Q8_0: lane 8 j + t adds the term sumi * (d_w * d_x) of every block ib
- *         with ib mod 32 = 4 t + j, ascending (the matvec's octet j takes
- *         blocks ib = j mod 4, its lane (ib / 4) mod 8 adds them);
+ *         with ib mod 32 = 4 t + j, ascending (quant_q8_0.h THE ORDER);
  *   K-quants: lane 8 P + t adds, for every super-block ib = P mod 4
  *         ascending, its share's two terms (d_w d_x) part and
  *         -(dmin_w d_x) mpart (one for Q6_K).
