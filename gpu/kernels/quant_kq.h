@@ -564,7 +564,7 @@ K_FN void k_matvec_kq1_shared(const k_matvec_kq_params p, K_DEV_IN k_u8 *w, K_DE
 #define K_KQ16_STEP 2u
 #endif
 #ifndef K_KQ1_TGS
-#define K_KQ1_TGS 10 /* 48 registers (11 spills) */
+#define K_KQ1_TGS 10 /* 48 registers, no spills (nvcc 13.0, sm_90; 11 spills when first set) */
 #endif
 #ifndef K_KQ4_TGS
 #define K_KQ4_TGS 9
