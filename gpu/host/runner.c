@@ -218,23 +218,24 @@ int kr_upload_mat(k_gpu_model *r, const ds4_tensor *t, dev_mat *out, ds4_error *
  * whole run (issue 19: fewer launches). A row's sum never depends on the
  * launch that computes it (quant_q8_0.h / quant_kq.h), so the bits are
  * those of separate launches. Each matrix keeps its own dev_mat pointing
- * inside its run (offsets are whole matrices of one type: 144/176-byte
- * K-quant blocks stay 16-aligned, Q8_0 rows of an even block count
- * 4-aligned, 210-byte Q6_K blocks 2-aligned) for the unfused path
- * (K_RUNNER_FUSE=0). *n_runs runs land in runs[]. */
+ * inside its run (offsets are whole matrices of one type, each at least
+ * 4-aligned: see the loop) for the unfused path (K_RUNNER_FUSE=0). *n_runs
+ * runs land in runs[]. */
 int kr_upload_group(k_gpu_model *r, const ds4_tensor *const *t, dev_mat *const *out, int k, mat_run *runs,
                         int *n_runs, ds4_error *err) {
     int rc;
     *n_runs = 0;
     for (int i0 = 0; i0 < k;) {
         int i1 = i0 + 1;
-        /* Q8_0 rows of an odd number of blocks are 2 mod 4 bytes long: a matrix
-         * after one such could start 2-aligned, and the Q8_0 kernels need each
-         * matrix (K_RUNNER_FUSE=0 binds them one by one) 4-aligned; no real
-         * shape has them, so they are not concatenated */
-        const int q8_odd = t[i0]->type == DS4_TYPE_Q8_0 && (t[i0]->ne[0] / 32) % 2;
-        if (mat_type_ok(t[i0]->type) && !q8_odd)
-            while (i1 < k && t[i1]->type == t[i0]->type && t[i1]->ne[0] == t[i0]->ne[0]) i1++;
+        /* a matrix joins the run only where it starts 4-aligned: K_RUNNER_FUSE=0
+         * binds the run's matrices one by one, and the Q8_0 / Q6_K kernels
+         * read 2-aligned blocks with 4-byte loads relative to the binding
+         * (34- and 210-byte blocks: a run of an odd number of them ends
+         * 2 mod 4; no real shape has one) */
+        size_t joined = t[i0]->row_bytes * (size_t)t[i0]->ne[1];
+        if (mat_type_ok(t[i0]->type))
+            while (i1 < k && t[i1]->type == t[i0]->type && t[i1]->ne[0] == t[i0]->ne[0] && joined % 4 == 0)
+                joined += t[i1]->row_bytes * (size_t)t[i1]->ne[1], i1++;
         mat_run *run = &runs[(*n_runs)++];
         run->first = i0;
         if (i1 - i0 == 1) {
