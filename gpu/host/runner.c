@@ -352,7 +352,7 @@ static int mm_rows(k_runner *r, const mm_job *job, int64_t n_rows, ds4_error *er
     const size_t xrow = q8 ? (size_t)(n_in / 32) * 34 : (size_t)(n_in / 256) * 292;
     uint8_t *const xq = q8 ? r->xq8 : r->xqk;
 #ifdef K_HAS_MMA_KERNELS
-    if (n_rows > K_MATVEC_MAX_ROWS && (r->gemm == 2 || (r->gemm == 3 && !q8)) && (!q8 || K_MATVEC_OCTETS_PER_ROW == 4u) &&
+    if (n_rows > K_MATVEC_MAX_ROWS && (r->gemm == 2 || (r->gemm == 3 && !q8)) &&
         K_MMA_GROUPS_Y((uint64_t)w->n_out) <= 65535u) { /* int8 tensor cores (gemm_mma.h): the same bits */
         k_matvec_kq_params p = {K_TAG_OF(gemm_kq_mma), (uint32_t)w->type, (uint32_t)n_in, (uint32_t)w->n_out,
                                 (uint32_t)n_rows, (uint32_t)ys};
@@ -366,7 +366,7 @@ static int mm_rows(k_runner *r, const mm_job *job, int64_t n_rows, ds4_error *er
                       K_MMA_GROUPS_Y((uint32_t)w->n_out), 1, K_MMA_TG, b, 5, err);
     }
 #endif
-    if (n_rows > K_MATVEC_MAX_ROWS && r->gemm && (!q8 || K_MATVEC_OCTETS_PER_ROW == 4u) &&
+    if (n_rows > K_MATVEC_MAX_ROWS && r->gemm &&
         K_GEMM_GROUPS_Y((uint64_t)w->n_out) <= 65535u) {
         k_matvec_kq_params p = {K_TAG_OF(gemm_kq), (uint32_t)w->type, (uint32_t)n_in, (uint32_t)w->n_out,
                                 (uint32_t)n_rows, (uint32_t)ys};
@@ -1070,7 +1070,7 @@ int kr_open_moe(k_gpu_model *g, const ds4_layer *T, dev_layer *L, ds4_error *err
     M->up0 = M->u_base + M->u_row0 * K_MOE_ROW_BYTES(M->t_up, (uint32_t)g->c.n_embd);
     M->d_estride = (uint32_t)g->c.n_embd * K_MOE_ROW_BYTES(M->t_down, (uint32_t)g->c.n_ff_exp);
     const int q8 = (M->want & K_NQ_Q8_0) || M->t_down == K_TYPE_Q8_0 || (shared && M->t_sdown == K_TYPE_Q8_0);
-    M->group_ok = (!q8 || K_MATVEC_OCTETS_PER_ROW == 4u) && (M->up0 | M->d_estride) % 16u == 0;
+    M->group_ok = (M->up0 | M->d_estride) % 16u == 0;
     M->all_kq = !q8;
     return 0;
 }

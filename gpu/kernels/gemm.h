@@ -235,14 +235,15 @@ K_FN k_gemm_map k_gemm_dense_map(k_u32 gx, k_u32 n_rows, k_u32 row_bytes, k_u32 
 }
 
 /* The common preconditions of both kernels; every thread takes the same
- * branch. The Q8_0 order above is K_MATVEC_OCTETS_PER_ROW = 4's. */
+ * branch. The Q8_0 order above is the matvec's (one row per SIMD-group,
+ * quant_q8_0.h). */
 #define K_GEMM_SHAPE_OK(p, blk)                                                                    \
     ((p).n_in % (blk) == 0u && (p).n_rows > 0u && K_TG_SIZE == K_GEMM_TG &&                        \
      K_NGX * K_GEMM_TR >= (p).n_rows && K_NGY * K_GEMM_NSG * K_GEMM_TOS >= (p).n_out)
 
 K_KERNEL_BOUNDED(gemm_q8_0, K_GEMM_TG, 1) {
     K_CHECK_TAG(gemm_q8_0);
-    if (!K_GEMM_SHAPE_OK(p, 32u) || K_MATVEC_OCTETS_PER_ROW != 4u) {
+    if (!K_GEMM_SHAPE_OK(p, 32u)) {
         k_raise(status, K_ERR_SHAPE);
         return;
     }

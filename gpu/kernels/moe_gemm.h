@@ -153,9 +153,7 @@ K_KERNEL_BOUNDED(moe_gemm, K_GEMM_TG, 1) {
     /* the types this launch reads: matrices z < nz, routed and shared */
     const int types_ok = K_MOE_TYPE_OK(p.t0) && (nz < 2u || K_MOE_TYPE_OK(p.t1)) &&
                          (!sh || (K_MOE_TYPE_OK(p.ts0) && (nz < 2u || K_MOE_TYPE_OK(p.ts1))));
-    const int q8_ok = K_MATVEC_OCTETS_PER_ROW == 4u || !(K_MOE_IS_Q8_0(p.t0) | (nz > 1u ? K_MOE_IS_Q8_0(p.t1) : 0u) |
-                                                         (sh ? K_MOE_IS_Q8_0(p.ts0) | (nz > 1u ? K_MOE_IS_Q8_0(p.ts1) : 0u) : 0u));
-    if (!types_ok || !q8_ok || K_TG_SIZE != K_GEMM_TG || p.k == 0u || nz > (p.down ? 1u : 2u) ||
+    if (!types_ok || K_TG_SIZE != K_GEMM_TG || p.k == 0u || nz > (p.down ? 1u : 2u) ||
         K_NGX < p.n_tiles || K_NGY * K_GEMM_NSG * K_GEMM_TOS < nmax || p.y_stride < (nz - 1u) * p.y_zoff + nmax ||
         (p.base0 | p.estride0 | p.base1 | p.estride1 | p.sbase0 | p.sbase1) % 16u) {
         k_raise(status, K_ERR_SHAPE);

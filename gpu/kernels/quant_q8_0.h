@@ -98,18 +98,18 @@ K_FN int k_dot16(k_u32x4 a, k_u32x4 b, int c) {
     return k_dot4(a.w, b.w, k_dot4(a.z, b.z, k_dot4(a.y, b.y, k_dot4(a.x, b.x, c))));
 }
 
-/* The sum over the lanes serving one output row: the octet butterfly (1, 2,
- * 4), then 8 and 16 as K_MATVEC_OCTETS_PER_ROW asks; one fixed order on
- * every target (the Q8_0 and K-quant matvecs). All 32 lanes call it (uniform control flow). */
+/* The sum over the 32 lanes serving one output row: the octet butterfly
+ * (1, 2, 4), then 8 and 16; one fixed order on every target (the Q8_0
+ * matvec; the GEMMs reproduce it). All 32 lanes call it (uniform control flow). */
 K_FN float k_matvec_row_sum(float v) {
     v = k_octet_sum(v);
-    if (K_MATVEC_OCTETS_PER_ROW >= 2u) v = v + k_shfl_xor(v, 8u);
-    if (K_MATVEC_OCTETS_PER_ROW >= 4u) v = v + k_shfl_xor(v, 16u);
+    v = v + k_shfl_xor(v, 8u);
+    v = v + k_shfl_xor(v, 16u);
     return v;
 }
 
 #if K_MATVEC_ROWS_PER_SIMD != 1
-#error "matvec_q8_0 serves one weight row per SIMD-group: the order of K_MATVEC_OCTETS_PER_ROW 4, which the GEMMs share"
+#error "matvec_q8_0 serves one weight row per SIMD-group (4 octets a row): the order the GEMMs share"
 #endif
 
 /* THE ORDER (every Q8_0 dot: matvec_q8_0, the GEMMs of gemm.h and

@@ -150,17 +150,15 @@ typedef struct {
  * Q8_0 weight buffer of every kernel is so), xq rows of Q8_0 activations
  * (quantize_q8_0's output, the file's 34-byte blocks; the binding
  * 4-aligned, as every Q8_0 activation binding). A SIMD-group
- * serves K_MATVEC_ROWS_PER_SIMD output rows, its 4 octets (8 lanes each)
- * split evenly between them; launch K_MATVEC_GROUPS(n_out, SIMD-groups
- * per threadgroup) threadgroups (a grid too small for n_out raises
- * K_ERR_SHAPE). A row's float summation order depends on
- * K_MATVEC_ROWS_PER_SIMD (1, 2 or 4) only, never on the width or the
- * threadgroup size. */
+ * serves K_MATVEC_ROWS_PER_SIMD = 1 output row (quant_q8_0.h refuses
+ * another value: its order is the one the GEMMs reproduce); launch
+ * K_MATVEC_GROUPS(n_out, SIMD-groups per threadgroup) threadgroups (a grid
+ * too small for n_out raises K_ERR_SHAPE). A row's float summation order
+ * never depends on the width or the threadgroup size. */
 #define K_MATVEC_MAX_ROWS 16
 #ifndef K_MATVEC_ROWS_PER_SIMD
 #define K_MATVEC_ROWS_PER_SIMD 1 /* a whole SIMD-group streams one weight row: enough loads in flight */
 #endif
-#define K_MATVEC_OCTETS_PER_ROW (4u / K_MATVEC_ROWS_PER_SIMD)
 #define K_MATVEC_MAX_TG 128 /* threads per threadgroup, at most (CUDA register cap) */
 #define K_MATVEC_GROUPS(n_out, nsg) (((n_out) + K_MATVEC_ROWS_PER_SIMD * (nsg) - 1) / (K_MATVEC_ROWS_PER_SIMD * (nsg)))
 typedef struct {

@@ -446,11 +446,10 @@ static void suite_matvec(void) {
                     /* Tolerance (docs/gpu.md "Q8_0 matvec"): the same nb terms
                      * summed in two orders: the CPU's serial sum is within
                      * (nb-1)u sum|t| of the exact one, ours (per-lane serial
-                     * sums of at most ceil(nb/(8 OPR)) terms, then the row's
-                     * 3 + log2(OPR)-level butterfly, OPR octets per row)
-                     * within (ceil(nb/(8 OPR)) + 3 + log2 OPR)u sum|t|. */
-                    const uint32_t opr = K_MATVEC_OCTETS_PER_ROW, lg = opr == 4 ? 2 : opr == 2 ? 1 : 0;
-                    const double k = (nb - 1) + (nb + 8 * opr - 1) / (8 * opr) + 3 + lg;
+                     * sums of at most ceil(nb/32) terms, the 32 lanes of a
+                     * row, then the row's 5-level butterfly) within
+                     * (ceil(nb/32) + 5)u sum|t|. */
+                    const double k = (nb - 1) + (nb + 31) / 32 + 5;
                     for (uint32_t r = 0; r < R; r++)
                         for (uint32_t o = 0; o < n_out; o++) {
                             float ref;
