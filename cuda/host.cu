@@ -31,23 +31,62 @@ static const void *kernel_fn(int id) {
     return NULL;
 }
 
-// Kernels launched early (programmatic dependent launch, sm_90; only in a
-// build with -DK_CUDA_PDL_KERNELS, compiled but never run on a GPU yet): each
-// may be scheduled while the previous kernel still runs, and reads nothing but
-// weights before its K_DEP_WAIT() (gpu/dialect/common.h): the matvecs, whose
-// first weight loads would then overlap the previous kernel's tail. K_CUDA_PDL=0
-// launches them like every other kernel (an A/B switch; the bits are the same).
-static int early_start(int id) {
-#ifndef K_CUDA_PDL_KERNELS
-    (void)id;
-    return 0;
+// Programmatic dependent launch (sm_90): a kernel launched with
+// cudaLaunchAttributeProgrammaticStreamSerialization may be scheduled as soon
+// as every threadgroup of the kernel before it has started (K_CHECK_TAG's
+// K_DEP_LAUNCH), so its launch and ramp overlap that kernel's tail; it reads
+// and writes nothing a kernel writes before its K_DEP_WAIT (gpu/dialect/
+// common.h), which returns once the kernel before has completed and its
+// memory is visible. So the bits cannot change: on an H100 (session 24) the
+// golden dense and MoE, demo and 0.8B / 27B-like / MoE bench models wrote
+// cmp-identical prefill, decode and greedy outputs with modes 0, 1 and 2
+// against the build without it. The matvecs go further (K_CHECK_TAG_EARLY):
+// their first weight loads are issued before the wait.
+//
+// K_CUDA_PDL picks the kernels launched early:
+//   0  none
+//   1  the matvecs (the default): decode +10-11% / +7-8% / +7% on the 0.8B Q8_0 /
+//      27B-like / MoE bench shapes (H100, 2-3 repetitions interleaved)
+//   2  every kernel: +15-16% / +4-4.5% / +3-3.5% on the same runs (better for the 0.8B's
+//      short kernels, worse for the big shapes: cause not measured)
+//   3  every kernel but the one right after a matvec (an experiment aimed at
+//      that: NOT MEASURED yet; the bits are safe by the argument above)
+// Only where the GPU is sm_90 or later AND the kernels were compiled for it
+// (a kernel built for an older arch has no K_DEP_WAIT: starting it early
+// would race).
+#ifndef K_CUDA_PDL_DEFAULT
+#define K_CUDA_PDL_DEFAULT 1
 #endif
-    static int on = -1;
-    if (on < 0) {
-        const char *e = getenv("K_CUDA_PDL");
-        on = !(e && !strcmp(e, "0"));
+static int pdl_supported(void) {
+#ifdef K_CUDA_NO_PDL
+    return 0;
+#else
+    int dev = 0, major = 0;
+    cudaFuncAttributes a;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaFuncGetAttributes(&a, kernel_fn(K_ID_matvec_kq1)) != cudaSuccess) {
+        cudaGetLastError(); /* a failed query: no early starts, and no sticky error left behind */
+        return 0;
     }
-    return on && (id == K_ID_matvec_q8_0 || id == K_ID_matvec_kq1 || id == K_ID_matvec_kq4 || id == K_ID_matvec_kq);
+    return major >= 9 && a.ptxVersion >= 90 && a.binaryVersion >= 90;
+#endif
+}
+
+static int early_start(int id) {
+    static int mode = -1;
+    if (mode < 0) {
+        const char *e = getenv("K_CUDA_PDL");
+        const int want = e && *e ? atoi(e) : K_CUDA_PDL_DEFAULT;
+        mode = want > 0 && pdl_supported() ? want : 0;
+    }
+    static int prev_mv = 0;
+    const int mv = id == K_ID_matvec_q8_0 || id == K_ID_matvec_kq1 || id == K_ID_matvec_kq4 || id == K_ID_matvec_kq;
+    const int prev = prev_mv;
+    prev_mv = mv;
+    if (mode == 2) return 1;
+    if (mode == 3) return mv || !prev; /* every kernel but one right after a matvec */
+    return mode == 1 && mv;
 }
 
 static int cuda_fail(char *err, size_t cap, const char *what, cudaError_t e) {

@@ -19,10 +19,11 @@
  *   k_shfl_at_i(v, src)      an int's value in lane src (0..31) of the SIMD-group
  *   K_DEP_WAIT()             in a kernel the CUDA host may start while the
  *                            previous kernel drains (programmatic dependent
- *                            launch, cuda/host.cu early_start; only with
- *                            -DK_CUDA_PDL_KERNELS): before it, read only
- *                            buffers no kernel writes (weights) and write
- *                            nothing but the status word; a no-op elsewhere
+ *                            launch, cuda/host.cu pdl_mode; K_CHECK_TAG
+ *                            calls it, K_CHECK_TAG_EARLY leaves it to the
+ *                            kernel): before it, read only buffers no
+ *                            kernel writes (weights) and write nothing but
+ *                            the status word; a no-op elsewhere
  *   k_dot4(a, b, c)          c + dot product of the 4 signed bytes of a and b
  *                            (CUDA __dp4a; exact integers on every target)
  *   K_PREFETCH(p, i)         hint: fetch the line of byte i of device buffer
@@ -102,13 +103,28 @@ K_FN float k_simd_max(float v) {
 /* The first statement of every kernel: params that are not this kernel's
  * (an argument bound at the wrong slot) raise K_ERR_TAG in the status word
  * instead of letting every thread return early in silence. All threads
- * take the same branch, so no barrier is left waiting. On CUDA it also
- * lets the next kernel be scheduled if the host launched it early: that
- * one still waits (K_DEP_WAIT) for this one's completion before it reads
- * anything this one writes. */
-#define K_CHECK_TAG(K)                                     \
+ * take the same branch, so no barrier is left waiting.
+ *
+ * On CUDA (programmatic dependent launch, cuda/host.cu pdl_mode) it also
+ * lets the next kernel be scheduled now (K_DEP_LAUNCH), and then waits
+ * (K_DEP_WAIT) until the kernel before this one has completed and its
+ * writes are visible: a kernel the host started early reads and writes
+ * nothing before that, so its launch and ramp overlap its predecessor's
+ * tail and nothing else changes. K_CHECK_TAG_EARLY leaves the wait to the
+ * kernel: the matvecs issue their first weight loads (weights: no kernel
+ * writes them) before their own K_DEP_WAIT. Both are no-ops off CUDA. */
+#define K_CHECK_TAG_EARLY(K)                               \
     do {                                                   \
         K_DEP_LAUNCH(); /* an early-started successor may be scheduled */ \
+        if (p.tag != K_TAG_OF(K)) {                        \
+            k_raise(status, K_ERR_TAG);                    \
+            return;                                        \
+        }                                                  \
+    } while (0)
+#define K_CHECK_TAG(K)                                     \
+    do {                                                   \
+        K_DEP_LAUNCH();                                    \
+        K_DEP_WAIT(); /* the predecessor's writes are visible from here */ \
         if (p.tag != K_TAG_OF(K)) {                        \
             k_raise(status, K_ERR_TAG);                    \
             return;                                        \

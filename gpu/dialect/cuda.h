@@ -33,14 +33,13 @@
 #define K_LD(p, i) ((p)[i])
 #define K_ST(p, i, v) ((p)[i] = (v))
 
-/* Programmatic dependent launch (sm_90; common.h K_DEP_WAIT), built only
- * with -DK_CUDA_PDL_KERNELS (kernels and host alike: NVCC="nvcc
- * -DK_CUDA_PDL_KERNELS"; compiled, NEVER RUN on a GPU yet, docs/gpu.md §4):
- * the host launches the matvecs early (cuda/host.cu early_start); every
- * kernel lets its successor be scheduled at its start (K_CHECK_TAG), and an
- * early kernel waits for its predecessor's completion and memory here.
- * Without the define both are no-ops and the code is what was measured. */
-#if defined(K_CUDA_PDL_KERNELS) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+/* Programmatic dependent launch (sm_90; common.h K_CHECK_TAG, K_DEP_WAIT):
+ * the host may start a kernel while its predecessor drains (cuda/host.cu
+ * pdl_mode); every kernel lets its successor be scheduled at its start and
+ * waits here for its predecessor's completion and memory before it reads
+ * anything a kernel writes. Compiled for sm_90 and later unless
+ * -DK_CUDA_NO_PDL (then the host never starts a kernel early either). */
+#if !defined(K_CUDA_NO_PDL) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define K_DEP_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
 #define K_DEP_LAUNCH() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
 #else

@@ -577,7 +577,7 @@ typedef char k_kq1_rpo_fits[K_KQ1_RPO == 1 || (K_KQ1_RPO == K_KQ1_RPS && K_KQ1_R
 #define K_KQ_VARIANT(K, R, RPS, STEP, B)                                                   \
     typedef char k_##K##_step_fits[(STEP) * (RPS) <= 8u && ((RPS) == 1 || (RPS) == 2 || (RPS) == 4) ? 1 : -1];                         \
     K_KERNEL_BOUNDED(K, K_MATVEC_MAX_TG, B) {                                              \
-        K_CHECK_TAG(K);                                                                    \
+        K_CHECK_TAG_EARLY(K); /* K_DEP_WAIT after the first weight loads */              \
         const k_u32 bs_ = K_KQ_BLOCK_BYTES(p.wtype);                                       \
         if (p.n_in % 256u || p.n_rows == 0u || p.n_rows > (R) || bs_ == 0u ||             \
             K_TG_SIZE > K_MATVEC_MAX_TG || K_NGX * K_NSIMD * (RPS) < p.n_out) {           \

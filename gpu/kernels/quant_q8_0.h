@@ -175,7 +175,7 @@ K_FN int k_q8_0_window_sumi(k_q8w_window W, K_DEV_IN k_u8 *xq, k_u32 xr, k_u32 n
  * SIMD-group, every weight word read once and dotted with all n_rows
  * activation rows (THE ORDER above). */
 K_KERNEL_BOUNDED(matvec_q8_0, K_MATVEC_MAX_TG, K_Q8_0_TGS) {
-    K_CHECK_TAG(matvec_q8_0);
+    K_CHECK_TAG_EARLY(matvec_q8_0); /* its K_DEP_WAIT follows the first weight loads */
     if (p.n_in % 32u || p.n_rows == 0u || p.n_rows > K_MATVEC_MAX_ROWS ||
         K_NGX * K_NSIMD < p.n_out) { /* a grid that leaves rows out: loudly */
         k_raise(status, K_ERR_SHAPE);
