@@ -115,10 +115,12 @@ cuda-test: cuda
 		build/cuda/traits.o build/cuda/error.o build/cuda/kernels.o build/cuda/host.o build/cuda/bind.o \
 		-o build/cuda/test_gpu_cuda
 
-# The matvec microbenchmark (GB/s of weights read; gpu/tools/device_check.sh).
+# The matvec microbenchmark (GB/s of weights read; gpu/tools/device_check.sh) and the
+# streaming read bandwidth probe (cuda/bench_bw.cu).
 cuda-bench: cuda
 	$(NVCC) $(CUDA_FLAGS) cuda/bench_matvec.cu build/cuda/kernels.o build/cuda/host.o build/cuda/bind.o \
 		-o build/cuda/bench_matvec
+	$(NVCC) $(CUDA_FLAGS) cuda/bench_bw.cu -o build/cuda/bench_bw
 
 lint:
 	ruff check ds4py tests bench build_core.py setup.py
