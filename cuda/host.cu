@@ -73,20 +73,39 @@ static int pdl_supported(void) {
 #endif
 }
 
-static int early_start(int id) {
-    static int mode = -1;
-    if (mode < 0) {
+static int pdl_want = -1, pdl_mode = -1; /* K_CUDA_PDL (or the default), and what runs */
+static int early_mode(void) {
+    if (pdl_mode < 0) {
         const char *e = getenv("K_CUDA_PDL");
-        const int want = e && *e ? atoi(e) : K_CUDA_PDL_DEFAULT;
-        mode = want > 0 && pdl_supported() ? want : 0;
+        pdl_want = e && *e ? atoi(e) : K_CUDA_PDL_DEFAULT;
+        pdl_mode = pdl_want > 0 && pdl_supported() ? pdl_want : 0;
     }
+    return pdl_mode;
+}
+
+// Which kernels start early, in words (DS4PY_PATHS=1 prints it, so a gate
+// that silently turned it off shows): the device must be open.
+extern "C" const char *k_cuda_launch_note(void) {
+    switch (early_mode()) {
+    case 0:
+        return pdl_want > 0 ? "no early launches (programmatic dependent launch needs an sm_90+ GPU and kernels built for it)"
+                            : "no early launches (K_CUDA_PDL=0)";
+    case 1: return "programmatic dependent launch: the matvecs start early (K_CUDA_PDL=1, the default)";
+    case 2: return "programmatic dependent launch: every kernel starts early (K_CUDA_PDL=2)";
+    case 3: return "programmatic dependent launch: every kernel but the one after a matvec starts early (K_CUDA_PDL=3)";
+    default: return "programmatic dependent launch: the matvecs start early (K_CUDA_PDL past 3 acts as 1)";
+    }
+}
+
+static int early_start(int id) {
+    const int mode = early_mode();
     static int prev_mv = 0;
     const int mv = id == K_ID_matvec_q8_0 || id == K_ID_matvec_kq1 || id == K_ID_matvec_kq4 || id == K_ID_matvec_kq;
     const int prev = prev_mv;
     prev_mv = mv;
     if (mode == 2) return 1;
     if (mode == 3) return mv || !prev; /* every kernel but one right after a matvec */
-    return mode == 1 && mv;
+    return mode && mv; /* 1, and any other positive value */
 }
 
 static int cuda_fail(char *err, size_t cap, const char *what, cudaError_t e) {

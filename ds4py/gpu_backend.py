@@ -72,7 +72,7 @@ __all__ = ["BACKENDS", "GpuModel", "GpuSession", "GpuSnapshot", "load", "backend
 BACKENDS = ("auto", "cpu", "cuda", "metal", "gpu-emul")
 # backend name -> plugin kind (gpu/tools/build_plugin.py KINDS)
 _KIND = {"cuda": "cuda", "gpu-emul": "emul"}
-ABI_VERSION = 5  # gpu/host/plugin.h DS4_GPU_ABI_VERSION this module calls
+ABI_VERSION = 6  # gpu/host/plugin.h DS4_GPU_ABI_VERSION this module calls
 _ERR_CAP = 1024
 # ds4_status codes (csrc/ds4.h) this module tells apart
 _ERR_ARG, _ERR_NOMEM, _ERR_UNSUPPORTED, _ERR_BAD_MODEL, _ERR_INTERNAL = 2, 3, 4, 5, 26
@@ -826,10 +826,13 @@ class _GpuLine:
                      f"{_gemm_path(model.backend)}; {_gdn_path()}), "
                      f"LM head and logits on the "
                      f"device")
+        plugin = model._plugin
+        self.launch = plugin.ffi.string(plugin.lib.ds4_gpu_launch_note()).decode()
         self.stats = model._stats
 
     def __str__(self) -> str:
-        return f"{self.head}; {self.stats['launches']} kernel launches in the last step"
+        return (f"{self.head}; {self.launch}; "
+                f"{self.stats['launches']} kernel launches in the last step")
 
 
 def _record(model, note: str) -> None:

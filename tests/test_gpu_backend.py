@@ -662,6 +662,7 @@ def test_cli_json_and_paths_report(dense_gpu, cache):
     assert d["tokens"] == want.tokens
     assert "DS4PY_PATHS: backend gpu-emul" in r.stderr, r.stderr
     assert "GPU layer loop" in r.stderr
+    assert "no early launches (the emulator runs one kernel at a time)" in r.stderr, r.stderr
     assert "prefill matrices: gemm_q8_0_mma / gemm_kq_mma (int8 MMA)" in r.stderr, r.stderr
     r = subprocess.run([sys.executable, "-m", "ds4py", "generate", "-m", DENSE, "-p", "x",
                         "--backend", "metal"], capture_output=True, text=True, env=env,

@@ -53,6 +53,9 @@ k_device *k_device_emul_open(void);
 /* The CUDA device (cuda/device.cu): GPU 0, one stream. NULL if none; the
  * reason in err (cap bytes). */
 k_device *k_device_cuda_open(char *err, size_t cap);
+/* Which kernels the CUDA host starts early (cuda/host.cu K_CUDA_PDL), in
+ * words; call with the device open. */
+const char *k_cuda_launch_note(void);
 /* With K_CUDA_PROFILE=1 in the environment: print GPU time per kernel
  * (event pairs around each launch) since the last call, then reset. */
 void k_cuda_profile_print(const char *label);

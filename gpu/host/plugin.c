@@ -92,6 +92,14 @@ DS4_GPU_API const char *ds4_gpu_device_kind(void) { return DEVICE_KIND; }
 
 DS4_GPU_API int ds4_gpu_verify_max(void) { return K_RUNNER_VERIFY_MAX; }
 
+DS4_GPU_API const char *ds4_gpu_launch_note(void) {
+#ifdef DS4_GPU_PLUGIN_CUDA
+    return k_cuda_launch_note();
+#else
+    return "no early launches (the emulator runs one kernel at a time)";
+#endif
+}
+
 DS4_GPU_API int ds4_gpu_probe(char *err, size_t cap) {
     pthread_mutex_lock(&lock);
     k_device *d = open_device(err, cap);

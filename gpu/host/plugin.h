@@ -31,7 +31,7 @@
 
 /* Bumped whenever a signature below changes: Python refuses a plugin of
  * another version (a stale cache entry) instead of calling it wrong. */
-#define DS4_GPU_ABI_VERSION 5
+#define DS4_GPU_ABI_VERSION 6
 
 typedef struct ds4_gpu_model ds4_gpu_model;
 typedef struct ds4_gpu_session ds4_gpu_session;
@@ -43,6 +43,9 @@ const char *ds4_gpu_device_kind(void);
 /* 0 when a device can be opened here; else the reason (no CUDA device,
  * driver too old for the runtime, ...). Opens and closes it. */
 int ds4_gpu_probe(char *err, size_t cap);
+/* How kernels are launched, in words (CUDA: which start early, K_CUDA_PDL;
+ * DS4PY_PATHS prints it). Meaningful once a model is open. */
+const char *ds4_gpu_launch_note(void);
 
 /* Load the GGUF at path (fast precision), open the device and upload the
  * trunk's weights once. Refuses (DS4_ERR_UNSUPPORTED, naming the tensor
