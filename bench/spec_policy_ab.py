@@ -1,0 +1,118 @@
+"""Interleaved A/B of draft-policy variants against serial decoding, many
+repetitions (the policy's losses on a machine where drafting barely pays are
+a few percent, under the noise of a short bench_spec run).
+
+    python bench/spec_policy_ab.py [--reps 100] [--variants adaptive,idle,noburst]
+                                   [--tokens 128] [--threads 2]
+
+Demo model, bench_spec's four workloads, greedy. Every repetition runs every
+mode on every prompt of a workload, the modes in order and reversed on
+alternate repetitions (repetition 0 warms up and is discarded). Variants
+share the model's measured costs (ds4py.spec.plan.model_costs), as requests
+of ds4py.generate do:
+
+  adaptive  generate()'s default policy
+  idle      admitted (the head is primed, as when drafting) but never drafts
+            or probes: what being admitted costs by itself
+  noburst   AdaptivePolicy(burst=0): no cold-start burst
+  burst1    AdaptivePolicy(burst_depth=1): the burst as depth-1 shadow probes
+  noprobe   AdaptivePolicy(probe_interval=0): no scheduled probes
+  costonly  no burst and no probes: the cost model's own choices only
+
+Printed per workload and variant: tok/s ratio to serial as the ratio of the
+medians / the median of per-repetition ratios [min..max of those], and the
+mean drafting rounds per request. Not a test: the figures depend on the
+machine and its load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bench_spec import WORKLOADS  # noqa: E402
+
+import ds4py  # noqa: E402
+from ds4py.demo_model import demo_model_path  # noqa: E402
+from ds4py.spec.plan import model_costs  # noqa: E402
+from ds4py.spec.policy import AdaptivePolicy, FixedPolicy  # noqa: E402
+
+
+class IdlePolicy(FixedPolicy):
+    """Admitted, never drafts, and promises one endless plain stretch."""
+
+    def __init__(self):
+        super().__init__(0)
+        self.enabled = True
+        self.quiet = 1 << 30
+
+    def choose(self, cap: int) -> int:
+        self.quiet = 1 << 30
+        return 0
+
+    def pass_quiet(self, n: int) -> None:
+        pass
+
+
+def variants(costs) -> dict:
+    return {
+        "adaptive": lambda: {},
+        "idle": lambda: {"draft_policy": IdlePolicy()},
+        "noburst": lambda: {"draft_policy": AdaptivePolicy(costs=costs, burst=0)},
+        "burst1": lambda: {"draft_policy": AdaptivePolicy(costs=costs, burst_depth=1)},
+        "noprobe": lambda: {"draft_policy": AdaptivePolicy(costs=costs, probe_interval=0)},
+        "costonly": lambda: {"draft_policy": AdaptivePolicy(costs=costs, burst=0,
+                                                             probe_interval=0)},
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--reps", type=int, default=100)
+    ap.add_argument("--variants", default="adaptive,idle,noburst")
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    a = ap.parse_args()
+    model = ds4py.load(demo_model_path(), n_threads=a.threads)
+    table = variants(model_costs(model))
+    names = [v for v in a.variants.split(",") if v]
+    bad = [v for v in names if v not in table]
+    if bad:
+        raise SystemExit(f"unknown variant(s) {bad}; one of {sorted(table)}")
+    modes = [("serial", lambda: {"draft": False})] + [(v, table[v]) for v in names]
+    tps = {w: {m: [] for m, _ in modes} for w in WORKLOADS}
+    rounds = {w: {m: 0 for m, _ in modes} for w in WORKLOADS}
+    for rep in range(a.reps + 1):
+        for w, prompts in WORKLOADS.items():
+            for name, kw in (modes if rep % 2 == 0 else modes[::-1]):
+                toks = secs = 0.0
+                for text, chat in prompts:
+                    g = ds4py.generate(model, text, max_tokens=a.tokens, temperature=0,
+                                       chat=chat, **kw())
+                    toks += g.evaluated_tokens
+                    secs += g.generation_s
+                    if rep:
+                        rounds[w][name] += (g.draft or {}).get("draft_rounds") or 0
+                if rep:
+                    tps[w][name].append(toks / secs)
+    print(f"{a.reps} repetitions, {a.tokens} tokens, {a.threads} threads; ratio to serial: "
+          f"ratio of medians / median of ratios [min..max]; r = drafting rounds per request")
+    for w, prompts in WORKLOADS.items():
+        s = tps[w]["serial"]
+        line = f"{w:6s} serial {statistics.median(s):7.1f} tok/s"
+        for name in names:
+            x = tps[w][name]
+            rs = [p / q for p, q in zip(x, s, strict=True)]
+            line += (f" | {name} {statistics.median(x) / statistics.median(s):.3f} / "
+                     f"{statistics.median(rs):.3f} [{min(rs):.2f}..{max(rs):.2f}] "
+                     f"r{rounds[w][name] / (a.reps * len(prompts)):.1f}")
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
