@@ -123,12 +123,8 @@ K_FN float k_simd_max(float v) {
     } while (0)
 #define K_CHECK_TAG(K)                                     \
     do {                                                   \
-        K_DEP_LAUNCH();                                    \
+        K_CHECK_TAG_EARLY(K); /* reads only p, writes only the status word */ \
         K_DEP_WAIT(); /* the predecessor's writes are visible from here */ \
-        if (p.tag != K_TAG_OF(K)) {                        \
-            k_raise(status, K_ERR_TAG);                    \
-            return;                                        \
-        }                                                  \
     } while (0)
 
 #endif
