@@ -62,6 +62,9 @@ void k_cuda_profile_print(const char *label);
 /* With K_CUDA_GRAPH=1: print how many steps ran as graphs, and how many of
  * them updated the previous executable graph instead of instantiating one. */
 void k_cuda_graph_stats(const char *label);
+/* Start (1) or stop (0) the profiler's range: what `ncu --profile-from-start
+ * off` profiles (test_gpu_model --bench: the timed decode steps). */
+void k_cuda_profiler_range(int on);
 
 #ifdef __cplusplus
 }

@@ -150,6 +150,9 @@ static int bench(const char *path, const char *ctx_list, int steps) {
             k_cuda_profile_print(label);
         }
 #endif
+#ifdef K_TEST_CUDA
+        k_cuda_profiler_range(1);
+#endif
         const double t2 = now_s();
         for (int i = 0; i < steps; i++)
             if (k_runner_eval(r, &tok, 1, 0, NULL, &tok, &err)) {
@@ -157,6 +160,9 @@ static int bench(const char *path, const char *ctx_list, int steps) {
                 return 1;
             }
         const double t3 = now_s();
+#ifdef K_TEST_CUDA
+        k_cuda_profiler_range(0);
+#endif
         printf("BENCH device=%s ctx=%ld prefill_tok_s=%.1f decode_tok_s=%.2f launches_per_step=%lld "
                "device_mb=%.1f\n",
                d->name, ctx, ctx > 0 ? ctx / (t1 - t0) : 0.0, steps / (t3 - t2), (long long)k_runner_launches(r),
