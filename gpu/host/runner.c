@@ -52,6 +52,17 @@
 #define K_GDN_SEQ_SPLIT_MIN 1
 #endif
 
+#ifndef K_FUSED_CHUNK_ROWS_MAX
+/* swiglu_quant / attn_gate_quant (fused.h) take one SIMD-group per 32
+ * values up to this many rows (a decode step, a verify: the shortest
+ * chain; H100, 27B-like decode, swiglu_quant 8.5 -> 7.6 us and the step
+ * -4%), one per 256-value block (K_NQ_BLOCKS) past it (prefill: the
+ * per-32 layout recomputes each block 8 times; 27B-like prefill was 2%
+ * slower with it). The bits are the same either way. */
+#define K_FUSED_CHUNK_ROWS_MAX 16
+#endif
+static unsigned fused_units(int64_t rows) { return rows > K_FUSED_CHUNK_ROWS_MAX ? K_NQ_BLOCKS : 0u; }
+
 #ifndef K_ATTN_PART_BYTES_MAX
 /* the attention partials buffer's cap when the runner picks its query rows
  * per launch (below: 512 rows at n_ctx 4096 on the 0.8B shape, 68 MB;
@@ -732,7 +743,7 @@ int kr_attn_layer(k_runner *r, dev_layer *L, dev_state *S, int64_t n, int64_t po
     if (r->fuse) { /* the output gate and the o projection's quantizer in one launch (attn_gate_quant) */
         const unsigned q = kr_act_flag(&L->o);
         k_attn_gate_quant_params p = {K_TAG_OF(attn_gate_quant), (uint32_t)n, (uint32_t)nh, (uint32_t)dh,
-                                      (uint32_t)qf_dim, q};
+                                      (uint32_t)qf_dim, q | fused_units(n)};
         k_binding b[] = {STATUS_BIND(attn_gate_quant), K_BIND(attn_gate_quant, p, &p, sizeof p),
                          K_BIND(attn_gate_quant, qf, qf, F4(n * qf_dim)),
                          K_BIND(attn_gate_quant, a, r->attn, F4(n * nh * dh)),
@@ -765,7 +776,8 @@ int kr_ffn_layer(k_runner *r, dev_layer *L, int64_t n, unsigned ready, ds4_error
         for (int i = 0; i < L->n_ffn_in; i++) runs[i] = (mm_job){&L->ffn_in[i].m, in[L->ffn_in[i].first].y, 2 * F};
         if ((rc = kr_matmul(r, r->x, E, n, runs, L->n_ffn_in, ready, err))) return rc;
         const unsigned q = kr_act_flag(&L->ffn_down);
-        k_swiglu_quant_params p = {K_TAG_OF(swiglu_quant), (uint32_t)F, (uint32_t)n, (uint32_t)(2 * F), (uint32_t)F, q};
+        k_swiglu_quant_params p = {K_TAG_OF(swiglu_quant), (uint32_t)F, (uint32_t)n, (uint32_t)(2 * F), (uint32_t)F,
+                                   q | fused_units(n)};
         k_binding b[] = {STATUS_BIND(swiglu_quant), K_BIND(swiglu_quant, p, &p, sizeof p),
                          K_BIND(swiglu_quant, gu, r->gu, F4(n * 2 * F)),
                          K_BIND(swiglu_quant, q8, r->xq8, r->xq8_bytes), K_BIND(swiglu_quant, qk, r->xqk, r->xqk_bytes)};
@@ -858,7 +870,7 @@ static int moe_grouped(k_runner *r, const dev_moe *M, int64_t n, ds4_error *err)
         const int64_t nn = part ? Fs : F, rows = part ? n : nk;
         const size_t qoff = part ? (size_t)nk * K_MOE_ACT_BYTES(td, (uint32_t)F) : 0;
         k_swiglu_quant_params p = {K_TAG_OF(swiglu_quant), (uint32_t)nn, (uint32_t)rows, (uint32_t)(2 * nf),
-                                   (uint32_t)nf, fl};
+                                   (uint32_t)nf, fl | fused_units(rows)};
         k_binding b[] = {STATUS_BIND(swiglu_quant), K_BIND(swiglu_quant, p, &p, sizeof p),
                          K_BIND(swiglu_quant, gu, r->moe_gu + (part ? nk * 2 * nf : 0), F4(rows * 2 * nf)),
                          K_BIND(swiglu_quant, q8, r->moe_hq8 + (fl == K_NQ_Q8_0 ? qoff : 0),

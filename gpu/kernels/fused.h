@@ -21,26 +21,28 @@
 
 /* One threadgroup per row, of the threadgroup size rmsnorm would run this
  * n with (the host's row_tg): thread TID owns elements TID + k T (T =
- * K_TG_SIZE, a multiple of 32) in all three phases, so it only ever reads
- * back its own stores of h and no device memory passes between threads.
+ * K_TG_SIZE, a multiple of 32) in the first two phases, so it only ever
+ * reads back its own stores of h (no device memory passes between threads:
+ * a Metal threadgroup barrier orders threadgroup memory only).
  *  1. h = h + y (add_rows' expression) and the sum of squares in rmsnorm's
  *     order: per thread ascending k, SIMD butterfly, partials in ascending
  *     SIMD order; scale = 1/sqrt(sum/n + eps); x = (h * scale) * w.
  *  2. Q8_0: lane j of SIMD-group s owns elements 32 (s + k T/32) + j, i.e.
  *     whole blocks with lane = position: k_q8_0_store, as quantize_q8_0.
- *  3. Q8_K: a 256-block is spread over 8 SIMD-groups' chunks of 32; each
- *     chunk's (|x|, index) winner (k_q8_K_beats, a total order, so the
- *     block's winner does not depend on how it is reduced) goes through
- *     threadgroup memory; after a barrier every chunk takes its block's
- *     winner and k_q8_K_chunk writes its codes and bsums, as quantize_q8_K.
+ *     Q8_K: x goes to threadgroup memory (xs).
+ *  3. Q8_K, after a barrier: SIMD-group s quantizes blocks s, s + T/32, ...
+ *     from xs exactly as quantize_q8_K does (k_q8_K_block_max, then
+ *     k_q8_K_chunk per 32). (Until 2026-12-06 each 32-chunk's winner went
+ *     through threadgroup memory and every thread scanned its block's 8
+ *     winners per element: 11 us a launch at n 5120 on the H100, issue-bound
+ *     on its one SM, 11% of a 27B-like decode step.)
  * x (the float row) is stored only with K_NQ_X: the layer loop's matvecs
  * read the quantized rows only. */
 #define K_NQ_AHEAD 8u /* elements per thread loaded ahead (see below) */
 K_KERNEL(norm_quant) {
     K_CHECK_TAG(norm_quant);
     K_TG_ARRAY(float, partial, 32);
-    K_TG_ARRAY(float, cval, K_NQ_MAX_N / 32u); /* per chunk: the winner's signed value */
-    K_TG_ARRAY(float, cidx, K_NQ_MAX_N / 32u); /* and its index in the block */
+    K_TG_ARRAY(float, xs, K_NQ_MAX_N); /* the row's x, for the Q8_K blocks */
     const k_u32 fl = p.flags;
     if (p.n > K_NQ_MAX_N || ((fl & K_NQ_Q8_0) && p.n % 32u) || ((fl & K_NQ_Q8_K) && p.n % 256u)) {
         k_raise(status, K_ERR_SHAPE);
@@ -81,8 +83,6 @@ K_KERNEL(norm_quant) {
     const float mean = sum / (float)p.n;
     const float scale = 1.0f / k_sqrt(mean + p.eps);
     const k_u32 nb0 = p.n / 32u, nbk = p.n / 256u;
-    /* (with Q8 output n is a multiple of 32 and T of 32: `i >= n` below
-     * holds for a whole SIMD-group at once, so its shuffles stay uniform) */
     for (k_u32 i0 = K_TID; i0 < p.n; i0 += K_NQ_AHEAD * T) {
         float hv[K_NQ_AHEAD], wv[K_NQ_AHEAD];
         K_UNROLL for (k_u32 u = 0; u < K_NQ_AHEAD; u++) {
@@ -96,90 +96,86 @@ K_KERNEL(norm_quant) {
             const float v0 = hv[u] * scale;
             const float xv = v0 * wv[u];
             if (fl & K_NQ_X) K_ST(x, base + i, xv);
+            /* (n a multiple of 32 here and T too: `i >= n` above holds for a
+             * whole SIMD-group at once, so the store's shuffles stay uniform) */
             if (fl & K_NQ_Q8_0) k_q8_0_store(xv, K_LANE, q8, (row * nb0 + i / 32u) * 34u);
-            if (fl & K_NQ_Q8_K) { /* the chunk's winner, quantize_q8_K's butterfly */
-                const float ax = k_fabs(xv);
-                const k_u32 c = i / 32u;
-                float amax = 0.0f, idx = 1.0e9f, mx = 0.0f;
-                if (ax > amax) amax = ax, idx = (float)(32u * (c % 8u) + K_LANE), mx = xv;
-                for (k_u32 m = 16u; m >= 1u; m >>= 1) {
-                    const float oa = k_shfl_xor(amax, m), oi = k_shfl_xor(idx, m), om = k_shfl_xor(mx, m);
-                    if (k_q8_K_beats(oa, oi, amax, idx)) amax = oa, idx = oi, mx = om;
-                }
-                if (K_LANE == 0) {
-                    K_ST(cval, c, mx);
-                    K_ST(cidx, c, idx);
-                }
-            }
+            if (fl & K_NQ_Q8_K) K_ST(xs, i, xv);
         }
     }
     if (!(fl & K_NQ_Q8_K)) return; /* uniform: params */
-#ifndef PLANT_FUSED_NO_BARRIER /* planted fault (tests must turn red): chunk winners read unsynchronised */
+#ifndef PLANT_FUSED_NO_BARRIER /* planted fault (tests must turn red): xs read unsynchronised */
     K_BARRIER();
 #endif
-    for (k_u32 i0 = K_TID; i0 < p.n; i0 += K_NQ_AHEAD * T) {
-        float hv[K_NQ_AHEAD], wv[K_NQ_AHEAD];
-        K_UNROLL for (k_u32 u = 0; u < K_NQ_AHEAD; u++) {
-            const k_u32 i = i0 + u * T;
-            hv[u] = i < p.n ? K_LD(h, base + i) : 0.0f;
-            wv[u] = i < p.n ? K_LD(w, i) : 0.0f;
-        }
-        K_UNROLL for (k_u32 u = 0; u < K_NQ_AHEAD; u++) {
-            const k_u32 i = i0 + u * T;
-            if (i >= p.n) break;
-            const float v0 = hv[u] * scale;
-            const float xv = v0 * wv[u];
-            const k_u32 c = i / 32u, blk = c / 8u;
-            float amax = 0.0f, idx = 1.0e9f, mx = 0.0f;
-            for (k_u32 j = 0; j < 8u; j++) {
-                const float cv = K_LD(cval, 8u * blk + j), ci = K_LD(cidx, 8u * blk + j), ca = k_fabs(cv);
-                if (k_q8_K_beats(ca, ci, amax, idx)) amax = ca, idx = ci, mx = cv;
-            }
-            k_q8_K_chunk(xv, amax, mx, K_LANE, c % 8u, qk, (row * nbk + blk) * 292u);
-        }
+    for (k_u32 blk = K_SIMD; blk < nbk; blk += K_NSIMD) { /* uniform per SIMD-group */
+        k_q8_K_lanes X;
+        K_UNROLL for (k_u32 i = 0; i < 8u; i++) X.v[i] = K_LD(xs, 256u * blk + K_LANE + 32u * i);
+        const k_q8_K_win W = k_q8_K_block_max(X, K_LANE);
+        K_UNROLL for (k_u32 i = 0; i < 8u; i++)
+            k_q8_K_chunk(X.v[i], W.amax, W.mx, K_LANE, i, qk, (row * nbk + blk) * 292u);
     }
 }
 
-/* One SIMD-group per unit of U values of a row (U = 256 with K_NQ_Q8_K,
- * else 32), lane l holding values l + 32 i (i < U/32): g = SiLU(g) * u as
- * swiglu computes it (g at gu[row stride + i], u at gu[row stride + up_off
- * + i]: the FFN's gate and up matvecs write one row [g | u], in one launch
- * when their weights are concatenated), then the Q8_0 blocks (k_q8_0_store
- * per 32) and/or the Q8_K block (quantize_q8_K's max and k_q8_K_chunk),
- * rows of n values. The float g is not stored: only the down projection
- * reads it, quantized. */
+/* The stores of swiglu_quant and attn_gate_quant for one SIMD-group: the
+ * whole block X (`whole`: chunks 0..7 of it, Q8_0 blocks c8 .. c8 + 7)
+ * or chunk `sub` of it (value vs, Q8_0 block c8), Q8_0 (k_q8_0_store)
+ * and/or Q8_K (k_q8_K_block_max of the block, k_q8_K_chunk at qk[ko]). */
+K_FN void k_fused_store(const k_q8_K_lanes X, float vs, k_u32 fl, k_u32 whole, k_u32 lane, k_u32 sub,
+                        K_DEV k_u8 *q8, k_u32 c8, K_DEV k_u8 *qk, k_u32 ko) {
+    if (fl & K_NQ_Q8_0) {
+        if (whole)
+            K_UNROLL for (k_u32 i = 0; i < 8u; i++) k_q8_0_store(X.v[i], lane, q8, (c8 + i) * 34u);
+        else
+            k_q8_0_store(vs, lane, q8, c8 * 34u);
+    }
+    if (!(fl & K_NQ_Q8_K)) return;
+    const k_q8_K_win W = k_q8_K_block_max(X, lane);
+    if (whole)
+        K_UNROLL for (k_u32 i = 0; i < 8u; i++) k_q8_K_chunk(X.v[i], W.amax, W.mx, lane, i, qk, ko);
+    else
+        k_q8_K_chunk(vs, W.amax, W.mx, lane, sub, qk, ko);
+}
+
+/* g = SiLU(g) * u as swiglu computes it (g at gu[row stride + i], u at
+ * gu[row stride + up_off + i]: the FFN's gate and up matvecs write one row
+ * [g | u], in one launch when their weights are concatenated), then its
+ * Q8_0 blocks (k_q8_0_store per 32) and/or Q8_K blocks (k_q8_K_block_max,
+ * then k_q8_K_chunk per 32), as swiglu + quantize. One SIMD-group per 32
+ * values: with K_NQ_Q8_K each of a block's 8 SIMD-groups computes all 256
+ * values (lane l: l + 32 i) and the block's max (the same winner in all 8)
+ * and writes its own chunk, so a decode step's chain is one chunk long
+ * (one SIMD-group per block, until 2026-12-06: 8.5 us a launch at n 17408
+ * on the H100, 17 threadgroups on 132 SMs); with K_NQ_BLOCKS too (the
+ * host's choice for many rows) one SIMD-group per block writes all 8
+ * chunks, without the recomputation. The float g is not stored: only the
+ * down projection reads it, quantized. */
 K_KERNEL(swiglu_quant) {
     K_CHECK_TAG(swiglu_quant);
-    const k_u32 fl = p.flags, U = (fl & K_NQ_Q8_K) ? 256u : 32u;
+    const k_u32 fl = p.flags, U = (fl & K_NQ_Q8_K) ? 256u : 32u, uv = K_FUSED_UNIT_VALUES(fl);
     if (p.n % U || p.n == 0u || p.up_off < p.n || p.stride < p.up_off + p.n) {
         k_raise(status, K_ERR_SHAPE);
         return;
     }
-    const k_u32 per = p.n / U, unit = K_GX * K_NSIMD + K_SIMD;
+    const k_u32 per = p.n / uv, unit = K_GX * K_NSIMD + K_SIMD;
     if (unit >= p.n_rows * per) return; /* a whole SIMD-group; no barriers here */
-    const k_u32 row = unit / per, i0 = (unit % per) * U, xo = row * p.n + i0, go = row * p.stride + i0;
-    float v[8];
-    float amax = 0.0f, idx = 1.0e9f, mx = 0.0f;
+    /* chunk ch (of 32 values) and, with Q8_K, its place in its block */
+    const k_u32 row = unit / per, ch = (unit % per) * (uv / 32u), sub = (fl & K_NQ_Q8_K) ? ch % 8u : 0u;
+    const k_u32 go = row * p.stride + (ch - sub) * 32u; /* the first value this SIMD-group computes */
+    const k_u32 nv = U / 32u;
+    k_q8_K_lanes X;
+    float vs = 0.0f; /* lane's value of chunk ch */
     K_UNROLL for (k_u32 i = 0; i < 8u; i++) {
-        v[i] = 0.0f;
-        if (32u * i >= U) continue;
+        X.v[i] = 0.0f;
+        if (i >= nv) continue;
         const k_u32 e = go + K_LANE + 32u * i;
         const float g = K_LD(gu, e);
 #ifdef PLANT_FUSED_SWIGLU_ORDER /* planted fault (tests must turn red): SiLU(g) * u regrouped */
-        v[i] = g * (K_LD(gu, e + p.up_off) / (1.0f + k_exp(-g)));
+        X.v[i] = g * (K_LD(gu, e + p.up_off) / (1.0f + k_exp(-g)));
 #else
-        v[i] = (g / (1.0f + k_exp(-g))) * K_LD(gu, e + p.up_off);
+        X.v[i] = (g / (1.0f + k_exp(-g))) * K_LD(gu, e + p.up_off);
 #endif
-        if (fl & K_NQ_Q8_0) k_q8_0_store(v[i], K_LANE, q8, (xo + 32u * i) / 32u * 34u);
-        const float ax = k_fabs(v[i]);
-        if (ax > amax) amax = ax, idx = (float)(K_LANE + 32u * i), mx = v[i];
+        if (i == sub) vs = X.v[i];
     }
-    if (!(fl & K_NQ_Q8_K)) return;
-    for (k_u32 m = 16u; m >= 1u; m >>= 1) {
-        const float oa = k_shfl_xor(amax, m), oi = k_shfl_xor(idx, m), om = k_shfl_xor(mx, m);
-        if (k_q8_K_beats(oa, oi, amax, idx)) amax = oa, idx = oi, mx = om;
-    }
-    K_UNROLL for (k_u32 i = 0; i < 8u; i++) k_q8_K_chunk(v[i], amax, mx, K_LANE, i, qk, xo / 256u * 292u);
+    k_fused_store(X, vs, fl, uv == 256u, K_LANE, sub, q8, row * (p.n / 32u) + ch, qk, (row * (p.n / 256u) + ch / 8u) * 292u);
 }
 
 /* Attention's per-head q and k RMSNorm followed by the partial NEOX RoPE,
@@ -240,41 +236,30 @@ K_KERNEL(qk_norm_rope) {
 
 /* Attention's output gate and the o projection's activation quantizer:
  * a[t][h][d] * sigmoid(qf[t][2h+1][d]) exactly as attn_gate computes it,
- * then the row's (n_head * head_dim values) Q8_0 blocks (k_q8_0_store per
- * 32) and/or Q8_K block (quantize_q8_K's max and k_q8_K_chunk). One
- * SIMD-group per 256 values with K_NQ_Q8_K, else per 32; lane l holds
- * values l + 32 i. The gated floats are not stored (only the o projection
- * reads them, quantized). Replaces attn_gate + quantize. */
+ * then the row's (n_head * head_dim values) Q8_0 and/or Q8_K blocks
+ * (k_fused_store), SIMD-groups per 32 or 256 values as swiglu_quant. The
+ * gated floats are not stored (only the o projection reads them,
+ * quantized). Replaces attn_gate + quantize. */
 K_KERNEL(attn_gate_quant) {
     K_CHECK_TAG(attn_gate_quant);
-    const k_u32 fl = p.flags, U = (fl & K_NQ_Q8_K) ? 256u : 32u, n = p.n_head * p.head_dim;
+    const k_u32 fl = p.flags, U = (fl & K_NQ_Q8_K) ? 256u : 32u, n = p.n_head * p.head_dim, uv = K_FUSED_UNIT_VALUES(fl);
     if (n % U || n == 0u) {
         k_raise(status, K_ERR_SHAPE);
         return;
     }
-    const k_u32 per = n / U, unit = K_GX * K_NSIMD + K_SIMD;
+    const k_u32 per = n / uv, unit = K_GX * K_NSIMD + K_SIMD;
     if (unit >= p.n_rows * per) return; /* a whole SIMD-group; no barriers here */
-    const k_u32 t = unit / per, xo = t * n + (unit % per) * U;
-    float v[8];
-    float amax = 0.0f, idx = 1.0e9f, mx = 0.0f;
+    const k_u32 t = unit / per, ch = (unit % per) * (uv / 32u), sub = (fl & K_NQ_Q8_K) ? ch % 8u : 0u;
+    const k_u32 xo = t * n + (ch - sub) * 32u, nv = U / 32u;
+    k_q8_K_lanes X;
+    float vs = 0.0f; /* lane's value of chunk ch */
     K_UNROLL for (k_u32 i = 0; i < 8u; i++) {
-        v[i] = 0.0f;
-        if (32u * i >= U) continue;
+        X.v[i] = 0.0f;
+        if (i >= nv) continue;
         const k_u32 e = xo + K_LANE + 32u * i, j = e - t * n, h = j / p.head_dim, d = j % p.head_dim;
         const float g = K_LD(qf, t * p.qf_stride + (2u * h + 1u) * p.head_dim + d);
-        v[i] = K_LD(a, e) * (1.0f / (1.0f + k_exp(-g)));
-        if (fl & K_NQ_Q8_0) k_q8_0_store(v[i], K_LANE, q8, (xo + 32u * i) / 32u * 34u);
-        const float ax = k_fabs(v[i]);
-        if (ax > amax) amax = ax, idx = (float)(K_LANE + 32u * i), mx = v[i];
+        X.v[i] = K_LD(a, e) * (1.0f / (1.0f + k_exp(-g)));
+        if (i == sub) vs = X.v[i];
     }
-    if (!(fl & K_NQ_Q8_K)) return;
-    for (k_u32 m = 16u; m >= 1u; m >>= 1) {
-        const float oa = k_shfl_xor(amax, m), oi = k_shfl_xor(idx, m), om = k_shfl_xor(mx, m);
-#ifdef PLANT_FUSED_GATE_LAST_TIE /* planted fault (tests must turn red): |max| ties to the higher index */
-        if (oa > amax || (oa == amax && oi > idx)) amax = oa, idx = oi, mx = om;
-#else
-        if (k_q8_K_beats(oa, oi, amax, idx)) amax = oa, idx = oi, mx = om;
-#endif
-    }
-    K_UNROLL for (k_u32 i = 0; i < 8u; i++) k_q8_K_chunk(v[i], amax, mx, K_LANE, i, qk, xo / 256u * 292u);
+    k_fused_store(X, vs, fl, uv == 256u, K_LANE, sub, q8, t * (n / 32u) + ch, qk, (t * (n / 256u) + ch / 8u) * 292u);
 }

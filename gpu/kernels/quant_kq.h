@@ -64,6 +64,42 @@ K_FN int k_q8_K_beats(float oa, float oi, float amax, float idx) {
     return oa > amax || (oa == amax && oi < idx);
 }
 
+/* One Q8_K block's 256 values in a SIMD-group: lane l holds v[i] = value
+ * l + 32 i. */
+typedef struct {
+    float v[8];
+} k_q8_K_lanes;
+
+/* The block's largest |x| (amax), the index of the FIRST value that has it
+ * (idx, as float: exact below 2^24; 1e9 when amax is 0) and that signed
+ * value (mx; 0 when amax is 0): quantize_q8_K's max (per lane ascending i
+ * with strict >, so NaN never wins; then the butterfly under
+ * k_q8_K_beats, a total order, so the winner does not depend on how the
+ * lanes are combined). All 32 lanes call it and all get the winner: a
+ * SIMD-group that serves one chunk of a block (swiglu_quant,
+ * attn_gate_quant) computes the same winner as its block's other seven. */
+typedef struct {
+    float amax, idx, mx;
+} k_q8_K_win;
+
+K_FN k_q8_K_win k_q8_K_block_max(const k_q8_K_lanes X, k_u32 lane) {
+    k_q8_K_win W;
+    W.amax = 0.0f, W.idx = 1.0e9f, W.mx = 0.0f;
+    K_UNROLL for (k_u32 i = 0; i < 8u; i++) {
+        const float ax = k_fabs(X.v[i]);
+        if (ax > W.amax) W.amax = ax, W.idx = (float)(lane + 32u * i), W.mx = X.v[i];
+    }
+    for (k_u32 m = 16u; m >= 1u; m >>= 1) {
+        const float oa = k_shfl_xor(W.amax, m), oi = k_shfl_xor(W.idx, m), om = k_shfl_xor(W.mx, m);
+#ifdef PLANT_FUSED_GATE_LAST_TIE /* planted fault (tests must turn red): |max| ties to the higher index */
+        if (oa > W.amax || (oa == W.amax && oi > W.idx)) W.amax = oa, W.idx = oi, W.mx = om;
+#else
+        if (k_q8_K_beats(oa, oi, W.amax, W.idx)) W.amax = oa, W.idx = oi, W.mx = om;
+#endif
+    }
+    return W;
+}
+
 /* One SIMD-group per 256-value block; lane l holds x[l + 32 i], i < 8.
  * Bit for bit the CPU's quant_q8_K (ggml quantize_row_q8_K_ref): max = the
  * FIRST element of largest |x| (strict >, so NaN never wins), then
@@ -79,19 +115,10 @@ K_KERNEL(quantize_q8_K) {
     if (blk >= p.n_rows * nb) return; /* a whole SIMD-group */
     const k_u32 row = blk / nb, ib = blk % nb;
     const k_u32 xo = row * p.x_stride + ib * 256u;
-    float v[8];
-    float amax = 0.0f, idx = 1.0e9f; /* index as float: exact below 2^24 */
-    for (k_u32 i = 0; i < 8u; i++) {
-        v[i] = K_LD(x, xo + K_LANE + 32u * i);
-        const float ax = k_fabs(v[i]);
-        if (ax > amax) amax = ax, idx = (float)(K_LANE + 32u * i);
-    }
-    for (k_u32 m = 16u; m >= 1u; m >>= 1) {
-        const float oa = k_shfl_xor(amax, m), oi = k_shfl_xor(idx, m);
-        if (k_q8_K_beats(oa, oi, amax, idx)) amax = oa, idx = oi;
-    }
-    const float mx = amax == 0.0f ? 0.0f : K_LD(x, xo + (k_u32)idx);
-    for (k_u32 i = 0; i < 8u; i++) k_q8_K_chunk(v[i], amax, mx, K_LANE, i, q, blk * 292u);
+    k_q8_K_lanes X;
+    K_UNROLL for (k_u32 i = 0; i < 8u; i++) X.v[i] = K_LD(x, xo + K_LANE + 32u * i);
+    const k_q8_K_win W = k_q8_K_block_max(X, K_LANE);
+    K_UNROLL for (k_u32 i = 0; i < 8u; i++) k_q8_K_chunk(X.v[i], W.amax, W.mx, K_LANE, i, q, blk * 292u);
 }
 
 

@@ -449,7 +449,12 @@ typedef struct {
 #define K_NQ_X 2u    /* store the float row (x; swiglu_quant: gate in place) */
 #define K_NQ_Q8_0 4u /* store Q8_0 blocks (quantize_q8_0) */
 #define K_NQ_Q8_K 8u /* store Q8_K blocks (quantize_q8_K) */
-#define K_NQ_MAX_N 16384u /* norm_quant's n, at most (threadgroup memory: 2 floats per 32) */
+#define K_NQ_BLOCKS 16u /* swiglu_quant / attn_gate_quant with K_NQ_Q8_K: one SIMD-group per 256-value
+                          * block (its 8 chunks in turn) instead of one per 32 values (each of a block's 8
+                          * SIMD-groups computing the block's values and max, then writing its chunk): the
+                          * host's choice for many rows, where that 8-fold recomputation costs more than
+                          * the shorter chain saves; the same bits either way */
+#define K_NQ_MAX_N 7168u /* norm_quant's n, at most (its row in threadgroup memory: 28 KB, within Apple's 32 KB; wider rows take add_rows + rmsnorm) */
 
 /* Per row (one threadgroup per row, of rmsnorm's size for this n): h += y
  * (K_NQ_ADD), x = rmsnorm(h) * w (eps), then x's Q8_0 and/or Q8_K blocks
@@ -484,7 +489,9 @@ typedef struct {
     k_u32 up_off;   /* floats from a row's g to its u, >= n */
     k_u32 flags;    /* K_NQ_Q8_0, K_NQ_Q8_K */
 } k_swiglu_quant_params;
-#define K_SWIGLU_QUANT_UNITS(p) ((p).n_rows * ((p).n / (((p).flags & K_NQ_Q8_K) ? 256u : 32u)))
+/* SIMD-groups: one per 32 values, or per 256 with K_NQ_Q8_K | K_NQ_BLOCKS */
+#define K_FUSED_UNIT_VALUES(flags) ((((flags) & (K_NQ_Q8_K | K_NQ_BLOCKS)) == (K_NQ_Q8_K | K_NQ_BLOCKS)) ? 256u : 32u)
+#define K_SWIGLU_QUANT_UNITS(p) ((p).n_rows * ((p).n / K_FUSED_UNIT_VALUES((p).flags)))
 #define K_ARGS_swiglu_quant(X, K)                                         \
     X(K, 0, status, k_u32, K_STATUS, 2)                                   \
     X(K, 1, p, k_swiglu_quant_params, K_PARAMS, 1)                        \
@@ -528,7 +535,7 @@ typedef struct {
     k_u32 qf_stride; /* floats between rows of qf (2 * n_head * head_dim) */
     k_u32 flags;     /* K_NQ_Q8_0, K_NQ_Q8_K */
 } k_attn_gate_quant_params;
-#define K_ATTN_GATE_QUANT_UNITS(p) ((p).n_rows * ((p).n_head * (p).head_dim / (((p).flags & K_NQ_Q8_K) ? 256u : 32u)))
+#define K_ATTN_GATE_QUANT_UNITS(p) ((p).n_rows * ((p).n_head * (p).head_dim / K_FUSED_UNIT_VALUES((p).flags)))
 #define K_ARGS_attn_gate_quant(X, K)                                      \
     X(K, 0, status, k_u32, K_STATUS, 2)                                   \
     X(K, 1, p, k_attn_gate_quant_params, K_PARAMS, 1)                     \

@@ -745,7 +745,8 @@ static void fused_attn_gate_quant(void) {
     static const struct {
         uint32_t nh, dh, rows, fl;
     } cs_[] = {{5, 32, 3, K_NQ_Q8_0}, {3, 96, 2, K_NQ_Q8_0}, {4, 64, 3, K_NQ_Q8_K}, {5, 256, 2, K_NQ_Q8_0 | K_NQ_Q8_K},
-               {8, 256, 1, K_NQ_Q8_K}};
+               {8, 256, 1, K_NQ_Q8_K}, /* then one SIMD-group per block (K_NQ_BLOCKS) */
+               {5, 256, 2, K_NQ_Q8_0 | K_NQ_Q8_K | K_NQ_BLOCKS}, {4, 64, 3, K_NQ_Q8_K | K_NQ_BLOCKS}};
     for (size_t ic = 0; ic < sizeof cs_ / sizeof cs_[0]; ic++) {
         const uint32_t nh = cs_[ic].nh, dh = cs_[ic].dh, rows = cs_[ic].rows, fl = cs_[ic].fl, n = nh * dh;
         const uint32_t qs = 2 * n + 3;
@@ -911,7 +912,8 @@ static void suite_fused(void) {
     static const struct {
         uint32_t n, fl;
     } sc[] = {{96, K_NQ_Q8_0}, {352, K_NQ_Q8_0}, {768, K_NQ_Q8_K}, {1280, K_NQ_Q8_0 | K_NQ_Q8_K},
-              {3584, K_NQ_Q8_K}};
+              {3584, K_NQ_Q8_K}, /* then one SIMD-group per block (K_NQ_BLOCKS; a no-op without Q8_K) */
+              {1280, K_NQ_Q8_0 | K_NQ_Q8_K | K_NQ_BLOCKS}, {768, K_NQ_Q8_K | K_NQ_BLOCKS}, {96, K_NQ_Q8_0 | K_NQ_BLOCKS}};
     for (size_t ic = 0; ic < sizeof sc / sizeof sc[0]; ic++) {
         const uint32_t n = sc[ic].n, fl = sc[ic].fl, rows = 3, up_off = n + (uint32_t)ic % 2 * 3,
                        stride = up_off + n + 5;
