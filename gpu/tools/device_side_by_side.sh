@@ -13,7 +13,8 @@
 # on the device). llama.cpp: llama-bench, flash attention on, all layers on
 # the GPU, CUDA graphs on (its default): tg128 at each depth, pp512/pp4096.
 # Contexts past what our prefill reaches in reasonable time are left out for
-# the big shapes (CTX_BIG).
+# the big shapes (CTX_BIG). After each model, RATIO lines: ours ÷ llama.cpp
+# per repetition (gpu/tools/side_by_side_ratios.py).
 set -u
 cd "$(dirname "$0")/../.."
 W=/tmp/ds4py-gpu
@@ -32,9 +33,13 @@ for f in "${models[@]}"; do
   sz=$(stat -c %s "$f")
   if [ "$sz" -gt 4000000000 ]; then ctx=$CTX_BIG; steps=32; else ctx=$CTX_SMALL; steps=64; fi
   echo "=== $(basename "$f") ($((sz / 1000000)) MB) ours ctx $ctx, llama.cpp depths 0,4096,32768 ($(date +%T))"
+  lines=$(mktemp)
   for rep in $(seq 1 "$REPS"); do
-    timeout 400 "$BIN" --bench "$f" "$ctx" "$steps" | grep '^BENCH' | sed "s/^/rep $rep ours: /"
+    timeout 400 "$BIN" --bench "$f" "$ctx" "$steps" | grep '^BENCH' | sed "s/^/rep $rep ours: /" | tee -a "$lines"
     timeout 400 bash gpu/tools/device_llama.sh bench "$f" 0,4096,32768 512,4096 1 \
-      | grep '^|' | sed "s/^/rep $rep llama.cpp: /"
+      | grep '^|' | sed "s/^/rep $rep llama.cpp: /" | tee -a "$lines"
   done
+  # ours ÷ llama.cpp per repetition (decode at ctx C by tg128 at depth C, prefill by ppC)
+  python3 gpu/tools/side_by_side_ratios.py "$lines"
+  rm -f "$lines"
 done
