@@ -5,8 +5,8 @@ the plugin and the kernels a CUDA build runs, as plain C under the emulator.
 The model is the golden dense model (2 attention + 3 GDN layers, E 256)
 requantized by gguf_tools to Q4_64A (every matrix; n_in 64 or 256, so all
 are multiples of 64), so each layer's projections, the FFN and the LM head
-run the new kernel: 20 prompt rows take its width-16 and width-4 variants,
-decoding its width-1 variant.
+run the Q4_64A kernels: 20 prompt rows take the prefill GEMM (gemm_q4_64a,
+bit for bit the width-1 matvec's values), decoding the width-1 matvec.
 
 Tolerances (against the CPU backend on the same file): the GPU is not
 bit-identical to the CPU by design (docs/gpu.md §7: its attention
@@ -71,7 +71,7 @@ def gpu(q4a_path):
 
 @pytest.fixture(scope="module")
 def prefill(gpu):
-    """One eval of all 20 rows: the matvec at widths 16 and 4."""
+    """One eval of all 20 rows: the prefill GEMM (more than 16 rows)."""
     with gpu.new_session() as s:
         return np.array(s.eval(TOKENS, all_logits=True))
 
@@ -100,8 +100,8 @@ def test_logits_match_the_cpu_backend(q4a_path, prefill):
 
 
 def test_prefill_equals_decode_bit_for_bit(gpu, prefill):
-    """20 one-row evals (the width-1 variant) give the bits of the 20-row
-    eval (widths 16 + 4): batch invariance on the Q4_64A path."""
+    """20 one-row evals (the width-1 matvec) give the bits of the 20-row
+    eval (the GEMM): batch invariance on the Q4_64A path."""
     rows = []
     with gpu.new_session() as s:
         for t in TOKENS:

@@ -325,14 +325,25 @@ unsigned kr_act_flag(const dev_mat *w) {
     return w->type == DS4_TYPE_Q8_0 || w->type == DS4_TYPE_Q4_64A ? K_NQ_Q8_0 : K_NQ_Q8_K; /* Q4_64A x Q8_0: traits.c */
 }
 
-/* A Q4_64A job (quant_q4_64a.h): the matvec variant for each block of at
- * most K_MATVEC_MAX_ROWS rows of r->xq8 (no prefill GEMM for Q4_64A yet,
- * so a wide chunk takes the matvecs 16 rows at a time: the same bits per
- * row whatever the width, so chunk boundaries still never show). */
+/* A Q4_64A job (quant_q4_64a.h) over rows of r->xq8: the prefill GEMM
+ * (gemm_q4_64a) for more than K_MATVEC_MAX_ROWS rows (unless K_RUNNER_GEMM=0
+ * or the grid passes CUDA's 65535 in y; no tensor-core variant), else the
+ * matvec variant for each block of at most K_MATVEC_MAX_ROWS rows. Every
+ * value has the width-1 matvec's bits on either path (tested: test_gpu_emul
+ * q4_64a), so chunk boundaries never show. */
 static int mm_rows_q4_64a(k_runner *r, const mm_job *job, int64_t n_rows, ds4_error *err) {
     const dev_mat *w = job->w;
     const int64_t ys = job->y_stride;
     const size_t xrow = (size_t)(w->n_in / 32) * 34;
+    if (n_rows > K_MATVEC_MAX_ROWS && r->gemm && K_GEMM_GROUPS_Y((uint64_t)w->n_out) <= 65535u) {
+        k_gemm_q4_64a_params p = {K_TAG_OF(gemm_q4_64a), (uint32_t)w->n_in, (uint32_t)w->n_out, (uint32_t)n_rows,
+                                  (uint32_t)ys};
+        k_binding b[] = {STATUS_BIND(gemm_q4_64a), K_BIND(gemm_q4_64a, p, &p, sizeof p),
+                         K_BIND(gemm_q4_64a, w, w->p, w->bytes), K_BIND(gemm_q4_64a, xq, r->xq8, (size_t)n_rows * xrow),
+                         K_BIND(gemm_q4_64a, y, job->y, F4((n_rows - 1) * ys + w->n_out))};
+        return kr_launch(r, K_ID_gemm_q4_64a, K_GEMM_GROUPS_X((uint32_t)n_rows), K_GEMM_GROUPS_Y((uint32_t)w->n_out), 1,
+                         K_GEMM_TG, b, 5, err);
+    }
     int rc = 0;
     for (int64_t r0 = 0; r0 < n_rows && !rc; r0 += K_MATVEC_MAX_ROWS) {
         const int64_t nr = n_rows - r0 < K_MATVEC_MAX_ROWS ? n_rows - r0 : K_MATVEC_MAX_ROWS;

@@ -173,3 +173,86 @@ K_FN void k_matvec_q4_64a_rows(const k_matvec_q4_64a_params p, K_DEV_IN k_u8 *w,
 K_Q4A_VARIANT(matvec_q4_64a1, 1u, K_Q4A1_RPS, K_Q4A1_STEP, K_Q4A1_TGS)
 K_Q4A_VARIANT(matvec_q4_64a4, 4u, K_Q4A4_RPS, K_Q4A4_STEP, K_Q4A4_TGS)
 K_Q4A_VARIANT(matvec_q4_64a, K_MATVEC_MAX_ROWS, K_Q4A16_RPS, K_Q4A16_STEP, K_Q4A16_TGS)
+
+/* The Q4_64A prefill GEMM (gemm.h's tiling and staging): every value bit
+ * for bit the width-1 matvec's. Lane 8 P + t keeps one accumulator per
+ * (weight row, activation row) of its tile and adds, for every block ib = P
+ * (mod 4) in ascending order, the matvec's term for word t of that block:
+ * (scale d) sqa_t + (bias d) sa_t with the same exact integers; then
+ * k_kq_phase_sum's width-1 combine (octet butterfly, xor 8, xor 16). So
+ * lane by lane the same accumulators as matvec_q4_64a1 (RPS 1: phase P's
+ * octet is lanes 8P..8P+7 there too), and the same value. A round is 4
+ * blocks (256 inputs); the stage holds, per (tile row, lane), the two
+ * activation words the lane's codes meet and that Q8_0 block's d: one
+ * 16-byte entry. */
+K_FN void k_gemm_q4_64a_tile(K_DEV_IN k_u8 *w, k_u32 n_in, k_u32 n_out, k_u32 o0, K_DEV_IN k_u8 *xq,
+                             K_DEV_IN k_u32 *order, k_gemm_map m, K_DEV float *y, K_TGM k_u32x4 *xt, k_u32 tid,
+                             k_u32 lane) {
+    const k_u32 nb = n_in / 64u, P = lane >> 3, t = lane & 7u;
+    K_DEV_IN k_u32 *w32 = (K_DEV_IN k_u32 *)w;
+    K_DEV_IN k_u16 *x16 = (K_DEV_IN k_u16 *)xq;
+    float acc[K_GEMM_TOS][K_GEMM_TR];
+    K_UNROLL for (k_u32 i = 0; i < K_GEMM_TOS; i++)
+        K_UNROLL for (k_u32 r = 0; r < K_GEMM_TR; r++) acc[i][r] = 0.0f;
+    for (k_u32 base = 0; base < nb; base += 4u) {
+        /* stage: entry (r, L) = the activation words lane L's codes of block
+         * base + L/8 meet (the matvec's a0, a1) and their Q8_0 block's d */
+        for (k_u32 e = tid; e < K_GEMM_TR * 32u; e += K_GEMM_TG) {
+            const k_u32 r = e / 32u, L = e % 32u, ib = base + (L >> 3), tl = L & 7u;
+            if (r >= m.n || ib >= nb) continue; /* never read */
+            const k_u32 xo = k_gemm_act(m, k_gemm_row(order, m, r)) + (2u * ib + (tl >> 2)) * 34u;
+            const k_u32 xc = 2u + 8u * (tl & 3u);
+            k_u32x4 a;
+            a.x = k_ld_w2(x16, xo + xc), a.y = k_ld_w2(x16, xo + xc + 4u);
+            a.z = k_f32_bits(k_h2f((k_u16)k_ld_u16_at(x16, xo))), a.w = 0u;
+            K_ST(xt, e, a);
+        }
+        K_BARRIER();
+        const k_u32 ib = base + P;
+        if (ib < nb) {
+            k_u32 c0[K_GEMM_TOS], c1[K_GEMM_TOS];
+            float sc[K_GEMM_TOS], bi[K_GEMM_TOS];
+            K_UNROLL for (k_u32 i = 0; i < K_GEMM_TOS; i++) {
+#ifdef PLANT_GEMM_OFF_BY_ONE_ROW
+                const k_u32 o = o0 + i + 1u < n_out ? o0 + i + 1u : n_out - 1u;
+#else
+                const k_u32 o = o0 + i < n_out ? o0 + i : n_out - 1u;
+#endif
+                const k_u32 blk = o * nb + ib, wq = K_LD(w32, blk * 9u + t), sb = K_LD(w32, blk * 9u + 8u);
+                c0[i] = k_q4a_codes(wq, 0u), c1[i] = k_q4a_codes(wq, 1u);
+                sc[i] = k_bf2f((k_u16)(sb & 0xFFFFu)), bi[i] = k_bf2f((k_u16)(sb >> 16));
+            }
+            K_UNROLL for (k_u32 r = 0; r < K_GEMM_TR; r++) {
+                if (r >= m.n) continue;
+                const k_u32x4 a = K_LD(xt, r * 32u + lane);
+                const float dx = k_bits_f32(a.z);
+                const int sa = k_dot4(0x01010101u, a.y, k_dot4(0x01010101u, a.x, 0));
+                K_UNROLL for (k_u32 i = 0; i < K_GEMM_TOS; i++) {
+                    const int sqa = k_dot4(c1[i], a.y, k_dot4(c0[i], a.x, 0));
+                    /* quant_q4_64a.h's term, verbatim (no contraction) */
+                    acc[i][r] += (sc[i] * dx) * (float)sqa + (bi[i] * dx) * (float)sa;
+                }
+            }
+        }
+        K_BARRIER(); /* the tile is read before the next round overwrites it */
+    }
+    K_UNROLL for (k_u32 i = 0; i < K_GEMM_TOS; i++)
+        K_UNROLL for (k_u32 r = 0; r < K_GEMM_TR; r++) {
+            if (r >= m.n) continue; /* uniform: the same r for the whole SIMD-group */
+            const float s = k_kq_phase_sum(acc[i][r], 0.0f, 0.0f, 0.0f, 1u);
+            if (lane == 0u && o0 + i < n_out) K_ST(y, m.ybase + k_gemm_row(order, m, r) * m.ystride + o0 + i, s);
+        }
+}
+
+K_KERNEL_BOUNDED(gemm_q4_64a, K_GEMM_TG, 1) {
+    K_CHECK_TAG(gemm_q4_64a);
+    if (!K_GEMM_SHAPE_OK(p, 64u)) {
+        k_raise(status, K_ERR_SHAPE);
+        return;
+    }
+    K_TG_ARRAY(k_u32x4, xt, K_GEMM_TR * 32);
+    if (K_GX * K_GEMM_TR >= p.n_rows) return; /* a whole threadgroup (a grid wider than the rows) */
+    const k_gemm_map m = k_gemm_dense_map(K_GX, p.n_rows, p.n_in / 32u * 34u, p.y_stride);
+    k_gemm_q4_64a_tile(w, p.n_in, p.n_out, (K_GY * K_GEMM_NSG + K_SIMD) * K_GEMM_TOS, xq, (K_DEV_IN k_u32 *)y, m, y,
+                       xt, K_TID, K_LANE);
+}

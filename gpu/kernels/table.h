@@ -89,7 +89,8 @@ typedef uchar k_u8;
     X(41, moe_combine)   \
     K_MMA_KERNEL_LIST_TAIL(X) \
     X(43, gdn_prep)      \
-    X(44, gdn_rows)
+    X(44, gdn_rows)      \
+    X(45, gemm_q4_64a)
 
 /* The int8 tensor-core GEMMs (gemm_mma.h) exist on CUDA and under the
  * emulator only: Metal has no int8 simdgroup matrix, so neither its kernel
@@ -905,6 +906,10 @@ typedef k_matvec_q4_64a_params k_matvec_q4_64a1_params;
 typedef k_matvec_q4_64a_params k_matvec_q4_64a4_params;
 #define K_ARGS_matvec_q4_64a1(X, K) K_ARGS_matvec_q4_64a(X, K)
 #define K_ARGS_matvec_q4_64a4(X, K) K_ARGS_matvec_q4_64a(X, K)
+/* the prefill GEMM (quant_q4_64a.h gemm_q4_64a): the matvec's table, K_GEMM_GROUPS_X(n_rows) x
+ * K_GEMM_GROUPS_Y(n_out) threadgroups of K_GEMM_TG threads */
+typedef k_matvec_q4_64a_params k_gemm_q4_64a_params;
+#define K_ARGS_gemm_q4_64a(X, K) K_ARGS_matvec_q4_64a(X, K)
 #define K_MATVEC_Q4_64A_KERNEL(n_rows) \
     ((n_rows) <= 1 ? K_ID_matvec_q4_64a1 : (n_rows) <= 4 ? K_ID_matvec_q4_64a4 : K_ID_matvec_q4_64a)
 #ifndef K_Q4A1_RPS

@@ -18,6 +18,8 @@
  *     threadgroups of 1..4 SIMD-groups, both schedules;
  *   - one-hot activations pick the CPU's dequantized weight bit for bit
  *     (every one of the 64 positions: the nibble order itself);
+ *   - the prefill GEMM (gemm_q4_64a) bit-identical to the width-1 matvec
+ *     for every value, on tile, round and weight-row tails (q4a_gemm);
  *   - shape refusals (a grid one threadgroup short, n_in not a multiple of
  *     64, a width too large for its variant) raise K_ERR_SHAPE.
  * The planted fault PLANT_Q4_64A_NIBBLE_SWAP (odd and even codes read from
@@ -150,6 +152,57 @@ static void q4a_one_hot(void) {
     free(w), free(xq), free(y), free(deq);
 }
 
+/* The prefill GEMM (gemm_q4_64a) against the width-1 matvec, every value
+ * bit for bit: rows past a tile (K_GEMM_TR 16: 17 and 35 rows), weight rows
+ * past a SIMD-group's K_GEMM_TOS and a threadgroup's (n_out 5 and 23),
+ * blocks past a 4-block round (1, 3, 17, 37 per row), the extreme weight
+ * blocks and activation rows of q4a_fill_*, a y row gap; then a grid one
+ * threadgroup short in x must raise K_ERR_SHAPE. */
+static void q4a_gemm(void) {
+    static const uint32_t shapes[][3] = {{1, 5, 17}, {3, 23, 35}, {17, 5, 35}, {37, 23, 17}}; /* nb, n_out, rows */
+    for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++) {
+        const uint32_t nb = shapes[c][0], n_out = shapes[c][1], R = shapes[c][2], n_in = 64 * nb, nbx = 2 * nb;
+        const uint32_t ys = n_out + (uint32_t)(c & 1) * 3;
+        uint8_t *w = malloc(n_out * nb * 36), *xq = malloc(R * nbx * 34);
+        float *yg = malloc(sizeof(float) * R * ys), *y1 = malloc(sizeof(float) * n_out);
+        q4a_fill_weights(w, n_out, nb);
+        q4a_fill_acts(xq, R, n_in);
+        fill_nan(yg, R * ys);
+        k_gemm_q4_64a_params p = {K_TAG_OF(gemm_q4_64a), n_in, n_out, R, ys};
+        k_binding b[] = {K_BIND(gemm_q4_64a, status, status, 8), K_BIND(gemm_q4_64a, p, &p, sizeof p),
+                         K_BIND(gemm_q4_64a, w, w, n_out * nb * 36), K_BIND(gemm_q4_64a, xq, xq, R * nbx * 34),
+                         K_BIND(gemm_q4_64a, y, yg, sizeof(float) * ((R - 1) * ys + n_out))};
+        int ok = !launch(K_ID_gemm_q4_64a, K_GEMM_GROUPS_X(R), K_GEMM_GROUPS_Y(n_out), 1, K_GEMM_TG, b, 5, (int)(c & 1),
+                         "gemm_q4_64a");
+        for (uint32_t r = 0; r < R && ok; r++) {
+            fill_nan(y1, n_out);
+            ok &= !q4a_launch(w, xq + r * nbx * 34, y1, n_in, n_out, 1, n_out, 2, 0);
+            ok &= !memcmp(y1, yg + r * ys, sizeof(float) * n_out);
+            for (uint32_t o = n_out; o < ys; o++) ok &= isnan(yg[r * ys + o]); /* the row gap untouched */
+        }
+        check(ok, "gemm n_in=%u n_out=%u rows=%u y_stride=%u: every value bit-identical to the width-1 matvec",
+              n_in, n_out, R, ys);
+        free(w), free(xq), free(yg), free(y1);
+    }
+    {
+        const uint32_t n_in = 128, n_out = 5, R = 20;
+        uint8_t *w = calloc(n_out * 2, 36), *xq = calloc(R * 4, 34);
+        float *y = calloc(R * n_out, sizeof(float));
+        k_gemm_q4_64a_params p = {K_TAG_OF(gemm_q4_64a), n_in, n_out, R, n_out};
+        k_binding b[] = {K_BIND(gemm_q4_64a, status, status, 8), K_BIND(gemm_q4_64a, p, &p, sizeof p),
+                         K_BIND(gemm_q4_64a, w, w, n_out * 2 * 36), K_BIND(gemm_q4_64a, xq, xq, R * 4 * 34),
+                         K_BIND(gemm_q4_64a, y, y, sizeof(float) * R * n_out)};
+        const uint32_t grid[3] = {K_GEMM_GROUPS_X(R) - 1, K_GEMM_GROUPS_Y(n_out), 1};
+        emul_options opt = {0, 0};
+        char err[600];
+        status[0] = status[1] = 0;
+        const int rc = emul_launch(K_ID_gemm_q4_64a, grid, K_GEMM_TG, b, 5, &opt, err, sizeof err);
+        check(rc == 0 && (status[0] & K_ERR_SHAPE), "gemm: a grid one threadgroup short of %u rows raises K_ERR_SHAPE",
+              R);
+        free(w), free(xq), free(y);
+    }
+}
+
 /* A launch the kernel must refuse with K_ERR_SHAPE (the host check passes). */
 static void q4a_refused(uint32_t n_in, uint32_t n_out, uint32_t width, uint32_t id, uint32_t groups, const char *what) {
     const uint32_t nbx = (n_in + 31) / 32, nbw = (n_in + 63) / 64;
@@ -247,6 +300,7 @@ static void suite_q4_64a(void) {
         free(w), free(xq), free(y);
     }
     q4a_one_hot();
+    q4a_gemm();
     q4a_refused(128, 9, 1, K_ID_matvec_q4_64a1, K_MATVEC_Q4_64A_GROUPS(1, 9, 2) - 1,
                 "a grid one threadgroup short of n_out=9");
     q4a_refused(96, 3, 1, K_ID_matvec_q4_64a1, 2, "n_in=96 (not a multiple of 64)");
