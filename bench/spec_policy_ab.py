@@ -3,7 +3,7 @@ repetitions (the policy's losses on a machine where drafting barely pays are
 a few percent, under the noise of a short bench_spec run).
 
     python bench/spec_policy_ab.py [--reps 100] [--variants adaptive,idle,noburst]
-                                   [--tokens 128] [--threads 2]
+                                   [--tokens 128] [--threads 2] [--backend cpu]
 
 Demo model, bench_spec's four workloads, greedy. Every repetition runs every
 mode on every prompt of a workload, the modes in order and reversed on
@@ -18,6 +18,9 @@ of ds4py.generate do:
   burst1    AdaptivePolicy(burst_depth=1): the burst as depth-1 shadow probes
   noprobe   AdaptivePolicy(probe_interval=0): no scheduled probes
   costonly  no burst and no probes: the cost model's own choices only
+  nocorr    the default policy with its own cost model, whose end-to-end
+            correction is off (ds4py.spec.policy.CostModel: the policy
+            before 2026-12-06)
 
 Printed per workload and variant: tok/s ratio to serial as the ratio of the
 medians / the median of per-repetition ratios [min..max of those], and the
@@ -40,7 +43,7 @@ from bench_spec import WORKLOADS  # noqa: E402
 import ds4py  # noqa: E402
 from ds4py.demo_model import demo_model_path  # noqa: E402
 from ds4py.spec.plan import model_costs  # noqa: E402
-from ds4py.spec.policy import AdaptivePolicy, FixedPolicy  # noqa: E402
+from ds4py.spec.policy import AdaptivePolicy, CostModel, FixedPolicy  # noqa: E402
 
 
 class IdlePolicy(FixedPolicy):
@@ -59,7 +62,15 @@ class IdlePolicy(FixedPolicy):
         pass
 
 
+class UncorrectedCosts(CostModel):
+    """The cost model without its end-to-end correction."""
+
+    def correction(self) -> float:
+        return 1.0
+
+
 def variants(costs) -> dict:
+    uncorrected = UncorrectedCosts()
     return {
         "adaptive": lambda: {},
         "idle": lambda: {"draft_policy": IdlePolicy()},
@@ -68,6 +79,7 @@ def variants(costs) -> dict:
         "noprobe": lambda: {"draft_policy": AdaptivePolicy(costs=costs, probe_interval=0)},
         "costonly": lambda: {"draft_policy": AdaptivePolicy(costs=costs, burst=0,
                                                              probe_interval=0)},
+        "nocorr": lambda: {"draft_policy": AdaptivePolicy(costs=uncorrected)},
     }
 
 
@@ -77,8 +89,9 @@ def main() -> None:
     ap.add_argument("--variants", default="adaptive,idle,noburst")
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--backend", default="cpu", help="cpu (default), cuda or metal")
     a = ap.parse_args()
-    model = ds4py.load(demo_model_path(), n_threads=a.threads)
+    model = ds4py.load(demo_model_path(), n_threads=a.threads, backend=a.backend)
     table = variants(model_costs(model))
     names = [v for v in a.variants.split(",") if v]
     bad = [v for v in names if v not in table]
@@ -100,7 +113,8 @@ def main() -> None:
                         rounds[w][name] += (g.draft or {}).get("draft_rounds") or 0
                 if rep:
                     tps[w][name].append(toks / secs)
-    print(f"{a.reps} repetitions, {a.tokens} tokens, {a.threads} threads; ratio to serial: "
+    print(f"{a.reps} repetitions, {a.tokens} tokens, {a.threads} threads, {a.backend}; "
+          f"ratio to serial: "
           f"ratio of medians / median of ratios [min..max]; r = drafting rounds per request")
     for w, prompts in WORKLOADS.items():
         s = tps[w]["serial"]

@@ -184,6 +184,9 @@ MARGIN = 0.05
 # rounds were priced 1.52 plain steps and cost 1.77 (prose, 286 rounds), and
 # prose ran at 0.92x serial. A choice inside the noise has nothing to gain.
 NOISE_Z = 2.0
+# The end-to-end correction's cap (CostModel.correction): a drafting round
+# measured at more than twice its parts' sum is a stall, not a price.
+CORRECTION_MAX = 2.0
 PROBE_INTERVAL, PROBE_CAP = 4, 256
 # A probe whose drafts were all accepted is followed at once by another
 # probe, up to FOLLOW_MAX in a row, the i-th of depth min(i, FOLLOW_DEPTH)
@@ -337,6 +340,28 @@ class CostModel:
 
     Estimates are cached and recomputed only for what a record changed, so
     pricing a round is O(widths) (the policy re-prices when a cost moves).
+
+    **End-to-end correction** (:meth:`correction`). The parts above leave
+    out whatever a round costs between its timers: the caller's work per
+    committed token (detokenizing, stop strings, streaming), Python between
+    the stamps, and the lower quartiles' own optimism (a sum of three lower
+    quartiles sits further below a round's typical time than one quartile
+    sits below a plain step's). Measured on an H100 with the demo model
+    (2026-12-06): a depth-2 round priced 0.94 ms took 1.03 ms from one
+    round's start to the next, while the plain step's price, 0.50 ms, was
+    what a serial token took end to end; on chat (acceptance ~0.6 at depth
+    1, ~0.35 at depth 2) that 10% tipped the policy into drafting at 0.81-
+    0.88x serial. So the runner also times every round from its start to
+    the next round's start: a drafting round's wall over its price
+    (:meth:`record_round`), and a plain stretch's wall per token
+    (:meth:`record_plain_run`, the quiet steps included). The drafting
+    depths are priced ``correction()`` = (median wall / price of drafting
+    rounds) / (median plain wall per token / plain step) times their
+    parts' sum, clamped to [1, 2]: it never makes drafting cheaper than its
+    parts (fail closed: a correction below 1 would come from a caller that
+    is slow per token, which plain decoding pays as well), and it is 1
+    until 3 drafting rounds have been timed. Medians on both sides, so a
+    stall hits them alike.
     """
 
     def __init__(self, window: int = 64, recent: int = 16):
@@ -354,7 +379,11 @@ class CostModel:
         self.plain_samples = 0
         self._draft: deque[float] = deque(maxlen=recent)
         self._over: deque[float] = deque(maxlen=recent)
-        self._est: dict = {}      # cached estimates: "plain", "draft", "over", ("w", w), "line"
+        # end to end (class doc): drafting rounds' wall / price, plain stretches' wall per token
+        self._e2e_draft: deque[float] = deque(maxlen=recent)
+        self._e2e_plain: deque[float] = deque(maxlen=recent)
+        # cached estimates: "plain", "draft", "over", ("w", w), "line", "corr"
+        self._est: dict = {}
         self._line_pts: dict | None = None  # the width estimates the cached line was fitted on
 
     # -- samples -------------------------------------------------------------
@@ -403,6 +432,22 @@ class CostModel:
     def record_overhead(self, seconds: float) -> None:
         self._over.append(float(seconds))
         self._est.pop("over", None)
+
+    def record_round(self, depth: int, seconds: float) -> None:
+        """A drafting round of ``depth`` took ``seconds`` from its start to
+        the next round's start (class doc, "End-to-end correction"); its
+        price is the parts' sum as they stand now (its own samples in)."""
+        priced = self.parts_cost(depth)
+        if depth >= 1 and priced > 0.0 and seconds > 0.0:
+            self._e2e_draft.append(float(seconds) / priced)
+            self._est.pop("corr", None)
+
+    def record_plain_run(self, tokens: int, seconds: float) -> None:
+        """A plain round and the quiet steps after it committed ``tokens``
+        tokens in ``seconds``, from its start to the next round's start."""
+        if tokens >= 1 and seconds > 0.0:
+            self._e2e_plain.append(float(seconds) / tokens)
+            self._est.pop("corr", None)
 
     # -- estimates -------------------------------------------------------------
     def _width(self, w: int) -> float:
@@ -518,20 +563,44 @@ class CostModel:
         self._est["unc"] = v
         return v
 
-    def round_costs(self, cap: int) -> list[float]:
-        """cost(d) for d = 0..cap: verify_cost(d + 1) + d x draft_step +
-        overhead, inlined (the policy prices every depth after every drafting
+    def correction(self) -> float:
+        """The factor on every drafting depth's price (class doc,
+        "End-to-end correction"): 1.0 until 3 drafting rounds were timed end
+        to end, then their median wall / price over the plain stretches'
+        median wall per token / plain step (1.0 on that side until 3
+        stretches were timed), clamped to [1, 2]."""
+        v = self._est.get("corr")
+        if v is None:
+            v = 1.0
+            if len(self._e2e_draft) >= 3:
+                f = _median(self._e2e_draft)
+                plain = self.plain()
+                f0 = (_median(self._e2e_plain) / plain
+                      if len(self._e2e_plain) >= 3 and plain > 0 else 1.0)
+                v = min(CORRECTION_MAX, max(1.0, f / f0)) if f0 > 0 else 1.0
+            self._est["corr"] = v
+        return v
+
+    def round_costs(self, cap: int, corrected: bool = True) -> list[float]:
+        """cost(d) for d = 0..cap: (verify_cost(d + 1) + d x draft_step +
+        overhead) x correction() (``corrected=False``: the parts' sum alone),
+        inlined (the policy prices every depth after every drafting
         round, right after a core call has left Python's caches cold: the
         call chain per width was half of choose()'s ~17 us warm)."""
         h, over = self.draft_step(), self.overhead()
         a, b = self.verify_line()
         by_width, width = self._by_width, self._width
+        g = self.correction() if corrected else 1.0
         out = [self.plain()]
         for d in range(1, cap + 1):
             xs = by_width.get(d + 1)
             v = width(d + 1) if xs is not None and len(xs) >= 3 else a + b * (d + 1)
-            out.append(v + d * h + over)
+            out.append((v + d * h + over) * g)
         return out
+
+    def parts_cost(self, depth: int) -> float:
+        """A round of ``depth`` priced by its parts alone (no correction)."""
+        return self.round_costs(depth, corrected=False)[depth]
 
     def round_cost(self, depth: int) -> float:
         return self.round_costs(depth)[depth]
@@ -541,7 +610,19 @@ class CostModel:
         return {"plain_s": self.plain(), "verify_a_s": a, "verify_b_s": b,
                 "verify_s_per_width": {w: self._width(w) for w in sorted(self._by_width)},
                 "draft_step_s": self.draft_step(), "overhead_s": self.overhead(),
-                "verify_samples": len(self._verify), "plain_samples": self.plain_samples}
+                "verify_samples": len(self._verify), "plain_samples": self.plain_samples,
+                "correction": self.correction(),
+                # its two sides (None until timed): drafting rounds' median wall / price,
+                # plain stretches' median wall per token / plain step
+                "round_wall_over_price": _median(self._e2e_draft) if self._e2e_draft else None,
+                "plain_wall_over_step": (_median(self._e2e_plain) / self.plain()
+                                         if self._e2e_plain and self.plain() > 0 else None),
+                "timed_rounds": len(self._e2e_draft), "timed_plain_runs": len(self._e2e_plain)}
+
+
+def _median(xs) -> float:
+    v = sorted(xs)
+    return v[(len(v) - 1) // 2]
 
 
 def low_quartile(xs) -> float:
@@ -656,6 +737,7 @@ class AdaptivePolicy(Policy):
         # a run of plain rounds would otherwise re-price every depth per token
         self._memo: tuple[int, int] | None = None
         self._memo_plain = 0.0   # the plain cost the memo was priced with
+        self._memo_corr = 1.0    # ... and the end-to-end correction
         self._drafting = False   # the cost model chose to draft last time (hysteresis)
 
     # -- cost model --------------------------------------------------------
@@ -686,6 +768,7 @@ class AdaptivePolicy(Policy):
         else:
             cost = self.costs.round_costs(cap)
             self._memo_plain = cost[0]
+            self._memo_corr = self.costs.correction()
         p = self.acceptance()
         # drafting must beat plain decoding by `margin` to start: at
         # break-even it has nothing to gain and the estimates' noise to
@@ -964,6 +1047,20 @@ class AdaptivePolicy(Policy):
     def record_overhead(self, seconds: float) -> None:
         self._memo = None
         self.costs.record_overhead(seconds)
+
+    def record_round(self, depth: int, seconds: float) -> None:
+        """A drafting round's wall from its start to the next round's start
+        (CostModel, "End-to-end correction")."""
+        self._memo = None
+        self.costs.record_round(depth, seconds)
+
+    def record_plain_run(self, tokens: int, seconds: float) -> None:
+        """A plain round's and its quiet steps' wall, start to next start."""
+        self.costs.record_plain_run(tokens, seconds)
+        # re-price only when the correction moved by more than 1% (as record_plain)
+        if self._memo is not None and abs(self.costs.correction() - self._memo_corr) \
+                > 0.01 * self._memo_corr:
+            self._memo = None
 
     def summary(self) -> dict:
         out = {"policy": "adaptive", "p": [round(x, 4) for x in self.p],

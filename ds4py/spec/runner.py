@@ -97,6 +97,15 @@ The nextn head's rows of plain steps cost nothing per step either: the core
 defers them and catches the head up in batches of 64, or before the next
 draft reads it (csrc/session.c "Deferred rows").
 
+End to end: the parts above leave out what a round costs between its
+timers (the caller's work per token among it), so the runner also times
+every round from its start to the next round's start and hands the policy
+a drafting round's wall (``record_round``) and a plain round's together
+with its quiet steps (``record_plain_run``: wall and tokens); its cost model
+corrects the drafting depths' prices by the ratio of the two (ds4py.spec.
+policy.CostModel, "End-to-end correction"). Not timed so: a cold step, a
+shadow probe, a round that ended the generation (no next start).
+
 Shadow probes: a depth-1 probe (the policy's scheduled probe, a depth-1
 follow-up; ``policy.shadow``) with the nextn head in the core (greedy) is
 run as a shadow: the head drafts the next token (ds4_spec_propose, one
@@ -178,6 +187,9 @@ class SpecRunner:
         self._quiet_t: list[float] = []      # their step times, for the policy
         self._cold = False                   # the last round drafted (module doc "Cold steps")
         self._shadow: tuple[int, int] | None = None  # (draft, picked) of a shadow probe
+        # (start, depth) of the last round timed end to end (module doc "End to end")
+        self._span: tuple[float, int] | None = None
+        self._spans = hasattr(policy, "record_round")
         # the core's greedy round: drafts and row argmaxes in two calls
         # (a CPU session's: a GPU session drafts through NextnDrafter.propose)
         self._core = (self.greedy and isinstance(drafter, NextnDrafter) and drafter._in_core
@@ -241,9 +253,14 @@ class SpecRunner:
             t = self.pick(lg, self.s.n_past)
             self._quiet_t.append(clock() - t0)
             return [(t, lg)]
+        s, policy = self.s, self.policy
+        start = 0.0
+        if self._spans:
+            start = self.clock()
+            if self._span is not None:
+                self._end_span(start)
         if self._quiet_t:
             self._end_quiet()
-        s, policy = self.s, self.policy
         self.generated.append(last)
         self.rounds += 1
         cap = min(room - 1, VERIFY_MAX - 1, self._max_depth) if self.admitted else 0
@@ -267,11 +284,15 @@ class SpecRunner:
                     self._cold = False
                 else:
                     policy.record_plain(clock() - t0)
+                    if self._spans:
+                        self._span = (start, 0)
             else:
                 lg = self._step.step(last)
                 t = self.pick(lg, s.n_past)
             return [(t, lg)]
         self.probes += bool(policy.last_was_probe)
+        if self._spans:
+            self._span = (start, k)
         P = s.n_past
         # the choice is part of what a drafting round costs: a quiet plain
         # round never makes one (module doc "Quiet stretches"), so leaving it
@@ -470,6 +491,16 @@ class SpecRunner:
         Stopping early is fine. Returns the number of rounds handed over."""
         n, self._quiet_left = self._quiet_left, 0
         return n
+
+    def _end_span(self, now: float) -> None:
+        """The last timed round ended where this one starts (module doc "End
+        to end"): a plain round's span holds its quiet steps too."""
+        start, k = self._span
+        self._span = None
+        if k:
+            self.policy.record_round(k, now - start)
+        else:
+            self.policy.record_plain_run(1 + len(self._quiet_t), now - start)
 
     def _end_quiet(self) -> None:
         """Tell the policy about the fast path's rounds."""
