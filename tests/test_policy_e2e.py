@@ -20,6 +20,9 @@ chat at 0.81-0.88x serial. Checked here:
 
 from __future__ import annotations
 
+import functools
+import itertools
+
 import pytest
 
 import ds4py
@@ -147,12 +150,7 @@ class Scripted(Policy):
 def test_runner_times_rounds_start_to_start():
     m = demo()
     ids = m.tokenizer.encode(CODE)
-    now = [0.0]
-
-    def clock():
-        now[0] += 1.0
-        return now[0]
-
+    clock = functools.partial(next, itertools.count(1.0))   # 1 s a read
     script = [0, 0, 1, 0, 0, 0, 1, 1, 0, 0, 1, 0] + [0] * 40
     pol = Scripted(script)
     with m.new_session() as s:
