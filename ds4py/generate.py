@@ -737,6 +737,8 @@ def _spec_loop(model, ids, text, session, own, max_tokens, params, sampler, matc
         # device's argmax, as the plain loop does (4 bytes back, not the row)
         step_argmax = (s.step_argmax if greedy and lps is None and isinstance(s, GpuSession)
                        else None)
+        # ... and so do the runner's plain rounds (a probe's shadow step too)
+        run.plain_argmax = step_argmax
         clock = time.perf_counter
         t = None
         if budget <= 0:

@@ -237,6 +237,52 @@ def test_demo_head_drafting_equals_serial(cache):
     assert again.cached_tokens > 0 and again.draft["drafting"] is True, again.draft
 
 
+def test_plain_rounds_take_the_device_argmax(cache, monkeypatch):
+    """A drafting run's plain rounds (and a probe's shadow step) on a GPU
+    choose their token on the device, as the serial loop does (4 bytes back,
+    not the logits row: ds4py.spec.runner ``plain_argmax``), when greedy
+    without logprobs; with logprobs they read the row. Either way the tokens
+    equal serial decoding's. A scripted policy mixes plain rounds, quiet
+    stretches and drafting rounds."""
+    from ds4py.spec.policy import Policy
+
+    class Mixed(Policy):
+        enabled = True
+
+        def __init__(self):
+            self.n = 0
+
+        def choose(self, cap):
+            self.n += 1
+            k = min(2 if self.n % 3 == 0 else 0, cap)
+            self.quiet = 1 if k == 0 and self.n % 2 else 0
+            return k
+
+    calls = []
+    real = gpu_backend.GpuSession.step_argmax
+
+    def counted(self, token):
+        calls.append(token)
+        return real(self, token)
+
+    monkeypatch.setattr(gpu_backend.GpuSession, "step_argmax", counted)
+    model = ds4py.load(DEMO, backend="gpu-emul")
+    prompt = "def add(a, b):\n    return"
+    kw = dict(max_tokens=10, temperature=0, chat=False)
+    serial = ds4py.generate(model, prompt, draft=False, **kw)
+    calls.clear()
+    spec = ds4py.generate(model, prompt, draft_policy=Mixed(), **kw)
+    assert spec.tokens == serial.tokens
+    d = spec.draft
+    plain = d["depth_counts"].get(0, 0)
+    assert d["draft_rounds"] >= 2 and plain >= 3, d
+    # every plain round and quiet step but the last token's (no step after it)
+    assert len(calls) >= plain - 1, (len(calls), d)
+    calls.clear()
+    lp = ds4py.generate(model, prompt, draft_policy=Mixed(), logprobs=2, **kw)
+    assert lp.tokens == serial.tokens and calls == []
+
+
 def test_draft_head_sidecar_drafts_as_the_bundled_head(cache, tmp_path):
     """A draft_head sidecar on gpu-emul: the golden model's trunk without
     its head plus the head as a standalone file (the converter's layout,

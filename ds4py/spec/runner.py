@@ -187,6 +187,11 @@ class SpecRunner:
         self._quiet_t: list[float] = []      # their step times, for the policy
         self._cold = False                   # the last round drafted (module doc "Cold steps")
         self._shadow: tuple[int, int] | None = None  # (draft, picked) of a shadow probe
+        # the caller's one-token step that returns only its token (a GPU
+        # session's step_argmax: 4 bytes back instead of the logits row), for
+        # the plain steps of greedy runs whose caller needs no rows (no
+        # logprobs); ds4py.generate sets it. Such a step's row is None.
+        self.plain_argmax: Callable[[int], int] | None = None
         # (start, depth) of the last round timed end to end (module doc "End to end")
         self._span: tuple[float, int] | None = None
         self._spans = hasattr(policy, "record_round")
@@ -241,7 +246,8 @@ class SpecRunner:
         ``room``: how many more tokens the caller may still commit after
         ``last`` (the deepest useful round is room - 1 drafts). Returns
         [(token, logits row it was picked from)], the rows being views valid
-        until the next call on the session. Follow with :meth:`settle`."""
+        until the next call on the session (None for a plain round's token
+        chosen through :attr:`plain_argmax`). Follow with :meth:`settle`."""
         if self._quiet_left:
             # the fast path of a quiet stretch (module doc): the serial step,
             # its time kept, the policy told at the end of the stretch
@@ -249,8 +255,7 @@ class SpecRunner:
             self.generated.append(last)
             clock = self.clock
             t0 = clock()
-            lg = self._step.step(last)
-            t = self.pick(lg, self.s.n_past)
+            t, lg = self._plain_step(last)
             self._quiet_t.append(clock() - t0)
             return [(t, lg)]
         s, policy = self.s, self.policy
@@ -278,8 +283,7 @@ class SpecRunner:
                     self._quiet_left = min(policy.quiet, QUIET_MAX)
                 clock = self.clock
                 t0 = clock()
-                lg = self._step.step(last)
-                t = self.pick(lg, s.n_past)
+                t, lg = self._plain_step(last)
                 if self._cold:
                     self._cold = False
                 else:
@@ -287,8 +291,7 @@ class SpecRunner:
                     if self._spans:
                         self._span = (start, 0)
             else:
-                lg = self._step.step(last)
-                t = self.pick(lg, s.n_past)
+                t, lg = self._plain_step(last)
             return [(t, lg)]
         self.probes += bool(policy.last_was_probe)
         if self._spans:
@@ -421,8 +424,7 @@ class SpecRunner:
         self._propose(last, 1, buf)
         t1 = self.clock()
         self.drafter.draft_steps += 1
-        lg = self._step.step(last)
-        t = self.pick(lg, s.n_past)
+        t, lg = self._plain_step(last)
         self.policy.record_draft(1, t1 - t0)
         self._shadow = (int(buf[0]), t)
         return [(t, lg)]
@@ -491,6 +493,14 @@ class SpecRunner:
         Stopping early is fine. Returns the number of rounds handed over."""
         n, self._quiet_left = self._quiet_left, 0
         return n
+
+    def _plain_step(self, last: int) -> tuple[int, np.ndarray | None]:
+        """The serial step of a plain round: (token, its logits row), or
+        (token, None) through :attr:`plain_argmax`."""
+        if self.plain_argmax is not None:
+            return self.plain_argmax(last), None
+        lg = self._step.step(last)
+        return self.pick(lg, self.s.n_past), lg
 
     def _end_span(self, now: float) -> None:
         """The last timed round ended where this one starts (module doc "End
