@@ -12,8 +12,9 @@ chat at 0.81-0.88x serial. Checked here:
 - it turns a choice that the parts price as a gain (and that loses in
   wall time) into plain decoding, and leaves a clear gain drafting;
 - the runner times every round from its start to the next round's start:
-  drafting rounds as such, plain rounds with the quiet steps after them,
-  cold steps, shadow probes and the last round not at all (fake clock, a
+  drafting rounds with the cold step after them (what it took beyond plain
+  tokens is the drafting round's), plain rounds with the quiet steps after
+  them, shadow probes and the last round not at all (fake clock, a
   scripted policy, the demo model; both quiet paths: the runner's own, in
   speculative_generate, and ds4py.generate's).
 """
@@ -81,6 +82,22 @@ def test_correction_arithmetic():
         lo.record_round(d, 0.5 * lo.parts_cost(d))
         hi.record_round(d, 9.0 * hi.parts_cost(d))
     assert lo.correction() == 1.0 and hi.correction() == CORRECTION_MAX
+    # a cold step after a round: what it took beyond as many plain tokens
+    # (the plain step, 1 ms, until 3 plain stretches are timed; then their
+    # median wall per token) is the round's
+    cold = costs()
+    for d in (1, 2, 3):
+        cold.record_round(d, 1.0 * cold.parts_cost(d), cold=(2, 2.0e-3 + 0.1 * cold.parts_cost(d)))
+    assert cold.correction() == pytest.approx(1.1)
+    for tokens in (1, 2, 3):
+        cold.record_plain_run(tokens, tokens * 0.8e-3)
+    assert cold.plain_wall() == pytest.approx(0.8e-3)
+    fresh = costs()
+    for tokens in (1, 2, 3):
+        fresh.record_plain_run(tokens, tokens * 0.8e-3)
+    for d in (1, 2, 3):   # a cold step faster than plain tokens adds nothing
+        fresh.record_round(d, 1.2 * fresh.parts_cost(d), cold=(4, 1.0e-3))
+    assert fresh.correction() == pytest.approx(1.2 / 0.8)
     # nonsense samples are dropped
     bad = costs()
     for _ in range(3):
@@ -119,7 +136,7 @@ class Scripted(Policy):
     def __init__(self, script, quiet=0):
         self.script, self.quiet_n = script, quiet
         self.rounds: list[int] = []
-        self.spans: list[tuple] = []      # (round index the span started at, kind, value, seconds)
+        self.spans: list[tuple] = []      # (kind, value, seconds, cold) in the order recorded
         self.parts: dict[int, float] = {}
 
     def choose(self, cap):
@@ -136,15 +153,13 @@ class Scripted(Policy):
     def record_overhead(self, seconds):
         self.record_draft(0, seconds)
 
-    def record_round(self, depth, seconds):
-        self._span("draft", depth, seconds)
+    def record_round(self, depth, seconds, cold=None):
+        self.spans.append(("draft", depth, seconds, cold))
 
     def record_plain_run(self, tokens, seconds):
-        self._span("plain", tokens, seconds)
-
-    def _span(self, kind, value, seconds):
-        # the span belongs to the last round that started before this one
-        self.spans.append((len(self.rounds) - 1, kind, value, seconds))
+        # (recorded when the next round starts, before its choice: the last
+        # round chosen is the span's own)
+        self.spans.append(("plain", len(self.rounds) - 1, seconds, tokens))
 
 
 def test_runner_times_rounds_start_to_start():
@@ -165,23 +180,25 @@ def test_runner_times_rounds_start_to_start():
     cold = [i for i, k in enumerate(rounds) if k == 0 and i and rounds[i - 1] > 0]
     plain = [i for i, k in enumerate(rounds) if k == 0 and i not in cold and i != last]
     assert cold == [3, 8, 11]
-    # each span is handed over when the next round starts, before its choice
-    got_draft = [(i, v) for i, kind, v, _ in pol.spans if kind == "draft"]
-    got_plain = [(i, v) for i, kind, v, _ in pol.spans if kind == "plain"]
-    assert got_draft == [(i, rounds[i]) for i in drafting if i != last]
-    assert got_plain == [(i, 1) for i in plain]
+    # plain rounds: each span is handed over when the next round starts
+    assert [(i, n) for kind, i, _, n in pol.spans if kind == "plain"] == [(i, 1) for i in plain]
+    # drafting rounds, in order: each with the cold step after it (1 token),
+    # except round 6, which a drafting round followed
+    got = [(d, c) for kind, d, _, c in pol.spans if kind == "draft"]
+    assert [d for d, _ in got] == [rounds[i] for i in drafting if i != last]
+    assert [c is not None for _, c in got] == [i + 1 in cold for i in drafting if i != last]
+    assert all(c[0] == 1 and c[1] > 0 for _, c in got if c is not None)
     # a drafting round's span holds every timed part of it, and more
-    for (i, kind, _, sec) in pol.spans:
-        if kind == "draft":
-            assert sec > pol.parts[i], (i, sec, pol.parts[i])
+    walls = [sec for kind, _, sec, _ in pol.spans if kind == "draft"]
+    for i, sec in zip(drafting, walls, strict=False):
+        assert sec > pol.parts[i], (i, sec, pol.parts[i])
 
 
 @pytest.mark.parametrize("path", ["runner", "generate"])
 def test_a_plain_span_holds_its_quiet_steps(path):
     """With a promise of 3 quiet rounds after each plain choice, every plain
-    span but a cut-off last one holds 1 + 3 tokens, whichever loop runs the
-    quiet steps; the tokens of plain spans and drafting rounds add up to the
-    tokens generated less the untimed ones."""
+    span holds 1 + 3 tokens, and so does a drafting round's cold step with
+    the quiet steps after it, whichever loop runs the quiet steps."""
     m = demo()
     ids = m.tokenizer.encode(CODE)
     script = [0, 1, 0, 0, 2, 0] + [0] * 60
@@ -194,6 +211,7 @@ def test_a_plain_span_holds_its_quiet_steps(path):
         g = ds4py.generate(m, ids, max_tokens=n, temperature=0, draft_policy=pol)
         toks, st = g.tokens, g.draft
     assert len(toks) == n and st["draft_rounds"] == 2
-    plain = [v for _, kind, v, _ in pol.spans if kind == "plain"]
+    plain = [tokens for kind, _, _, tokens in pol.spans if kind == "plain"]
     assert plain and all(v == 4 for v in plain), pol.spans
-    assert [v for _, kind, v, _ in pol.spans if kind == "draft"] == [1, 2]
+    # each drafting round with its cold step and the 3 quiet steps after it
+    assert [(d, c[0]) for kind, d, _, c in pol.spans if kind == "draft"] == [(1, 4), (2, 4)]

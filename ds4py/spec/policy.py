@@ -351,8 +351,10 @@ class CostModel:
     lower quartiles sits further below a round's typical time than one
     quartile sits below a plain step's). So the runner also times every
     round from its start to the next round's start: a drafting round's wall
-    over its price (:meth:`record_round`), and a plain stretch's wall per
-    token (:meth:`record_plain_run`, the quiet steps included). The drafting
+    over its price (:meth:`record_round`; with what the cold plain step
+    after it took beyond a plain token, ds4py.spec.runner "Cold steps"), and
+    a plain stretch's wall per token (:meth:`record_plain_run`, the quiet
+    steps included). The drafting
     depths are priced ``correction()`` = (median wall / price of drafting
     rounds) / (median plain wall per token / plain step) times their parts'
     sum, clamped to [1, 2]: it never makes drafting cheaper than its parts
@@ -436,14 +438,27 @@ class CostModel:
         self._over.append(float(seconds))
         self._est.pop("over", None)
 
-    def record_round(self, depth: int, seconds: float) -> None:
+    def record_round(self, depth: int, seconds: float,
+                     cold: tuple[int, float] | None = None) -> None:
         """A drafting round of ``depth`` took ``seconds`` from its start to
         the next round's start (class doc, "End-to-end correction"); its
-        price is the parts' sum as they stand now (its own samples in)."""
+        price is the parts' sum as they stand now (its own samples in).
+        ``cold``: (tokens, seconds) of the cold plain step after it and the
+        quiet steps after that, start to start: what they took beyond as
+        many tokens of a plain stretch (:meth:`plain_wall`) is this round's."""
         priced = self.parts_cost(depth)
         if depth >= 1 and priced > 0.0 and seconds > 0.0:
+            if cold is not None and cold[0] >= 1:
+                seconds += max(0.0, cold[1] - cold[0] * self.plain_wall())
             self._e2e_draft.append(float(seconds) / priced)
             self._est.pop("corr", None)
+
+    def plain_wall(self) -> float:
+        """A plain stretch's wall per token: the median of the timed ones
+        once there are 3, else the plain step."""
+        if len(self._e2e_plain) >= 3:
+            return _median(self._e2e_plain)
+        return self.plain()
 
     def record_plain_run(self, tokens: int, seconds: float) -> None:
         """A plain round and the quiet steps after it committed ``tokens``
@@ -1051,11 +1066,12 @@ class AdaptivePolicy(Policy):
         self._memo = None
         self.costs.record_overhead(seconds)
 
-    def record_round(self, depth: int, seconds: float) -> None:
-        """A drafting round's wall from its start to the next round's start
-        (CostModel, "End-to-end correction")."""
+    def record_round(self, depth: int, seconds: float,
+                     cold: tuple[int, float] | None = None) -> None:
+        """A drafting round's wall from its start to the next round's start,
+        and the cold step's after it (CostModel, "End-to-end correction")."""
         self._memo = None
-        self.costs.record_round(depth, seconds)
+        self.costs.record_round(depth, seconds, cold)
 
     def record_plain_run(self, tokens: int, seconds: float) -> None:
         """A plain round's and its quiet steps' wall, start to next start."""

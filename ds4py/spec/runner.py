@@ -103,8 +103,11 @@ every round from its start to the next round's start and hands the policy
 a drafting round's wall (``record_round``) and a plain round's together
 with its quiet steps (``record_plain_run``: wall and tokens); its cost model
 corrects the drafting depths' prices by the ratio of the two (ds4py.spec.
-policy.CostModel, "End-to-end correction"). Not timed so: a cold step, a
-shadow probe, a round that ended the generation (no next start).
+policy.CostModel, "End-to-end correction"). A cold step (and the quiet steps
+after it) goes with the drafting round before it (``record_round(...,
+cold=(tokens, seconds))``: what it took beyond plain tokens is that round's
+cost). Not timed so: a shadow probe, a round that ended the generation (no
+next start).
 
 Shadow probes: a depth-1 probe (the policy's scheduled probe, a depth-1
 follow-up; ``policy.shadow``) with the nextn head in the core (greedy) is
@@ -192,8 +195,11 @@ class SpecRunner:
         # the plain steps of greedy runs whose caller needs no rows (no
         # logprobs); ds4py.generate sets it. Such a step's row is None.
         self.plain_argmax: Callable[[int], int] | None = None
-        # (start, depth) of the last round timed end to end (module doc "End to end")
+        # (start, depth) of the last round timed end to end (module doc "End to
+        # end"; depth -1: a cold step), and a drafting round's (depth, wall)
+        # held until the next round says whether a cold step follows it
         self._span: tuple[float, int] | None = None
+        self._held: tuple[int, float] | None = None
         self._spans = hasattr(policy, "record_round")
         # the core's greedy round: drafts and row argmaxes in two calls
         # (a CPU session's: a GPU session drafts through NextnDrafter.propose)
@@ -273,6 +279,7 @@ class SpecRunner:
         k = min(policy.choose(cap), cap) if cap > 0 else 0
         self._pending = None
         if k == 1 and self._core and policy.last_was_probe and policy.shadow:
+            self._release_held()
             return self._shadow_round(last)
         self.depth_counts[k] += 1
         if k == 0:
@@ -286,6 +293,8 @@ class SpecRunner:
                 t, lg = self._plain_step(last)
                 if self._cold:
                     self._cold = False
+                    if self._spans:
+                        self._span = (start, -1)
                 else:
                     policy.record_plain(clock() - t0)
                     if self._spans:
@@ -295,6 +304,7 @@ class SpecRunner:
             return [(t, lg)]
         self.probes += bool(policy.last_was_probe)
         if self._spans:
+            self._release_held()
             self._span = (start, k)
         P = s.n_past
         # the choice is part of what a drafting round costs: a quiet plain
@@ -504,13 +514,26 @@ class SpecRunner:
 
     def _end_span(self, now: float) -> None:
         """The last timed round ended where this one starts (module doc "End
-        to end"): a plain round's span holds its quiet steps too."""
+        to end"): a plain round's span holds its quiet steps too; a drafting
+        round waits for the next round (``_held``); a cold step's span goes
+        with the drafting round before it."""
         start, k = self._span
         self._span = None
-        if k:
-            self.policy.record_round(k, now - start)
-        else:
-            self.policy.record_plain_run(1 + len(self._quiet_t), now - start)
+        wall = now - start
+        if k > 0:
+            self._held = (k, wall)
+        elif k == 0:
+            self.policy.record_plain_run(1 + len(self._quiet_t), wall)
+        elif self._held is not None:
+            (dk, dwall), self._held = self._held, None
+            self.policy.record_round(dk, dwall, cold=(1 + len(self._quiet_t), wall))
+
+    def _release_held(self) -> None:
+        """A held drafting round was not followed by a cold step: recorded
+        as it is."""
+        if self._held is not None:
+            (dk, dwall), self._held = self._held, None
+            self.policy.record_round(dk, dwall)
 
     def _end_quiet(self) -> None:
         """Tell the policy about the fast path's rounds."""
@@ -523,6 +546,8 @@ class SpecRunner:
         self._quiet_left = 0
 
     def finish(self) -> None:
+        if self._spans:
+            self._release_held()
         if self._quiet_t:
             self._end_quiet()
         if self.admitted:
