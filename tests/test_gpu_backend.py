@@ -210,6 +210,19 @@ def test_demo_model_greedy_equals_cpu(cache):
     assert g.draft["drafting"] is True and g.draft["drafter"] == "nextn"
 
 
+def count_step_argmax(monkeypatch) -> list:
+    """The tokens every GpuSession.step_argmax call gets, from now on."""
+    calls: list = []
+    real = gpu_backend.GpuSession.step_argmax
+
+    def counted(self, token):
+        calls.append(token)
+        return real(self, token)
+
+    monkeypatch.setattr(gpu_backend.GpuSession, "step_argmax", counted)
+    return calls
+
+
 def test_demo_head_drafting_equals_serial(cache):
     """The nextn head on gpu-emul (head priming, on-device drafts): a greedy
     generation at a forced depth equals the same generation without
@@ -258,14 +271,7 @@ def test_plain_rounds_take_the_device_argmax(cache, monkeypatch):
             self.quiet = 1 if k == 0 and self.n % 2 else 0
             return k
 
-    calls = []
-    real = gpu_backend.GpuSession.step_argmax
-
-    def counted(self, token):
-        calls.append(token)
-        return real(self, token)
-
-    monkeypatch.setattr(gpu_backend.GpuSession, "step_argmax", counted)
+    calls = count_step_argmax(monkeypatch)
     model = ds4py.load(DEMO, backend="gpu-emul")
     prompt = "def add(a, b):\n    return"
     kw = dict(max_tokens=10, temperature=0, chat=False)
@@ -767,15 +773,8 @@ def test_greedy_steps_choose_on_the_device(dense_gpu, monkeypatch):
         with pytest.raises(ds4py.ModelError, match="not copied back"):
             b.last_logits()
         assert b.n_past == a.n_past
-    calls = []
-    real = gpu_backend.GpuSession.step_argmax
-
-    def counting(self, token):
-        calls.append(token)
-        return real(self, token)
-
-    monkeypatch.setattr(gpu_backend.GpuSession, "step_argmax", counting)
-    # the plain loop (the speculative loop's plain steps copy their rows back)
+    calls = count_step_argmax(monkeypatch)
+    # the plain loop (the speculative loop's plain rounds: test_plain_rounds_take_the_device_argmax)
     g = ds4py.generate(dense_gpu, ids, max_tokens=n, temperature=0, draft=False)
     assert len(calls) == n - 1          # every decode step but the prefill's
     lp = ds4py.generate(dense_gpu, ids, max_tokens=n, temperature=0, logprobs=2, draft=False)
