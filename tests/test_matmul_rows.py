@@ -93,7 +93,7 @@ def _bits(a) -> np.ndarray:
 def _n_values(t: str) -> list[int]:
     bs = Q.type_info(t).block_size
     if bs == 256:
-        return [256, 768]
+        return [256, 768, 2304]  # 9 superblocks: the AVX-512 Q4_K panel's slabs of 8 and a tail
     if bs == 32:
         return [32, 96, 256, 352]  # 1, 3, 8, 11 blocks: odd counts run the tail
     return [64, 200]

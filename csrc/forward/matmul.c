@@ -39,16 +39,21 @@
 /* Output rows per work item: small enough to spread a decode step's
  * matrices over the threads, large enough to amortise the dispatch. */
 #define MM_TILE 8
-/* A GEMM's (n_rows > 1) work item: 16 outputs, so each token row's results
- * of an item are one whole 64-byte line of y, written once (with 8, every
- * line of y was fetched and written by two items). */
-#define MM_GEMM_TILE 16
+/* A GEMM's (n_rows > 1) work item: 64 outputs, so each token row's results
+ * of an item are whole 64-byte lines of y, written once (with 8, every line
+ * of y was fetched and written by two items), and one dot_tile call covers
+ * all 64 (DS4_TILE_OUT): the AVX-512 Q4_K panel, built once per call,
+ * serves 64 weight rows (bench/bench_rows.py, Q4_K 512 x 2048, 16 rows,
+ * one thread: 3.59 ns per 256 weights x row before the panel, 2.93 with
+ * the panel built per 16 weight rows, 2.33 per 64). */
+#define MM_GEMM_TILE 64
 /* Jobs per dispatch; longer lists go in slices (one expert = two jobs). */
 #define MM_MAX_JOBS 64
-/* Token rows per dot_rows call: as many as the kernels keep in registers
- * (8 accumulators), so the group's activation rows stay in L1 while the
- * tile's weight rows pass over them. */
-#define MM_ROWS_CALL 8
+/* Token rows per dot_rows / dot_tile call: the AVX-512 Q4_K panel's 16
+ * lanes (the other kernels take them in their own groups of 4 or 8), so
+ * the call's activation rows stay in L1 while the tile's weight rows pass
+ * over them. */
+#define MM_ROWS_CALL 16
 /* Values quantized per piece before packing (whole Q8_0 block pairs). */
 #define MM_PACK_PIECE 256
 /* Software prefetch distance in weight bytes. A decode step streams every
@@ -363,7 +368,9 @@ void ds4_matmul(ds4_fwd *f, const ds4_mm_job *jobs, int n_jobs) {
             if (rows > c.src[match].n_rows) c.src[match].n_rows = rows;
             c.dot[j] = f->k->vec_dot[jb->type];
             c.rows[j] = rows_fn;
-            c.tile[j] = rows_fn ? f->k->dot_tile[jb->type] : NULL;
+            c.tile[j] = rows_fn && jb->n_rows >= f->k->dot_tile_min_rows[jb->type]
+                            ? f->k->dot_tile[jb->type]
+                            : NULL;
             c.act[j] = NULL;
             job_src[j] = match;
             c.n_jobs++;

@@ -627,60 +627,288 @@ static inline __m512i k_fold_with(__m512i isum, __m512i other) {
     return _mm512_mask_add_epi32(other, 0x00FF, isum, _mm512_shuffle_i64x2(isum, isum, 0xEE));
 }
 
-/* Q4_K x Q8_K for g <= ROWS_GROUP activation rows (g = 1: the one-row dot
- * dot_q4_k, the same function, so every row's result is the same for any
- * g). Per block the weight side (codes of the four 64-code vectors, the two
- * pairs' scale lanes, the min weights, [d x8 | -dmin x8]) is built once;
- * per row two k_pair steps give the 16-lane isum, k_fold_with puts
- * [isum folded to 8 | min_j * (bsums[2j] + bsums[2j+1])] in one vector,
- * converted and FMA'd with d_y * [d | -dmin] (one rounding each, as the
- * scalar products) into acc in block order; at the end fold512(acc) and
- * one fixed-order hsum. */
-static inline __attribute__((always_inline)) void q4k_rows_group(
-    int64_t n, int g, float *s, const block_q4_K *x, const void *const *vy) {
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
-    const __m512i idx01 = _mm512_loadu_si512(k_idx_q4k[0]), idx23 = _mm512_loadu_si512(k_idx_q4k[1]);
-    __m512 acc[ROWS_GROUP];
-    const block_q8_K *y[ROWS_GROUP];
-    _Pragma("GCC unroll 8") for (int r = 0; r < g; r++) {
-        acc[r] = _mm512_setzero_ps();
-        y[r] = vy[r];
-    }
-    for (int64_t i = 0; i < n / QK_K; i++) {
-        const __m128i sm = k4_scales_reg(x[i].scales);
-        const __m512i sc = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(sm));
-        const __m512i scl01 = _mm512_permutexvar_epi16(idx01, sc);
-        const __m512i scl23 = _mm512_permutexvar_epi16(idx23, sc);
-        __m512i codes[4];
-        for (int c = 0; c < 4; c++) {
-            /* [q | q]: low nibbles in the lower half, high nibbles in the upper */
-            const __m512i q = _mm512_broadcast_i64x4(load32(x[i].qs + 32 * c));
-            codes[c] = _mm512_and_si512(_mm512_mask_srli_epi16(q, UPPER16, q, 4), m4);
-        }
-        /* upper 256 bits: int16 [m0 m0 m1 m1 .. m7 m7] against bsums[0..15] */
-        const __m128i m16 = _mm_cvtepu8_epi16(_mm_srli_si128(sm, 8));
-        const __m512i mm = _mm512_broadcast_i64x4(
-            _mm256_set_m128i(_mm_unpackhi_epi16(m16, m16), _mm_unpacklo_epi16(m16, m16)));
-        const __m512 xdm = _mm512_insertf32x8(_mm512_set1_ps(h2f(x[i].d)),
-                                              _mm256_set1_ps(-h2f(x[i].dmin)), 1);
-        _Pragma("GCC unroll 8") for (int r = 0; r < g; r++) {
-            const block_q8_K *b = &y[r][i];
-            __m512i isum = k_pair(_mm512_setzero_si512(), codes[0], codes[1], b->qs, scl01);
-            isum = k_pair(isum, codes[2], codes[3], b->qs + 128, scl23);
-            const __m512i mt = _mm512_madd_epi16(
-                _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)b->bsums)), mm);
-            acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(b->d), xdm),
-                                     _mm512_cvtepi32_ps(k_fold_with(isum, mt)), acc[r]);
-        }
-    }
-    rows_sums(acc, g, s);
+/* Q4_K x Q8_K: EXACT SUPERBLOCK SUMS. This set's Q4_K numerics: per
+ * superblock b of a weight row x and an activation row a, two exact int32
+ * sums,
+ *   S1 = sum_j sc_j * sum_{e in sub-block j} q_e * a_e   (|S1| < 8*63*32*15*128 < 2^26)
+ *   S2 = sum_j mn_j * (bsums[2j] + bsums[2j+1])          (the mins term)
+ * then one fixed float recipe, acc starting at 0:
+ *   r = (float)S1 * d;  r = fmaf(-dmin, (float)S2, r);  acc = fmaf(r, d_a, acc)
+ * (k4_recipe). The integer sums are exact however they are formed, so the
+ * one-row dot, the rows groups (up to 8 activation rows, lanes = rows) and
+ * the 16-token panel GEMM (lanes = tokens, quants.h dot_tile) give the same
+ * bits: each forms S1 and S2 its own way and applies the same recipe in
+ * the same superblock order. (llama.cpp's x86 vec_dot keeps 8 float lanes
+ * per superblock; its tiled GEMM, like this, sums a superblock exactly in
+ * integers. Against llama.cpp's logits this is one more float reordering,
+ * within the tests' bounds.) Why: a panel GEMM vectorised over tokens
+ * needs whole-superblock integer sums; per weight row and 16 tokens it
+ * costs 64 vpdpbusd + 8 scale multiplies per superblock where the
+ * per-row kernel spent ~14 vector operations per row. */
+static inline float k4_recipe(int32_t s1, int32_t s2, const block_q4_K *x, float da, float acc) {
+    const float r = fmaf(-h2f(x->dmin), (float)s2, (float)s1 * h2f(x->d));
+    return fmaf(r, da, acc);
 }
 
+/* The weight side of one Q4_K superblock for k_pair rows: the four 64-code
+ * vectors ([q | q]: low nibbles in the lower half, high in the upper), the
+ * pairs' scale lanes and the int16 min weights [m0 m0 m1 m1 .. m7 m7]. */
+typedef struct {
+    __m512i codes[4], scl01, scl23, mm;
+} k4_side;
+
+static inline __attribute__((always_inline)) void k4_weight_side(const block_q4_K *x, k4_side *w) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m128i sm = k4_scales_reg(x->scales);
+    const __m512i sc = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(sm));
+    w->scl01 = _mm512_permutexvar_epi16(_mm512_loadu_si512(k_idx_q4k[0]), sc);
+    w->scl23 = _mm512_permutexvar_epi16(_mm512_loadu_si512(k_idx_q4k[1]), sc);
+    for (int c = 0; c < 4; c++) {
+        const __m512i q = _mm512_broadcast_i64x4(load32(x->qs + 32 * c));
+        w->codes[c] = _mm512_and_si512(_mm512_mask_srli_epi16(q, UPPER16, q, 4), m4);
+    }
+    const __m128i m16 = _mm_cvtepu8_epi16(_mm_srli_si128(sm, 8));
+    w->mm = _mm512_broadcast_i64x4(
+        _mm256_set_m128i(_mm_unpackhi_epi16(m16, m16), _mm_unpacklo_epi16(m16, m16)));
+}
+
+/* One activation row against a weight side: lanes 0..7 sum to S1, lanes
+ * 8..15 to S2 (both exact). */
+static inline __attribute__((always_inline)) __m512i k4_row_sums(const k4_side *w, const block_q8_K *b) {
+    __m512i isum = k_pair(_mm512_setzero_si512(), w->codes[0], w->codes[1], b->qs, w->scl01);
+    isum = k_pair(isum, w->codes[2], w->codes[3], b->qs + 128, w->scl23);
+    const __m512i mt = _mm512_madd_epi16(
+        _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)b->bsums)), w->mm);
+    return k_fold_with(isum, mt);
+}
+
+/* Eight [S1 lanes | S2 lanes] vectors reduced together (exact int32 adds,
+ * any order): S1 of vector k in lane k, S2 in lane 8 + k. */
+static inline __attribute__((always_inline)) __m512i k4_sums8(const __m512i *v) {
+    __m512i t[4], u[2];
+    _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) /* per 128-bit block: [a0+a2 b0+b2 a1+a3 b1+b3] */
+        t[p] = _mm512_add_epi32(_mm512_unpacklo_epi32(v[2 * p], v[2 * p + 1]),
+                                _mm512_unpackhi_epi32(v[2 * p], v[2 * p + 1]));
+    _Pragma("GCC unroll 2") for (int p = 0; p < 2; p++) /* per block: vectors 4p..4p+3's block sums */
+        u[p] = _mm512_add_epi32(_mm512_unpacklo_epi64(t[2 * p], t[2 * p + 1]),
+                                _mm512_unpackhi_epi64(t[2 * p], t[2 * p + 1]));
+    /* [S1 of 0-3 | S2 of 0-3 | S1 of 4-7 | S2 of 4-7] -> [S1 of 0-7 | S2 of 0-7] */
+    const __m512i q = _mm512_add_epi32(_mm512_shuffle_i32x4(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                       _mm512_shuffle_i32x4(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_permutexvar_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15), q);
+}
+
+/* One row: the superblocks' sums eight at a time (k4_sums8), then the
+ * recipe superblock by superblock. */
 static void dot_q4_k(int64_t n, float *s, const void *vx, const void *vy) {
-    q4k_rows_group(n, 1, s, vx, &vy);
+    const block_q4_K *x = vx;
+    const block_q8_K *y = vy;
+    const int64_t nb = n / QK_K;
+    float acc = 0.0f;
+    for (int64_t i = 0; i < nb; i += 8) {
+        const int m = (int)(nb - i < 8 ? nb - i : 8);
+        __m512i v[8];
+        _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) {
+            if (k < m) {
+                k4_side w;
+                k4_weight_side(&x[i + k], &w);
+                v[k] = k4_row_sums(&w, &y[i + k]);
+            } else {
+                v[k] = _mm512_setzero_si512();
+            }
+        }
+        /* the recipe's first two steps need no order: eight superblocks at
+         * once (d and dmin of superblock k from one 32-bit gather at its
+         * start); the accumulation then goes superblock by superblock */
+        const __m512 f = _mm512_cvtepi32_ps(k4_sums8(v));
+        /* masked: no read past the row's last superblock */
+        const __m256i ddm = _mm256_mmask_i32gather_epi32(
+            _mm256_setzero_si256(), (__mmask8)((1u << m) - 1),
+            _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                               _mm256_set1_epi32((int)sizeof(block_q4_K))),
+            (const int *)&x[i], 1);
+        const __m256 d = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(ddm));
+        const __m256 dmin = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_srli_epi32(ddm, 16)));
+        const __m256 r = _mm256_fnmadd_ps(dmin, _mm512_extractf32x8_ps(f, 1),
+                                          _mm256_mul_ps(_mm512_castps512_ps256(f), d));
+        float rk[8];
+        _mm256_storeu_ps(rk, r);
+        for (int k = 0; k < m; k++) acc = fmaf(rk[k], y[i + k].d, acc);
+    }
+    *s = acc;
+}
+
+/* Q4_K for g <= ROWS_GROUP activation rows: the weight side once, then
+ * per row its [S1 lanes | S2 lanes] vector; the eight rows' vectors are
+ * reduced together (exact int32 adds in any order), giving S1 of row r in
+ * lane r and S2 in lane 8 + r, and the recipe runs on 8 rows at once with
+ * the rows in the lanes of one accumulator. */
+static inline __attribute__((always_inline)) void q4k_rows_group(
+    int64_t n, int g, float *s, const block_q4_K *x, const void *const *vy) {
+    const block_q8_K *y[ROWS_GROUP];
+    int64_t addr[ROWS_GROUP];
+    _Pragma("GCC unroll 8") for (int r = 0; r < ROWS_GROUP; r++) {
+        y[r] = r < g ? vy[r] : vy[0];
+        addr[r] = (int64_t)(intptr_t)&y[r][0].d;
+    }
+    const __m512i vaddr = _mm512_loadu_si512(addr);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        k4_side w;
+        k4_weight_side(&x[i], &w);
+        __m512i v[ROWS_GROUP];
+        _Pragma("GCC unroll 8") for (int r = 0; r < ROWS_GROUP; r++)
+            v[r] = r < g ? k4_row_sums(&w, &y[r][i]) : _mm512_setzero_si512();
+        const __m512 f = _mm512_cvtepi32_ps(k4_sums8(v));
+        const __m256 da = _mm512_i64gather_ps(
+            _mm512_add_epi64(vaddr, _mm512_set1_epi64(i * (int64_t)sizeof(block_q8_K))), NULL, 1);
+        const __m256 r = _mm256_fnmadd_ps(_mm256_set1_ps(h2f(x[i].dmin)), _mm512_extractf32x8_ps(f, 1),
+                                          _mm256_mul_ps(_mm512_castps512_ps256(f), _mm256_set1_ps(h2f(x[i].d))));
+        acc = _mm256_fmadd_ps(r, da, acc);
+    }
+    float out[8];
+    _mm256_storeu_ps(out, acc);
+    _Pragma("GCC unroll 8") for (int r = 0; r < g; r++) s[r] = out[r];
 }
 
 ROWS_DISPATCH(dot_rows_q4_k, block_q4_K, q4k_rows_group, dot_q4_k)
+
+/* ---- Q4_K panel GEMM: 16 tokens in the lanes (quants.h dot_tile) ---- */
+/* Activation rows are transposed into a panel per superblock: dword k
+ * (codes 4k..4k+3) of token t at codes[k][4t..4t+3], the int16 pairs
+ * (bsums[2i], bsums[2i+1]) of token t at bs[i][t], and d at d[t]. A weight
+ * row's superblock is then, for the 16 tokens at once: its codes widened
+ * to bytes (a broadcast dword against a panel row per vpdpbusd, 8 per
+ * sub-block), each sub-block's sum times its scale (vpmulld), the mins
+ * through vpdpwssd on the bsum pairs, and k4_recipe in 16 lanes. The panel
+ * covers K4_SLAB superblocks at a time (on the stack) and every weight row
+ * of the call passes over it, its accumulator carried between slabs, so
+ * the superblock order of the recipe is kept. */
+#define K4_SLAB 8
+#define K4_PANEL_MIN 12 /* fewer rows: the rows groups (the panel's lanes would idle) */
+
+typedef struct {
+    uint8_t codes[64][64];
+    int32_t bs[8][16];
+    float d[16];
+} k4_panel;
+
+/* 16 x 16 int32 transpose: r[j] lane i = in[i] lane j. */
+static inline __attribute__((always_inline)) void transpose16(__m512i *r) {
+    __m512i t[16];
+    _Pragma("GCC unroll 8") for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    _Pragma("GCC unroll 4") for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    /* now r[i] holds, per 128-bit block k, column (i%4)... of rows 4k'..: regroup blocks */
+    _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {
+        t[i] = _mm512_shuffle_i32x4(r[i], r[i + 4], _MM_SHUFFLE(2, 0, 2, 0));
+        t[i + 4] = _mm512_shuffle_i32x4(r[i], r[i + 4], _MM_SHUFFLE(3, 1, 3, 1));
+        t[i + 8] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], _MM_SHUFFLE(2, 0, 2, 0));
+        t[i + 12] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], _MM_SHUFFLE(3, 1, 3, 1));
+    }
+    _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {
+        r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], _MM_SHUFFLE(2, 0, 2, 0));
+        r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], _MM_SHUFFLE(3, 1, 3, 1));
+        r[i + 4] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], _MM_SHUFFLE(2, 0, 2, 0));
+        r[i + 12] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], _MM_SHUFFLE(3, 1, 3, 1));
+    }
+}
+
+static void k4_build_panel(k4_panel *p, int nb, int64_t b0, int nt, const void *const *y) {
+    for (int b = 0; b < nb; b++) {
+        const block_q8_K *a[16];
+        for (int t = 0; t < 16; t++) a[t] = t < nt ? (const block_q8_K *)y[t] + b0 + b : NULL;
+        for (int q = 0; q < 4; q++) { /* dwords 16q .. 16q+15 of every token */
+            __m512i r[16];
+            for (int t = 0; t < 16; t++)
+                r[t] = a[t] ? _mm512_loadu_si512(a[t]->qs + 64 * q) : _mm512_setzero_si512();
+            transpose16(r);
+            for (int k = 0; k < 16; k++) _mm512_storeu_si512(p[b].codes[16 * q + k], r[k]);
+        }
+        __m512i r[16];
+        for (int t = 0; t < 16; t++)
+            r[t] = a[t] ? _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)a[t]->bsums))
+                        : _mm512_setzero_si512();
+        transpose16(r);
+        for (int i = 0; i < 8; i++) _mm512_storeu_si512(p[b].bs[i], r[i]);
+        for (int t = 0; t < 16; t++) p[b].d[t] = a[t] ? a[t]->d : 0.0f;
+    }
+}
+
+/* One weight row over nb panel superblocks, acc carried in and out. */
+static inline __attribute__((always_inline)) __m512 k4_panel_row(const block_q4_K *x, int nb,
+                                                                 const k4_panel *p, __m512 acc) {
+    for (int b = 0; b < nb; b++) {
+        uint8_t sm[16];
+        k4_scales(x[b].scales, sm);
+        int32_t wq[64]; /* the 256 codes as bytes, element order, 4 per dword */
+        const __m256i m4 = _mm256_set1_epi8(0x0F);
+        for (int c = 0; c < 4; c++) {
+            const __m256i q = load32(x[b].qs + 32 * c);
+            _mm256_storeu_si256((__m256i *)(wq + 16 * c), _mm256_and_si256(q, m4));
+            _mm256_storeu_si256((__m256i *)(wq + 16 * c + 8), _mm256_and_si256(_mm256_srli_epi16(q, 4), m4));
+        }
+        __m512i is[8];
+        _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++)
+            is[j] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi32(wq[8 * j]),
+                                        _mm512_loadu_si512(p[b].codes[8 * j]));
+        _Pragma("GCC unroll 7") for (int k = 1; k < 8; k++)
+            _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++)
+                is[j] = _mm512_dpbusd_epi32(is[j], _mm512_set1_epi32(wq[8 * j + k]),
+                                            _mm512_loadu_si512(p[b].codes[8 * j + k]));
+        __m512i s1 = _mm512_setzero_si512(), s2 = _mm512_setzero_si512();
+        _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {
+            s1 = _mm512_add_epi32(s1, _mm512_mullo_epi32(is[j], _mm512_set1_epi32(sm[j])));
+            s2 = _mm512_dpwssd_epi32(s2, _mm512_loadu_si512(p[b].bs[j]),
+                                     _mm512_set1_epi32((int32_t)sm[8 + j] * 0x10001));
+        }
+        const __m512 r = _mm512_fnmadd_ps(_mm512_set1_ps(h2f(x[b].dmin)), _mm512_cvtepi32_ps(s2),
+                                          _mm512_mul_ps(_mm512_cvtepi32_ps(s1), _mm512_set1_ps(h2f(x[b].d))));
+        acc = _mm512_fmadd_ps(r, _mm512_loadu_ps(p[b].d), acc);
+    }
+    return acc;
+}
+
+static void tile_q4_k(int64_t n, int no, int nr, float *s, int64_t ss, const void *x,
+                      size_t xs, const void *const *y) {
+    const uint8_t *xb = x;
+    const int64_t nb = n / QK_K;
+    int r0 = 0;
+    for (; r0 + K4_PANEL_MIN <= nr; r0 += 16) {
+        const int nt = nr - r0 < 16 ? nr - r0 : 16;
+        __m512 acc[DS4_TILE_OUT];
+        for (int o = 0; o < no; o++) acc[o] = _mm512_setzero_ps();
+        k4_panel p[K4_SLAB];
+        for (int64_t b0 = 0; b0 < nb; b0 += K4_SLAB) {
+            const int m = (int)(nb - b0 < K4_SLAB ? nb - b0 : K4_SLAB);
+            k4_build_panel(p, m, b0, nt, y + r0);
+            for (int o = 0; o < no; o++)
+                acc[o] = k4_panel_row((const block_q4_K *)(xb + (size_t)o * xs) + b0, m, p, acc[o]);
+        }
+        for (int o = 0; o < no; o++) {
+            float out[16];
+            _mm512_storeu_ps(out, acc[o]);
+            for (int t = 0; t < nt; t++) s[(int64_t)(r0 + t) * ss + o] = out[t];
+        }
+    }
+    if (r0 < nr) { /* the rest, fewer than K4_PANEL_MIN rows */
+        float t[ROWS_GROUP];
+        for (int o = 0; o < no; o++)
+            for (int g = r0; g < nr; g += ROWS_GROUP) {
+                const int m = nr - g < ROWS_GROUP ? nr - g : ROWS_GROUP;
+                dot_rows_q4_k(n, m, t, xb + (size_t)o * xs, y + g);
+                for (int r = 0; r < m; r++) s[(int64_t)(g + r) * ss + o] = t[r];
+            }
+    }
+}
 
 static void dot_q5_k(int64_t n, float *s, const void *vx, const void *vy) {
     const block_q5_K *x = vx;
@@ -871,7 +1099,10 @@ int ds4_kernels_init_avx512(ds4_kernel_set *k) {
     k->pack_rows[DS4_TYPE_Q8_0] = pack_q8x;
     k->dot_rows_name[DS4_TYPE_Q8_0] = "avx512 q8_0 x q8x rows";
     k->dot_rows[DS4_TYPE_Q4_K] = dot_rows_q4_k;
-    k->dot_rows_name[DS4_TYPE_Q4_K] = "avx512 q4_K x q8_K rows";
+    k->dot_tile[DS4_TYPE_Q4_K] = tile_q4_k;
+    k->dot_tile_min_rows[DS4_TYPE_Q4_K] = K4_PANEL_MIN;
+    k->dot_rows_name[DS4_TYPE_Q4_K] =
+        "avx512 q4_K x q8_K exact superblock sums (rows groups; 16-token panel GEMM from 12 rows)";
     k->dot_rows[DS4_TYPE_Q6_K] = dot_rows_q6_k;
     k->dot_rows_name[DS4_TYPE_Q6_K] = "avx512 q6_K x q8_K rows";
     return 1;

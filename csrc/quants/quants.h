@@ -105,8 +105,11 @@ typedef void (*ds4_dot_rows_fn)(int64_t n, int nr, float *s, const void *x,
  * weight row paid the call, the final sums and their latency per row; a
  * tile shares them (and the activation loads) between weight rows. It
  * prefetches its weight rows DS4_WEIGHT_PREFETCH_BYTES ahead as it goes. */
-/* Weight rows the forward hands a dot_tile per call (the kernel tiles them further). */
-#define DS4_TILE_OUT 4
+/* Weight rows the forward hands a dot_tile per call (the kernel tiles them
+ * further): a whole GEMM work item (matmul.c MM_GEMM_TILE), so a kernel
+ * that prepares its activation rows once per call (the AVX-512 Q4_K panel)
+ * shares that work among all of the item's weight rows. */
+#define DS4_TILE_OUT 64
 typedef void (*ds4_dot_tile_fn)(int64_t n, int no, int nr, float *s, int64_t ss,
                                 const void *x, size_t x_stride, const void *const *y);
 /* How far ahead of the weight row being computed the forward asks for its
@@ -140,6 +143,10 @@ typedef struct {
     ds4_dot_rows_fn dot_rows[DS4_TYPE_COUNT];
     /* optional with dot_rows: several weight rows per call (NULL: one) */
     ds4_dot_tile_fn dot_tile[DS4_TYPE_COUNT];
+    /* the forward calls dot_tile for jobs of at least this many activation
+     * rows, dot_rows for fewer (the same bits either way: the tile kernel
+     * must be right for any nr; this only says where it is the faster) */
+    uint8_t dot_tile_min_rows[DS4_TYPE_COUNT];
     ds4_pack_rows_fn pack_rows[DS4_TYPE_COUNT];
     const char *dot_rows_name[DS4_TYPE_COUNT];
     /* Optional: rows [0, nr) of a GDN head's state for one token, row m at
