@@ -2,10 +2,11 @@
  * cpu.c — which kernel ISA this machine can run.
  *
  * CPUID alone is not enough: an instruction set is usable only when the OS
- * saves its register state on context switches (XCR0, read with xgetbv). The
- * VMs this project is developed on advertise AMX in CPUID yet fault on it, so
- * we never use AMX; AVX-512 is used only when XCR0 enables the opmask and
- * both ZMM state components.
+ * saves its register state on context switches (XCR0, read with xgetbv). Most
+ * VMs this project is developed on advertise AMX in CPUID yet fault on it (one,
+ * on 2026-12-06, granted it: arch_prctl(ARCH_REQ_XCOMP_PERM) and a tile
+ * multiply both worked), and no kernel uses AMX; AVX-512 is used only when
+ * XCR0 enables the opmask and both ZMM state components.
  */
 #include "ds4.h"
 #include "cpu.h"
