@@ -39,14 +39,17 @@
 /* Output rows per work item: small enough to spread a decode step's
  * matrices over the threads, large enough to amortise the dispatch. */
 #define MM_TILE 8
-/* A GEMM's (n_rows > 1) work item: 64 outputs, so each token row's results
- * of an item are whole 64-byte lines of y, written once (with 8, every line
- * of y was fetched and written by two items), and one dot_tile call covers
- * all 64 (DS4_TILE_OUT): the AVX-512 Q4_K panel, built once per call,
- * serves 64 weight rows (bench/bench_rows.py, Q4_K 512 x 2048, 16 rows,
- * one thread: 3.59 ns per 256 weights x row before the panel, 2.93 with
- * the panel built per 16 weight rows, 2.33 per 64). */
-#define MM_GEMM_TILE 64
+/* A GEMM's (n_rows > 1) work item: 16 outputs, so each token row's results
+ * of an item are one whole 64-byte line of y, written once (with 8, every
+ * line of y was fetched and written by two items). A job whose tile kernel
+ * asks for more weight rows per call (quants.h dot_tile_out) gets items of
+ * that many: the AVX-512 Q4_K panel, built once per call, then serves 64
+ * weight rows (bench/bench_rows.py, Q4_K 512 x 2048, 16 rows, one thread:
+ * 3.59 ns per 256 weights x row before the panel, 2.93 with the panel
+ * built per 16 weight rows, 2.33 per 64). Other jobs keep 16: items of 64
+ * for every GEMM spread a demo-model verify's small matrices over too few
+ * items (drafting rounds per request fell by half, bench/spec_policy_ab.py). */
+#define MM_GEMM_TILE 16
 /* Jobs per dispatch; longer lists go in slices (one expert = two jobs). */
 #define MM_MAX_JOBS 64
 /* Token rows per dot_rows / dot_tile call: the AVX-512 Q4_K panel's 16
@@ -163,8 +166,13 @@ static void quant_items(void *vctx, int64_t i0, int64_t i1, int ith) {
     }
 }
 
-/* Output rows of a job's work item (see MM_GEMM_TILE). */
-static int64_t job_tile(const ds4_mm_job *jb) { return jb->n_rows > 1 ? MM_GEMM_TILE : MM_TILE; }
+/* Output rows of job j's work item (see MM_GEMM_TILE). */
+static int64_t job_tile(const mm_ctx *c, int j) {
+    const ds4_mm_job *jb = &c->jobs[j];
+    if (jb->n_rows <= 1) return MM_TILE;
+    const int64_t to = c->tile[j] ? ds4_tile_out(c->k, jb->type) : 0;
+    return to > MM_GEMM_TILE ? to : MM_GEMM_TILE;
+}
 
 /* Item rows of a multi-row job: row chunks outer, so the chunk's activation
  * rows stay in cache while the tile's weight rows pass over them. A chunk's
@@ -174,7 +182,7 @@ static void mm_rows_tile(const mm_ctx *c, int j, int64_t o0, int64_t o1) {
     const ds4_mm_job *jb = &c->jobs[j];
     const void *ptr[MM_ROWS_CALL];
     float s[MM_ROWS_CALL];
-    float sb[MM_ROWS_CALL][MM_GEMM_TILE];
+    float sb[MM_ROWS_CALL][DS4_TILE_OUT_MAX];
     for (int64_t r0 = 0; r0 < jb->n_rows; r0 += MM_ROWS_CALL) {
         const int nr = (int)(jb->n_rows - r0 < MM_ROWS_CALL ? jb->n_rows - r0 : MM_ROWS_CALL);
         for (int r = 0; r < nr; r++) {
@@ -182,13 +190,14 @@ static void mm_rows_tile(const mm_ctx *c, int j, int64_t o0, int64_t o1) {
             ptr[r] = c->act[j] + (size_t)xr * c->act_stride[j];
         }
         if (c->tile[j]) {
-            /* DS4_TILE_OUT weight rows per call (quants.h dot_tile), which
+            /* ds4_tile_out weight rows per call (quants.h dot_tile), which
              * prefetches as it goes: the lines of 4 rows requested at once
              * before the call (68 at 1024 Q8_0 inputs) made a decode of the
              * 0.8B Q8_0 bench model 15% slower than one row at a time */
-            for (int64_t o = o0; o < o1; o += DS4_TILE_OUT) {
-                const int no = (int)(o1 - o < DS4_TILE_OUT ? o1 - o : DS4_TILE_OUT);
-                c->tile[j](jb->n_in, no, nr, &sb[0][o - o0], MM_GEMM_TILE,
+            const int64_t to = ds4_tile_out(c->k, jb->type);
+            for (int64_t o = o0; o < o1; o += to) {
+                const int no = (int)(o1 - o < to ? o1 - o : to);
+                c->tile[j](jb->n_in, no, nr, &sb[0][o - o0], DS4_TILE_OUT_MAX,
                            jb->w + (size_t)o * jb->row_bytes, jb->row_bytes, ptr);
             }
         } else {
@@ -217,7 +226,7 @@ static void mm_items(void *vctx, int64_t i0, int64_t i1, int ith) {
         const ds4_mm_job *jb = &c->jobs[j];
         const ds4_vec_dot_fn dot = c->dot[j];
         const uint8_t *act = c->act[j];
-        const int64_t tile = job_tile(jb);
+        const int64_t tile = job_tile(c, j);
         int64_t o0 = (it - c->tile_start[j]) * tile;
         int64_t o1 = o0 + tile < jb->n_out ? o0 + tile : jb->n_out;
         if (c->rows[j]) {
@@ -298,7 +307,7 @@ static void dispatch(ds4_fwd *f, mm_ctx *c, const int *job_src) {
             c->act[j] = c->src[job_src[j]].q;
             c->act_stride[j] = c->src[job_src[j]].q_stride;
         }
-        const int64_t tiles = jb->n_rows > 0 ? (jb->n_out + job_tile(jb) - 1) / job_tile(jb) : 0;
+        const int64_t tiles = jb->n_rows > 0 ? (jb->n_out + job_tile(c, j) - 1) / job_tile(c, j) : 0;
         c->tile_start[j + 1] = c->tile_start[j] + tiles;
         if (jb->n_rows > 0) f->cnt.weight_bytes += (uint64_t)jb->n_out * jb->row_bytes;
     }

@@ -884,7 +884,7 @@ static void tile_q4_k(int64_t n, int no, int nr, float *s, int64_t ss, const voi
     int r0 = 0;
     for (; r0 + K4_PANEL_MIN <= nr; r0 += 16) {
         const int nt = nr - r0 < 16 ? nr - r0 : 16;
-        __m512 acc[DS4_TILE_OUT];
+        __m512 acc[DS4_TILE_OUT_MAX];
         for (int o = 0; o < no; o++) acc[o] = _mm512_setzero_ps();
         k4_panel p[K4_SLAB];
         for (int64_t b0 = 0; b0 < nb; b0 += K4_SLAB) {
@@ -1101,6 +1101,7 @@ int ds4_kernels_init_avx512(ds4_kernel_set *k) {
     k->dot_rows[DS4_TYPE_Q4_K] = dot_rows_q4_k;
     k->dot_tile[DS4_TYPE_Q4_K] = tile_q4_k;
     k->dot_tile_min_rows[DS4_TYPE_Q4_K] = K4_PANEL_MIN;
+    k->dot_tile_out[DS4_TYPE_Q4_K] = DS4_TILE_OUT_MAX;
     k->dot_rows_name[DS4_TYPE_Q4_K] =
         "avx512 q4_K x q8_K exact superblock sums (rows groups; 16-token panel GEMM from 12 rows)";
     k->dot_rows[DS4_TYPE_Q6_K] = dot_rows_q6_k;

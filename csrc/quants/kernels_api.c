@@ -166,9 +166,10 @@ int ds4_matmul_rows(int isa, int type, const void *w, size_t w_row_bytes, int64_
         }
     }
     if (k->dot_tile[type]) {
-        /* the forward's tile calls (matmul.c): DS4_TILE_OUT weight rows, the tail fewer */
-        for (int64_t o = 0; o < n_out; o += DS4_TILE_OUT)
-            k->dot_tile[type](n, (int)(n_out - o < DS4_TILE_OUT ? n_out - o : DS4_TILE_OUT),
+        /* the forward's tile calls (matmul.c): ds4_tile_out weight rows, the tail fewer */
+        const int64_t to = ds4_tile_out(k, type);
+        for (int64_t o = 0; o < n_out; o += to)
+            k->dot_tile[type](n, (int)(n_out - o < to ? n_out - o : to),
                               (int)nr, out + o, n_out,
                               (const uint8_t *)w + (size_t)o * w_row_bytes, w_row_bytes, ptr);
     } else {

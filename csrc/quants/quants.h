@@ -106,10 +106,10 @@ typedef void (*ds4_dot_rows_fn)(int64_t n, int nr, float *s, const void *x,
  * tile shares them (and the activation loads) between weight rows. It
  * prefetches its weight rows DS4_WEIGHT_PREFETCH_BYTES ahead as it goes. */
 /* Weight rows the forward hands a dot_tile per call (the kernel tiles them
- * further): a whole GEMM work item (matmul.c MM_GEMM_TILE), so a kernel
- * that prepares its activation rows once per call (the AVX-512 Q4_K panel)
- * shares that work among all of the item's weight rows. */
-#define DS4_TILE_OUT 64
+ * further) unless the set asks for more (dot_tile_out). */
+#define DS4_TILE_OUT 4
+/* The most weight rows a set may ask for per dot_tile call. */
+#define DS4_TILE_OUT_MAX 64
 typedef void (*ds4_dot_tile_fn)(int64_t n, int no, int nr, float *s, int64_t ss,
                                 const void *x, size_t x_stride, const void *const *y);
 /* How far ahead of the weight row being computed the forward asks for its
@@ -147,6 +147,11 @@ typedef struct {
      * rows, dot_rows for fewer (the same bits either way: the tile kernel
      * must be right for any nr; this only says where it is the faster) */
     uint8_t dot_tile_min_rows[DS4_TYPE_COUNT];
+    /* weight rows per dot_tile call (0: DS4_TILE_OUT; at most
+     * DS4_TILE_OUT_MAX): a kernel that prepares its activation rows once per
+     * call (the AVX-512 Q4_K panel) shares that work among all of them; the
+     * forward's GEMM work items are then this many outputs */
+    uint8_t dot_tile_out[DS4_TYPE_COUNT];
     ds4_pack_rows_fn pack_rows[DS4_TYPE_COUNT];
     const char *dot_rows_name[DS4_TYPE_COUNT];
     /* Optional: rows [0, nr) of a GDN head's state for one token, row m at
@@ -174,6 +179,11 @@ typedef struct {
 /* Bytes of one activation row of n values in the rows layout the set's
  * dot_rows[type] takes (0 when it has none). */
 size_t ds4_rows_act_bytes(const ds4_kernel_set *k, int type, int64_t n);
+
+/* Weight rows per dot_tile call of a set for a type (dot_tile_out or DS4_TILE_OUT). */
+static inline int ds4_tile_out(const ds4_kernel_set *k, int type) {
+    return k->dot_tile_out[type] ? k->dot_tile_out[type] : DS4_TILE_OUT;
+}
 
 typedef struct {
     const char *name;
