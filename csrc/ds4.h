@@ -529,7 +529,7 @@ void ds4_rollback_bytes(const ds4_model_config *c, int64_t n_gdn_layers,
  *    actually used in the chunk; the LM head is one job), one token_embd row
  *    per token, and every small F32 tensor a layer reads (norms, conv taps,
  *    ssm_a, dt bias; output_norm when the chunk has output rows) once per
- *    chunk; an eval runs in chunks of 64 rows (forward.h DS4_CHUNK_ROWS). */
+ *    chunk; an eval runs in chunks of 256 rows (forward.h DS4_CHUNK_ROWS). */
 typedef struct {
     uint64_t allocs;
     uint64_t alloc_bytes;

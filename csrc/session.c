@@ -52,6 +52,12 @@
 
 _Static_assert(DS4_VERIFY_MAX <= DS4_CHUNK_ROWS, "a verify must be one chunk");
 
+/* Committed rows go to the head in batches of DS4_PRIME_ROWS ("Deferred
+ * rows" below); fewer than that wait. The buffer holds the waiting rows
+ * plus one eval chunk's. */
+#define DS4_PRIME_ROWS 64
+#define PRIME_CAP (DS4_CHUNK_ROWS + DS4_PRIME_ROWS - 1)
+
 struct ds4_session {
     ds4_model *m;
     ds4_fwd f;
@@ -66,7 +72,7 @@ struct ds4_session {
     int64_t ver_n_past;       /* n_past before that verify */
     /* Head priming (ds4.h ds4_session_set_nextn_prime; "Head priming" below). */
     int prime;                /* on */
-    float *prime_h;           /* (DS4_CHUNK_ROWS + 1) x n_embd: row 0 the trunk hidden of the
+    float *prime_h;           /* (PRIME_CAP + 1) x n_embd: row 0 the trunk hidden of the
                                  position before the rows being primed, then theirs */
     float *prime_last;        /* n_embd: the trunk's hidden of the last committed position */
     int32_t ver_tok[DS4_VERIFY_MAX]; /* the pending verify's tokens ... */
@@ -74,7 +80,7 @@ struct ds4_session {
     /* Committed rows waiting for the head ("Deferred rows" below): tokens
      * of positions [defer_p0, defer_p0 + defer_n), their hidden rows in
      * prime_h rows 1..defer_n (row 0: the hidden of defer_p0 - 1). */
-    int32_t defer_tok[DS4_CHUNK_ROWS];
+    int32_t defer_tok[PRIME_CAP];
     int64_t defer_p0, defer_n;
     uint64_t own_allocs, own_alloc_bytes; /* the session struct itself */
 };
@@ -247,39 +253,44 @@ static void prime_staged(ds4_session *s, int64_t pend) {
 }
 
 /* Deferred rows. An eval's rows do not reach the head at once: their
- * (token, normed hidden) pairs wait in prime_h / defer_tok and go to the
- * head in one KV-only call when DS4_CHUNK_ROWS of them have gathered, or
- * before anything reads or changes the head (a verify, a nextn call, a
- * snapshot, priming turned off). Decode commits one row per eval, and one
- * head row per token cost two pool dispatches and a weight read of the
- * head's eh_proj, attn_k and attn_v per token: ~2% of a plain decode step
- * on the demo model at 2 threads (0.887 vs 0.905 ms/step, interleaved) --
- * what a run that admits drafting but never drafts lost to serial. A batch
- * of 64 rows reads those weights once. The rows are the same (batch
- * invariance, DESIGN.md invariant 1), so only when the head gets them
- * differs, and nobody can observe the head in between: the head KV pages
- * for the waiting rows are reserved when the rows are deferred (so the
- * catch-up cannot fail), every call that reads or writes the head catches
- * it up first, and ds4_session_nextn_range/covered report the head as
- * caught up. */
+ * (token, normed hidden) pairs wait in prime_h / defer_tok, and whole
+ * batches of DS4_PRIME_ROWS go to the head in one KV-only call as they
+ * fill (an eval chunk of 256 rows gives 256 at once); the rest wait until
+ * anything reads or changes the head (a verify, a nextn call, a snapshot,
+ * priming turned off). Decode commits one row per eval, and one head row
+ * per token cost two pool dispatches and a weight read of the head's
+ * eh_proj, attn_k and attn_v per token: ~2% of a plain decode step on the
+ * demo model at 2 threads (0.887 vs 0.905 ms/step, interleaved) -- what a
+ * run that admits drafting but never drafts lost to serial. A batch of 64
+ * rows reads those weights once. The rows are the same (batch invariance,
+ * DESIGN.md invariant 1), so only when the head gets them differs, and
+ * nobody can observe the head in between: the head KV pages for the
+ * waiting rows are reserved when the rows are deferred (so the catch-up
+ * cannot fail), every call that reads or writes the head catches it up
+ * first, and ds4_session_nextn_range/covered report the head as caught
+ * up. */
 
-/* Give the head the waiting rows (reserved when deferred: cannot fail);
- * prime_h row 0 becomes the hidden of the last of them. */
-static void prime_flush(ds4_session *s) {
-    const int64_t n = s->defer_n;
+/* Give the head the first n waiting rows (reserved when deferred: cannot
+ * fail); prime_h row 0 becomes the hidden of the last of them, the rest
+ * move to the front. */
+static void prime_give(ds4_session *s, int64_t n) {
     if (!n) return;
-    const int64_t E = s->f.c.n_embd;
+    const int64_t E = s->f.c.n_embd, left = s->defer_n - n;
     prime_rows(s, s->defer_tok, s->prime_h, n, s->defer_p0);
-    memmove(s->prime_h, s->prime_h + n * E, (size_t)E * sizeof(float));
+    memmove(s->prime_h, s->prime_h + n * E, (size_t)((left + 1) * E) * sizeof(float));
+    memmove(s->defer_tok, s->defer_tok + n, (size_t)left * sizeof *s->defer_tok);
     s->defer_p0 += n;
-    s->defer_n = 0;
+    s->defer_n = left;
 }
+
+/* Give the head every waiting row. */
+static void prime_flush(ds4_session *s) { prime_give(s, s->defer_n); }
 
 /* After trunk chunk tokens[0..n) at positions defer_p0 + defer_n..: the
  * chunk's rows, normed from the residual stream ds4_fwd_chunk left in f->h,
  * join the waiting rows (run() made room before the chunk: the head's
- * own pass reuses the forward scratch f->h lives in); a full buffer goes to
- * the head. */
+ * own pass reuses the forward scratch f->h lives in); the full batches go
+ * to the head. */
 static void defer_chunk(ds4_session *s, const int32_t *tokens, int64_t n) {
     ds4_fwd *f = &s->f;
     const int64_t E = f->c.n_embd;
@@ -288,7 +299,7 @@ static void defer_chunk(ds4_session *s, const int32_t *tokens, int64_t n) {
     for (int64_t t = 0; t < n; t++) ds4_rmsnorm(f->h + t * E, on, dst + t * E, E, f->c.rms_eps);
     memcpy(s->defer_tok + s->defer_n, tokens, (size_t)n * sizeof *tokens);
     s->defer_n += n;
-    if (s->defer_n == DS4_CHUNK_ROWS) prime_flush(s);
+    prime_give(s, s->defer_n / DS4_PRIME_ROWS * DS4_PRIME_ROWS);
 }
 
 /* The head's range [first, next) as it is once the waiting rows are in. */
@@ -349,7 +360,7 @@ static int run(ds4_session *s, const int32_t *tokens, int64_t n, int all_rows,
         } else {
             out_row0 = c0 + cn == n ? cn - 1 : cn; /* only the eval's last row */
         }
-        if (s->prime && !verify && s->defer_n + cn > DS4_CHUNK_ROWS) prime_flush(s);
+        if (s->prime && !verify && s->defer_n + cn > PRIME_CAP) prime_flush(s);
         ds4_fwd_chunk(&s->f, tokens + c0, cn, s->n_past + c0, out_row0, lg, hd);
         if (s->prime && !verify) defer_chunk(s, tokens + c0, cn);
     }
@@ -725,7 +736,7 @@ int ds4_session_set_nextn_prime(ds4_session *s, int on, ds4_error *err) {
                         "head priming: the session has no last hidden row to continue from");
     const int64_t E = f->c.n_embd;
     if (!s->prime_h) {
-        float *ph = ds4_fwd_calloc(f, (size_t)((DS4_CHUNK_ROWS + 1) * E), sizeof(float));
+        float *ph = ds4_fwd_calloc(f, (size_t)((PRIME_CAP + 1) * E), sizeof(float));
         float *pl = ds4_fwd_calloc(f, (size_t)E, sizeof(float));
         if (!ph || !pl) {
             free(ph);

@@ -389,35 +389,35 @@ def _trunk_hidden(m, toks) -> np.ndarray:
 @settings(max_examples=8, deadline=None)
 @given(data=st.data())
 def test_catch_up_is_batch_invariant(name, precision, data):
-    """Rows 1..99 (mtp1 pairing) in one call equal the same rows in any
-    split into calls (any thread count), and equal one-row calls
-    (nextn_draft), bit for bit. 99 rows cross the 64-row internal chunk, so
-    chunking is covered too."""
-    s100 = ref("sequences")["s100"]
+    """Rows 1..299 (mtp1 pairing) of s700 in one call equal the same rows
+    in any split into calls (any thread count), and equal one-row calls
+    (nextn_draft), bit for bit. 299 rows cross the 256-row internal chunk
+    (forward.h DS4_CHUNK_ROWS), so chunking is covered too."""
+    seq = ref("sequences")["s700"][:300]
     key = ("bi", name, precision)
     if key not in _runs:
         with ds4py.load(model_path(name), precision=precision, n_threads=2) as m:
-            h = _trunk_hidden(m, s100)
+            h = _trunk_hidden(m, seq)
             with m.new_session() as ss:
-                lg, hm = m.nextn_eval(ss, s100[1:], h[:-1], np.arange(1, 100))
+                lg, hm = m.nextn_eval(ss, seq[1:], h[:-1], np.arange(1, 300))
                 whole = (np.array(lg), np.array(hm))
             with m.new_session() as ss:  # one row at a time: the draft path
-                lg, hm = m.nextn_eval(ss, s100[1:2], h[:1], [1])
+                lg, hm = m.nextn_eval(ss, seq[1:2], h[:1], [1])
                 rows, hids = [np.array(lg[0])], [np.array(hm[0])]
-                for p in range(2, 100):
-                    lg, hm = m.nextn_draft(ss, int(s100[p]), h[p - 1])
+                for p in range(2, 300):
+                    lg, hm = m.nextn_draft(ss, int(seq[p]), h[p - 1])
                     rows.append(np.array(lg))
                     hids.append(np.array(hm))
             assert np.array_equal(np.stack(rows), whole[0])
             assert np.array_equal(np.stack(hids), whole[1])
         _runs[key] = (h, whole)
     h, whole = _runs[key]
-    cuts = sorted(set(data.draw(st.lists(st.integers(1, 98), max_size=6))))
-    bounds_ = [0] + cuts + [99]
+    cuts = sorted(set(data.draw(st.lists(st.integers(1, 298), max_size=6))))
+    bounds_ = [0] + cuts + [299]
     with ds4py.load(model_path(name), precision=precision,
                     n_threads=data.draw(st.sampled_from([1, 2, 3]))) as m, m.new_session() as ss:
         for a, b in zip(bounds_[:-1], bounds_[1:], strict=True):
-            lg, hm = m.nextn_eval(ss, s100[1 + a:1 + b], h[a:b], np.arange(1 + a, 1 + b))
+            lg, hm = m.nextn_eval(ss, seq[1 + a:1 + b], h[a:b], np.arange(1 + a, 1 + b))
             assert np.array_equal(lg, whole[0][a:b]), (cuts, a, b)
             assert np.array_equal(hm, whole[1][a:b]), (cuts, a, b)
 

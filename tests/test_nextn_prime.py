@@ -94,7 +94,7 @@ def check(got: dict, want: dict) -> None:
 @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_prefill_priming_equals_one_row_priming(name, precision, data):
-    """A prompt of 300 tokens (past the 64-row chunk and the 256-position
+    """A prompt of 300 tokens (past the 256-row chunk and the 256-position
     KV page) evaluated with priming on, split into evals anywhere, with or
     without all rows, at any thread count: the head is exactly
     token-by-token primed (the reference ran on 2 threads)."""

@@ -35,8 +35,12 @@
  * the same however the work is spread. */
 #define DS4_KV_PAGE 256
 /* Rows per internal prefill chunk: bounds the scratch; results do not
- * depend on it. */
-#define DS4_CHUNK_ROWS 64
+ * depend on it. 256, not 64: a MoE chunk gives each of its routed experts
+ * chunk x top-k / experts rows, and a GEMM tile wants 12 or more rows (the
+ * AVX-512 Q4_K panel: quants.h dot_tile_min_rows); on the bench MoE (64
+ * experts, top-8) 64 rows gave 8 per expert, 256 give 32 (README,
+ * Benchmarks: the chunk of 256). */
+#define DS4_CHUNK_ROWS 256
 /* Fast precision's attention recipe (attention.c, which says why 1): 1 = Q
  * rounded to F16 and V accumulated in F16 (llama.cpp's one-chunk kernel,
  * needs F16 KV), 0 = Q and the V accumulation in F32 (like llama.cpp's

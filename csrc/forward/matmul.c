@@ -52,11 +52,13 @@
 #define MM_GEMM_TILE 16
 /* Jobs per dispatch; longer lists go in slices (one expert = two jobs). */
 #define MM_MAX_JOBS 64
-/* Token rows per dot_rows / dot_tile call: the AVX-512 Q4_K panel's 16
- * lanes (the other kernels take them in their own groups of 4 or 8), so
- * the call's activation rows stay in L1 while the tile's weight rows pass
- * over them. */
+/* Token rows per dot_rows call (the kernels take them in their own groups
+ * of 4 or 8), so the call's activation rows stay in L1 while the tile's
+ * weight rows pass over them; a dot_tile call takes ds4_tile_rows (quants.h:
+ * 16, or what the set asks for: the AVX-512 Q4_K bands prepare each weight
+ * row once per call and share it among 64). */
 #define MM_ROWS_CALL 16
+_Static_assert(MM_ROWS_CALL <= DS4_TILE_ROWS_MAX, "the call buffers hold DS4_TILE_ROWS_MAX rows");
 /* Values quantized per piece before packing (whole Q8_0 block pairs). */
 #define MM_PACK_PIECE 256
 /* Software prefetch distance in weight bytes. A decode step streams every
@@ -180,11 +182,12 @@ static int64_t job_tile(const mm_ctx *c, int j) {
  * instead of one float per row and output. */
 static void mm_rows_tile(const mm_ctx *c, int j, int64_t o0, int64_t o1) {
     const ds4_mm_job *jb = &c->jobs[j];
-    const void *ptr[MM_ROWS_CALL];
-    float s[MM_ROWS_CALL];
-    float sb[MM_ROWS_CALL][DS4_TILE_OUT_MAX];
-    for (int64_t r0 = 0; r0 < jb->n_rows; r0 += MM_ROWS_CALL) {
-        const int nr = (int)(jb->n_rows - r0 < MM_ROWS_CALL ? jb->n_rows - r0 : MM_ROWS_CALL);
+    const void *ptr[DS4_TILE_ROWS_MAX];
+    float s[DS4_TILE_ROWS_MAX];
+    float sb[DS4_TILE_ROWS_MAX][DS4_TILE_OUT_MAX];
+    const int64_t per_call = c->tile[j] ? ds4_tile_rows(c->k, jb->type) : MM_ROWS_CALL;
+    for (int64_t r0 = 0; r0 < jb->n_rows; r0 += per_call) {
+        const int nr = (int)(jb->n_rows - r0 < per_call ? jb->n_rows - r0 : per_call);
         for (int r = 0; r < nr; r++) {
             const int64_t xr = jb->x_idx ? jb->x_idx[r0 + r] : r0 + r;
             ptr[r] = c->act[j] + (size_t)xr * c->act_stride[j];

@@ -110,6 +110,10 @@ typedef void (*ds4_dot_rows_fn)(int64_t n, int nr, float *s, const void *x,
 #define DS4_TILE_OUT 4
 /* The most weight rows a set may ask for per dot_tile call. */
 #define DS4_TILE_OUT_MAX 64
+/* Activation rows the forward hands a dot_tile per call unless the set
+ * asks for more (dot_tile_rows), and the most it may ask for. */
+#define DS4_TILE_ROWS 16
+#define DS4_TILE_ROWS_MAX 64
 typedef void (*ds4_dot_tile_fn)(int64_t n, int no, int nr, float *s, int64_t ss,
                                 const void *x, size_t x_stride, const void *const *y);
 /* How far ahead of the weight row being computed the forward asks for its
@@ -152,6 +156,10 @@ typedef struct {
      * call (the AVX-512 Q4_K panel) shares that work among all of them; the
      * forward's GEMM work items are then this many outputs */
     uint8_t dot_tile_out[DS4_TYPE_COUNT];
+    /* activation rows per dot_tile call (0: DS4_TILE_ROWS; at most
+     * DS4_TILE_ROWS_MAX): a kernel that prepares each weight row once per
+     * call (the AVX-512 Q4_K bands) shares that work among all of them */
+    uint8_t dot_tile_rows[DS4_TYPE_COUNT];
     ds4_pack_rows_fn pack_rows[DS4_TYPE_COUNT];
     const char *dot_rows_name[DS4_TYPE_COUNT];
     /* Optional: rows [0, nr) of a GDN head's state for one token, row m at
@@ -183,6 +191,11 @@ size_t ds4_rows_act_bytes(const ds4_kernel_set *k, int type, int64_t n);
 /* Weight rows per dot_tile call of a set for a type (dot_tile_out or DS4_TILE_OUT). */
 static inline int ds4_tile_out(const ds4_kernel_set *k, int type) {
     return k->dot_tile_out[type] ? k->dot_tile_out[type] : DS4_TILE_OUT;
+}
+
+/* Activation rows per dot_tile call of a set for a type (dot_tile_rows or DS4_TILE_ROWS). */
+static inline int ds4_tile_rows(const ds4_kernel_set *k, int type) {
+    return k->dot_tile_rows[type] ? k->dot_tile_rows[type] : DS4_TILE_ROWS;
 }
 
 typedef struct {
