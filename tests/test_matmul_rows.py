@@ -93,7 +93,7 @@ def _bits(a) -> np.ndarray:
 def _n_values(t: str) -> list[int]:
     bs = Q.type_info(t).block_size
     if bs == 256:
-        return [256, 768, 2304]  # 9 superblocks: the AVX-512 Q4_K panel's slabs of 8 and a tail
+        return [256, 768, 2304]  # 9 superblocks: an odd count (one-row sums go 8 at a time)
     if bs == 32:
         return [32, 96, 256, 352]  # 1, 3, 8, 11 blocks: odd counts run the tail
     return [64, 200]
@@ -145,6 +145,38 @@ def test_rows_bit_identical_across_widths(isa, t):
             # and far below any wrong-block or wrong-scale error.
             bound = n * 2.0**-22 * (np.abs(ad) @ np.abs(wd).T) + 1e-30
             assert np.all(np.abs(ref - exact) <= bound), f"{isa} {t} n={n}"
+
+
+# Widths past the 16-row groups: the AVX-512 K-quant panel GEMM (12 rows
+# and up, 16 tokens a panel, 4 panels a pass: 64, then a second pass) with
+# panels of 12..16 tokens and a tail of fewer than 12 left to the rows groups.
+PANEL_WIDTHS = (12, 15, 16, 28, 31, 64, 75, 80, 91)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("t", WEIGHT_TYPES)
+def test_tile_widths_bit_identical(isa, t):
+    """77 weight rows (the forward's tile calls of 64 and 13: whole 8-row
+    bands of the panel GEMM, then 5 rows it leaves to the rows groups)
+    against up to 91 activation rows: every value bit-identical to the
+    one-row kernel's."""
+    rng = np.random.default_rng(_id(t) * 11 + len(isa))
+    n_out, n = 77, _n_values(t)[-1]
+    w = _weights(t, n_out, n, rng)
+    act, stride, _ = _acts(t, max(PANEL_WIDTHS), n, rng)
+    rc, ref = _matmul(isa, t, w, n_out, act, stride, n, max(PANEL_WIDTHS), 0)
+    assert rc == 0
+    if lib.ds4_matmul_rows_kernel(Q._isa(isa), _id(t)) == ffi.NULL:
+        # no multi-row kernel (test_expected_kernels_present says which
+        # must exist): asking for one is refused
+        rc, _ = _matmul(isa, t, w, n_out, act, stride, n, 12, 1)
+        assert rc == lib.DS4_ERR_UNSUPPORTED
+        return
+    for width in PANEL_WIDTHS:
+        rc, got = _matmul(isa, t, w, n_out, act, stride, n, width, 1)
+        assert rc == 0
+        np.testing.assert_array_equal(_bits(got), _bits(ref[:width]),
+                                      err_msg=f"{isa} {t} n={n} width {width}")
 
 
 def test_refuses_bad_arguments():
