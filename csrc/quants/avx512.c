@@ -918,7 +918,7 @@ static inline __attribute__((always_inline)) void k4_band_panel(const k4_band *w
  * so the same bits. */
 #define K4_PANELS 4
 
-#define K_TILE(name, block_t, band_t, UNPACK, BAND_PANEL, ROWS)                                      \
+#define K_TILE(name, block_t, band_t, UNPACK, BAND_PANEL, ROWS, CH)                                      \
     static void name(int64_t n, int no, int nr, float *s, int64_t ss, const void *x, size_t xs,  \
                      const void *const *y) {                                                   \
         const uint8_t *xb = x;                                                                 \
@@ -929,9 +929,10 @@ static inline __attribute__((always_inline)) void k4_band_panel(const k4_band *w
             int np = 0, nt[K4_PANELS];                                                         \
             for (int t = r0; np < K4_PANELS && nr - t >= K4_PANEL_MIN; t += 16)                \
                 nt[np++] = nr - t < 16 ? nr - t : 16;                                          \
-            __m512 acc[K4_PANELS][DS4_TILE_OUT_MAX];                                           \
+            __m512 acc[K4_PANELS][CH][DS4_TILE_OUT_MAX];                                       \
             for (int q = 0; q < np; q++)                                                       \
-                for (int o = 0; o < nob; o++) acc[q][o] = _mm512_setzero_ps();                 \
+                for (int c = 0; c < CH; c++)                                                   \
+                    for (int o = 0; o < nob; o++) acc[q][c][o] = _mm512_setzero_ps();          \
             for (int64_t b = 0; b < nb; b++) {                                                 \
                 k4_panel p[K4_PANELS];                                                         \
                 for (int q = 0; q < np; q++) k4_build_panel(&p[q], 1, b, nt[q], y + r0 + 16 * q); \
@@ -939,13 +940,13 @@ static inline __attribute__((always_inline)) void k4_band_panel(const k4_band *w
                     if (b + 1 < nb) k_band_prefetch(xb + (size_t)o * xs, xs, b + 1, sizeof(block_t)); \
                     band_t w;                                                                  \
                     UNPACK(xb + (size_t)o * xs, xs, b, &w);                                    \
-                    for (int q = 0; q < np; q++) BAND_PANEL(&w, &p[q], &acc[q][o]);            \
+                    for (int q = 0; q < np; q++) BAND_PANEL(&w, &p[q], &acc[q][b % CH][o]);    \
                 }                                                                              \
             }                                                                                  \
             for (int q = 0; q < np; q++)                                                       \
                 for (int o = 0; o < nob; o++) {                                                \
                     float out[16];                                                             \
-                    _mm512_storeu_ps(out, acc[q][o]);                                          \
+                    _mm512_storeu_ps(out, k_chains_sum(acc[q], CH, o));                        \
                     for (int t = 0; t < nt[q]; t++) s[(int64_t)(r0 + 16 * q + t) * ss + o] = out[t]; \
                 }                                                                              \
             for (int q = 0; q < np; q++) r0 += nt[q];                                          \
@@ -959,6 +960,14 @@ static inline __attribute__((always_inline)) void k4_band_panel(const k4_band *w
             }                                                                                  \
     }
 
+/* The end of CH accumulator chains (superblock b in chain b % CH): one
+ * chain as it is, four as (c0 + c1) + (c2 + c3). */
+static inline __attribute__((always_inline)) __m512 k_chains_sum(__m512 (*acc)[DS4_TILE_OUT_MAX],
+                                                                 int ch, int o) {
+    if (ch == 1) return acc[0][o];
+    return _mm512_add_ps(_mm512_add_ps(acc[0][o], acc[1][o]), _mm512_add_ps(acc[2][o], acc[3][o]));
+}
+
 /* The next superblock of a band's weight rows: 64 rows are more streams
  * than the hardware prefetcher follows. */
 static inline __attribute__((always_inline)) void k_band_prefetch(const uint8_t *xb, size_t xs,
@@ -971,7 +980,7 @@ static inline __attribute__((always_inline)) void k_band_prefetch(const uint8_t 
     }
 }
 
-K_TILE(tile_q4_k, block_q4_K, k4_band, k4_band_unpack, k4_band_panel, dot_rows_q4_k)
+K_TILE(tile_q4_k, block_q4_K, k4_band, k4_band_unpack, k4_band_panel, dot_rows_q4_k, 1)
 
 static void dot_q5_k(int64_t n, float *s, const void *vx, const void *vy) {
     const block_q5_K *x = vx;
@@ -1011,8 +1020,13 @@ static void dot_q5_k(int64_t n, float *s, const void *vx, const void *vy) {
  * 0..63 (the file's code minus -32); per superblock
  *   S = sum_g sc_g * sum_{e in g} q_e * a_e  -  32 * sum_g sc_g * bsum_g
  * (16 groups g of 16 codes; |S| < 2^29, exact int32), then
- *   acc = fmaf((float)S * d, d_a, acc)            (k6_recipe)
- * superblock by superblock. The one-row dot and the rows groups form S
+ *   c[b % 4] = fmaf((float)S * d, d_a, c[b % 4])
+ * for superblocks b in ascending order, four chains, and the result is
+ * (c[0] + c[1]) + (c[2] + c[3]). Four chains, not one: a row's superblocks
+ * are short work and one chain of dependent fmaf (4 cycles each) was most
+ * of the one-row kernel's time (4.0 -> 4.6 ns per 256 weights against the
+ * float-lane kernel before, bench_rows.py on a Zen 5 VM, with one chain).
+ * The one-row dot and the rows groups form S
  * with k_pair (the first sum) and the activation's 16-element sums (the
  * second), the panel with vpdpbusd per group; the same S, the same bits. */
 
@@ -1022,6 +1036,8 @@ static void dot_q5_k(int64_t n, float *s, const void *vx, const void *vy) {
  * h = [qh | qh] of the chunk; 16-bit shifts <= 6 never bring a neighbour
  * byte's bits into the bits kept), in element order, the pairs' scale
  * lanes, and 32 * the scales as int16 (the second sum's weights). */
+#define K6_CHAINS 4
+
 typedef struct {
     __m512i codes[4], scl01, scl23, sc32;
 } k6_side;
@@ -1064,9 +1080,10 @@ static void dot_q6_k(int64_t n, float *s, const void *vx, const void *vy) {
     const block_q6_K *x = vx;
     const block_q8_K *y = vy;
     const int64_t nb = n / QK_K;
-    float acc = 0.0f;
+    __m128 c = _mm_setzero_ps(); /* chain k in lane k */
     for (int64_t i = 0; i < nb; i += 8) {
         const int m = (int)(nb - i < 8 ? nb - i : 8);
+        const __mmask8 live = (__mmask8)((1u << m) - 1);
         __m512i v[8];
         _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) {
             if (k < m) {
@@ -1077,19 +1094,22 @@ static void dot_q6_k(int64_t n, float *s, const void *vx, const void *vy) {
                 v[k] = _mm512_setzero_si512();
             }
         }
-        /* d of superblock k: the high half of the 32 bits ending at its end
-         * (masked: no read past the row's last superblock) */
-        const __m256i sd = _mm256_mmask_i32gather_epi32(
-            _mm256_setzero_si256(), (__mmask8)((1u << m) - 1),
-            _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-                               _mm256_set1_epi32((int)sizeof(block_q6_K))),
-            (const int *)((const uint8_t *)&x[i] + sizeof(block_q6_K) - 4), 1);
-        const __m256 d = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_srli_epi32(sd, 16)));
-        float rk[8];
-        _mm256_storeu_ps(rk, _mm256_mul_ps(k6_s8(k4_sums8(v)), d));
-        for (int k = 0; k < m; k++) acc = fmaf(rk[k], y[i + k].d, acc);
+        /* the scales of the live superblocks, through memory (two gathers
+         * per 8 superblocks measured slower on a Zen 5 core) */
+        float dk[8] = {0}, dak[8] = {0};
+        _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) if (k < m) {
+            dk[k] = h2f(x[i + k].d);
+            dak[k] = y[i + k].d;
+        }
+        const __m256 d = _mm256_loadu_ps(dk), da = _mm256_loadu_ps(dak);
+        const __m256 r = _mm256_mul_ps(k6_s8(k4_sums8(v)), d);
+        /* superblocks i..i+3, then i+4..i+7 (i % 4 == 0: chain k & 3) */
+        c = _mm_mask3_fmadd_ps(_mm256_castps256_ps128(r), _mm256_castps256_ps128(da), c, live & 0xF);
+        c = _mm_mask3_fmadd_ps(_mm256_extractf128_ps(r, 1), _mm256_extractf128_ps(da, 1), c, live >> 4);
     }
-    *s = acc;
+    float cs[4];
+    _mm_storeu_ps(cs, c);
+    *s = (cs[0] + cs[1]) + (cs[2] + cs[3]);
 }
 
 /* Q6_K for g <= ROWS_GROUP activation rows: the weight side once, the rows'
@@ -1103,7 +1123,8 @@ static inline __attribute__((always_inline)) void q6k_rows_group(
         addr[r] = (int64_t)(intptr_t)&y[r][0].d;
     }
     const __m512i vaddr = _mm512_loadu_si512(addr);
-    __m256 acc = _mm256_setzero_ps();
+    __m256 acc[K6_CHAINS];
+    _Pragma("GCC unroll 4") for (int c = 0; c < K6_CHAINS; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / QK_K; i++) {
         k6_side w;
         k6_weight_side(&x[i], &w);
@@ -1112,10 +1133,11 @@ static inline __attribute__((always_inline)) void q6k_rows_group(
             v[r] = r < g ? k6_row_sums(&w, &y[r][i]) : _mm512_setzero_si512();
         const __m256 da = _mm512_i64gather_ps(
             _mm512_add_epi64(vaddr, _mm512_set1_epi64(i * (int64_t)sizeof(block_q8_K))), NULL, 1);
-        acc = _mm256_fmadd_ps(_mm256_mul_ps(k6_s8(k4_sums8(v)), _mm256_set1_ps(h2f(x[i].d))), da, acc);
+        acc[i % K6_CHAINS] = _mm256_fmadd_ps(_mm256_mul_ps(k6_s8(k4_sums8(v)), _mm256_set1_ps(h2f(x[i].d))),
+                                             da, acc[i % K6_CHAINS]);
     }
     float out[8];
-    _mm256_storeu_ps(out, acc);
+    _mm256_storeu_ps(out, _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
     _Pragma("GCC unroll 8") for (int r = 0; r < g; r++) s[r] = out[r];
 }
 
@@ -1174,7 +1196,7 @@ static inline __attribute__((always_inline)) void k6_band_panel(const k6_band *w
     }
 }
 
-K_TILE(tile_q6_k, block_q6_K, k6_band, k6_band_unpack, k6_band_panel, dot_rows_q6_k)
+K_TILE(tile_q6_k, block_q6_K, k6_band, k6_band_unpack, k6_band_panel, dot_rows_q6_k, K6_CHAINS)
 
 static void dot_iq4_xs(int64_t n, float *s, const void *vx, const void *vy) {
     const block_iq4_xs *x = vx;
