@@ -50,6 +50,8 @@
  * for every GEMM spread a demo-model verify's small matrices over too few
  * items (drafting rounds per request fell by half, bench/spec_policy_ab.py). */
 #define MM_GEMM_TILE 16
+/* The widest item of a job without a tile kernel. */
+#define MM_ROWS_ITEM (MM_GEMM_TILE > MM_TILE ? MM_GEMM_TILE : MM_TILE)
 /* Jobs per dispatch; longer lists go in slices (one expert = two jobs). */
 #define MM_MAX_JOBS 64
 /* Token rows per dot_rows call (the kernels take them in their own groups
@@ -58,7 +60,6 @@
  * 16, or what the set asks for: the AVX-512 Q4_K bands prepare each weight
  * row once per call and share it among 64). */
 #define MM_ROWS_CALL 16
-_Static_assert(MM_ROWS_CALL <= DS4_TILE_ROWS_MAX, "the call buffers hold DS4_TILE_ROWS_MAX rows");
 /* Values quantized per piece before packing (whole Q8_0 block pairs). */
 #define MM_PACK_PIECE 256
 /* Software prefetch distance in weight bytes. A decode step streams every
@@ -180,43 +181,69 @@ static int64_t job_tile(const mm_ctx *c, int j) {
  * rows stay in cache while the tile's weight rows pass over them. A chunk's
  * results are gathered in sb and stored row by row (contiguous runs of y)
  * instead of one float per row and output. */
-static void mm_rows_tile(const mm_ctx *c, int j, int64_t o0, int64_t o1) {
+/* The activation rows r0 .. r0+nr of job j. */
+static void rows_ptrs(const mm_ctx *c, int j, int64_t r0, int nr, const void **ptr) {
+    const ds4_mm_job *jb = &c->jobs[j];
+    for (int r = 0; r < nr; r++) {
+        const int64_t xr = jb->x_idx ? jb->x_idx[r0 + r] : r0 + r;
+        ptr[r] = c->act[j] + (size_t)xr * c->act_stride[j];
+    }
+}
+
+/* Outputs o0..o1 of rows r0 .. r0+nr, gathered in sb (row stride sbs), to y. */
+static void rows_store(const ds4_mm_job *jb, int64_t r0, int nr, const float *sb, int64_t sbs,
+                       int64_t o0, int64_t o1) {
+    for (int r = 0; r < nr; r++) {
+        const int64_t yr = jb->y_idx ? jb->y_idx[r0 + r] : r0 + r;
+        memcpy(jb->y + yr * jb->y_stride + o0, sb + r * sbs, (size_t)(o1 - o0) * sizeof(float));
+    }
+}
+
+/* A tile job's item: ds4_tile_rows activation rows and ds4_tile_out
+ * weight rows per dot_tile call (quants.h), which prefetches as it goes:
+ * the lines of 4 rows requested at once before the call (68 at 1024 Q8_0
+ * inputs) made a decode of the 0.8B Q8_0 bench model 15% slower than one
+ * row at a time. Its buffers are its own: the rows path below (every
+ * decode matvec) keeps a frame of MM_ROWS_CALL rows (with the 64-row
+ * buffers in one function, a decode step of the 0.8B Q4_K_M bench model
+ * measured ~3% more CPU time, one thread). */
+static void mm_tile_item(const mm_ctx *c, int j, int64_t o0, int64_t o1) {
     const ds4_mm_job *jb = &c->jobs[j];
     const void *ptr[DS4_TILE_ROWS_MAX];
-    float s[DS4_TILE_ROWS_MAX];
     float sb[DS4_TILE_ROWS_MAX][DS4_TILE_OUT_MAX];
-    const int64_t per_call = c->tile[j] ? ds4_tile_rows(c->k, jb->type) : MM_ROWS_CALL;
+    const int64_t per_call = ds4_tile_rows(c->k, jb->type), to = ds4_tile_out(c->k, jb->type);
     for (int64_t r0 = 0; r0 < jb->n_rows; r0 += per_call) {
         const int nr = (int)(jb->n_rows - r0 < per_call ? jb->n_rows - r0 : per_call);
-        for (int r = 0; r < nr; r++) {
-            const int64_t xr = jb->x_idx ? jb->x_idx[r0 + r] : r0 + r;
-            ptr[r] = c->act[j] + (size_t)xr * c->act_stride[j];
+        rows_ptrs(c, j, r0, nr, ptr);
+        for (int64_t o = o0; o < o1; o += to) {
+            const int no = (int)(o1 - o < to ? o1 - o : to);
+            c->tile[j](jb->n_in, no, nr, &sb[0][o - o0], DS4_TILE_OUT_MAX,
+                       jb->w + (size_t)o * jb->row_bytes, jb->row_bytes, ptr);
         }
-        if (c->tile[j]) {
-            /* ds4_tile_out weight rows per call (quants.h dot_tile), which
-             * prefetches as it goes: the lines of 4 rows requested at once
-             * before the call (68 at 1024 Q8_0 inputs) made a decode of the
-             * 0.8B Q8_0 bench model 15% slower than one row at a time */
-            const int64_t to = ds4_tile_out(c->k, jb->type);
-            for (int64_t o = o0; o < o1; o += to) {
-                const int no = (int)(o1 - o < to ? o1 - o : to);
-                c->tile[j](jb->n_in, no, nr, &sb[0][o - o0], DS4_TILE_OUT_MAX,
-                           jb->w + (size_t)o * jb->row_bytes, jb->row_bytes, ptr);
-            }
-        } else {
-            const uint8_t *end = jb->w + (size_t)jb->n_out * jb->row_bytes;
-            for (int64_t o = o0; o < o1; o++) {
-                /* later row chunks find the tile's weights in cache */
-                if (r0 == 0)
-                    prefetch_ahead(jb->w + (size_t)o * jb->row_bytes, jb->row_bytes, end);
-                c->rows[j](jb->n_in, nr, s, jb->w + (size_t)o * jb->row_bytes, ptr);
-                for (int r = 0; r < nr; r++) sb[r][o - o0] = s[r];
-            }
+        rows_store(jb, r0, nr, &sb[0][0], DS4_TILE_OUT_MAX, o0, o1);
+    }
+}
+
+/* A rows job's item (or a tile job's, see mm_items): row chunks outer, so
+ * the chunk's activation rows stay in cache while the item's weight rows
+ * pass over them. A chunk's results are gathered in sb and stored row by
+ * row (contiguous runs of y) instead of one float per row and output. */
+static void mm_rows_item(const mm_ctx *c, int j, int64_t o0, int64_t o1) {
+    const ds4_mm_job *jb = &c->jobs[j];
+    const void *ptr[MM_ROWS_CALL];
+    float s[MM_ROWS_CALL];
+    float sb[MM_ROWS_CALL][MM_ROWS_ITEM];
+    const uint8_t *end = jb->w + (size_t)jb->n_out * jb->row_bytes;
+    for (int64_t r0 = 0; r0 < jb->n_rows; r0 += MM_ROWS_CALL) {
+        const int nr = (int)(jb->n_rows - r0 < MM_ROWS_CALL ? jb->n_rows - r0 : MM_ROWS_CALL);
+        rows_ptrs(c, j, r0, nr, ptr);
+        for (int64_t o = o0; o < o1; o++) {
+            /* later row chunks find the item's weights in cache */
+            if (r0 == 0) prefetch_ahead(jb->w + (size_t)o * jb->row_bytes, jb->row_bytes, end);
+            c->rows[j](jb->n_in, nr, s, jb->w + (size_t)o * jb->row_bytes, ptr);
+            for (int r = 0; r < nr; r++) sb[r][o - o0] = s[r];
         }
-        for (int r = 0; r < nr; r++) {
-            const int64_t yr = jb->y_idx ? jb->y_idx[r0 + r] : r0 + r;
-            memcpy(jb->y + yr * jb->y_stride + o0, sb[r], (size_t)(o1 - o0) * sizeof(float));
-        }
+        rows_store(jb, r0, nr, &sb[0][0], MM_ROWS_ITEM, o0, o1);
     }
 }
 
@@ -232,8 +259,12 @@ static void mm_items(void *vctx, int64_t i0, int64_t i1, int ith) {
         const int64_t tile = job_tile(c, j);
         int64_t o0 = (it - c->tile_start[j]) * tile;
         int64_t o1 = o0 + tile < jb->n_out ? o0 + tile : jb->n_out;
+        if (c->tile[j]) {
+            mm_tile_item(c, j, o0, o1);
+            continue;
+        }
         if (c->rows[j]) {
-            mm_rows_tile(c, j, o0, o1);
+            mm_rows_item(c, j, o0, o1);
             continue;
         }
         const uint8_t *end = jb->w + (size_t)jb->n_out * jb->row_bytes;
