@@ -907,9 +907,7 @@ static inline __attribute__((always_inline)) void k4_band_panel(const k4_band *w
     }
 }
 
-/* The K-quant panel GEMM's driver (Q4_K; a Q6_K instance was measured
- * and dropped: its exact-sum one-row dot made decode slower, README
- * Benchmarks 2026-12-07): up to K4_PANELS panels
+/* The K-quant panel GEMM's driver (Q4_K, Q6_K): up to K4_PANELS panels
  * (64 tokens) per pass, superblock by superblock: the panels of superblock
  * b are built, then each band of K4_BAND weight rows is unpacked once and
  * run against every panel (a weight row's unpack shared by up to 64
@@ -920,7 +918,7 @@ static inline __attribute__((always_inline)) void k4_band_panel(const k4_band *w
  * so the same bits. */
 #define K4_PANELS 4
 
-#define K_TILE(name, block_t, band_t, UNPACK, BAND_PANEL, ROWS)                                          \
+#define K_TILE(name, block_t, band_t, UNPACK, BAND_PANEL, ROWS, CH)                                      \
     static void name(int64_t n, int no, int nr, float *s, int64_t ss, const void *x, size_t xs,  \
                      const void *const *y) {                                                   \
         const uint8_t *xb = x;                                                                 \
@@ -931,9 +929,10 @@ static inline __attribute__((always_inline)) void k4_band_panel(const k4_band *w
             int np = 0, nt[K4_PANELS];                                                         \
             for (int t = r0; np < K4_PANELS && nr - t >= K4_PANEL_MIN; t += 16)                \
                 nt[np++] = nr - t < 16 ? nr - t : 16;                                          \
-            __m512 acc[K4_PANELS][DS4_TILE_OUT_MAX];                                           \
+            __m512 acc[K4_PANELS][CH][DS4_TILE_OUT_MAX];                                       \
             for (int q = 0; q < np; q++)                                                       \
-                for (int o = 0; o < nob; o++) acc[q][o] = _mm512_setzero_ps();                 \
+                for (int c = 0; c < CH; c++)                                                   \
+                    for (int o = 0; o < nob; o++) acc[q][c][o] = _mm512_setzero_ps();          \
             for (int64_t b = 0; b < nb; b++) {                                                 \
                 k4_panel p[K4_PANELS];                                                         \
                 for (int q = 0; q < np; q++) k4_build_panel(&p[q], 1, b, nt[q], y + r0 + 16 * q); \
@@ -941,13 +940,13 @@ static inline __attribute__((always_inline)) void k4_band_panel(const k4_band *w
                     if (b + 1 < nb) k_band_prefetch(xb + (size_t)o * xs, xs, b + 1, sizeof(block_t)); \
                     band_t w;                                                                  \
                     UNPACK(xb + (size_t)o * xs, xs, b, &w);                                    \
-                    for (int q = 0; q < np; q++) BAND_PANEL(&w, &p[q], &acc[q][o]);            \
+                    for (int q = 0; q < np; q++) BAND_PANEL(&w, &p[q], &acc[q][b % CH][o]);    \
                 }                                                                              \
             }                                                                                  \
             for (int q = 0; q < np; q++)                                                       \
                 for (int o = 0; o < nob; o++) {                                                \
                     float out[16];                                                             \
-                    _mm512_storeu_ps(out, acc[q][o]);                                          \
+                    _mm512_storeu_ps(out, k_chains_sum(acc[q], CH, o));                        \
                     for (int t = 0; t < nt[q]; t++) s[(int64_t)(r0 + 16 * q + t) * ss + o] = out[t]; \
                 }                                                                              \
             for (int q = 0; q < np; q++) r0 += nt[q];                                          \
@@ -961,6 +960,14 @@ static inline __attribute__((always_inline)) void k4_band_panel(const k4_band *w
             }                                                                                  \
     }
 
+/* The end of CH accumulator chains (superblock b in chain b % CH): one
+ * chain as it is, four as (c0 + c1) + (c2 + c3). */
+static inline __attribute__((always_inline)) __m512 k_chains_sum(__m512 (*acc)[DS4_TILE_OUT_MAX],
+                                                                 int ch, int o) {
+    if (ch == 1) return acc[0][o];
+    return _mm512_add_ps(_mm512_add_ps(acc[0][o], acc[1][o]), _mm512_add_ps(acc[2][o], acc[3][o]));
+}
+
 /* The next superblock of a band's weight rows: 64 rows are more streams
  * than the hardware prefetcher follows. */
 static inline __attribute__((always_inline)) void k_band_prefetch(const uint8_t *xb, size_t xs,
@@ -973,7 +980,7 @@ static inline __attribute__((always_inline)) void k_band_prefetch(const uint8_t 
     }
 }
 
-K_TILE(tile_q4_k, block_q4_K, k4_band, k4_band_unpack, k4_band_panel, dot_rows_q4_k)
+K_TILE(tile_q4_k, block_q4_K, k4_band, k4_band_unpack, k4_band_panel, dot_rows_q4_k, 1)
 
 static void dot_q5_k(int64_t n, float *s, const void *vx, const void *vy) {
     const block_q5_K *x = vx;
@@ -1009,64 +1016,187 @@ static void dot_q5_k(int64_t n, float *s, const void *vx, const void *vy) {
     *s = hsum256(_mm256_add_ps(fold512(acc), accm));
 }
 
-/* Q6_K x Q8_K for g <= ROWS_GROUP rows (g = 1: dot_q6_k, the same function,
- * so a row's result does not depend on g). Unsigned codes 0..63 (k_pair's
- * bound holds); the -32 offset comes back through the activation's
- * 16-element sums: sum_g (32 sc_g) * bsum_g, exact int32 (|32 sc| <= 4096,
- * |bsum| <= 16 * 128), which k_fold_with puts beside the folded isum and
- * one FMA with d_y * [d x8 | -d x8] applies. Per block the four 64-code
+/* Q6_K x Q8_K: EXACT SUPERBLOCK SUMS, as Q4_K above. Unsigned codes q
+ * 0..63 (the file's code minus -32); per superblock
+ *   S = sum_g sc_g * sum_{e in g} q_e * a_e  -  32 * sum_g sc_g * bsum_g
+ * (16 groups g of 16 codes; |S| < 2^29, exact int32), then
+ *   c[b % 4] = fmaf((float)S * d, d_a, c[b % 4])
+ * for superblocks b in ascending order, four chains, and the result is
+ * (c[0] + c[1]) + (c[2] + c[3]). Four chains, not one: a row's superblocks
+ * are short work and one chain of dependent fmaf (4 cycles each) was most
+ * of the one-row kernel's time (4.0 -> 4.6 ns per 256 weights against the
+ * float-lane kernel before, bench_rows.py on a Zen 5 VM, with one chain).
+ * The one-row dot and the rows groups form S
+ * with k_pair (the first sum) and the activation's 16-element sums (the
+ * second), the panel with vpdpbusd per group; the same S, the same bits. */
+
+/* The weight side of one Q6_K superblock for k_pair rows: the four 64-code
  * vectors (codes 0..63 of each 128-chunk: (l & 15) | ((h >> {0|2}) & 3) << 4,
- * codes 64..127: (l >> 4) | ((h >> {4|6}) & 3) << 4, {lower|upper} 32
- * bytes, h = [qh | qh] of the chunk; 16-bit shifts <= 6 never bring a
- * neighbour byte's bits into the bits kept) and the pairs' scale lanes are
- * built once for all rows. */
-static inline __attribute__((always_inline)) void q6k_rows_group(
-    int64_t n, int g, float *s, const block_q6_K *x, const void *const *vy) {
+ * codes 64..127: (l >> 4) | ((h >> {4|6}) & 3) << 4, {lower|upper} 32 bytes,
+ * h = [qh | qh] of the chunk; 16-bit shifts <= 6 never bring a neighbour
+ * byte's bits into the bits kept), in element order, the pairs' scale
+ * lanes, and 32 * the scales as int16 (the second sum's weights). */
+#define K6_CHAINS 4
+
+typedef struct {
+    __m512i codes[4], scl01, scl23, sc32;
+} k6_side;
+
+static inline __attribute__((always_inline)) void k6_weight_side(const block_q6_K *x, k6_side *w) {
     const __m512i m4 = _mm512_set1_epi8(0x0F), m3 = _mm512_set1_epi8(3);
-    const __m512i idx01 = _mm512_loadu_si512(k_idx_q6k[0]), idx23 = _mm512_loadu_si512(k_idx_q6k[1]);
-    __m512 acc[ROWS_GROUP];
-    const block_q8_K *y[ROWS_GROUP];
-    _Pragma("GCC unroll 8") for (int r = 0; r < g; r++) {
-        acc[r] = _mm512_setzero_ps();
-        y[r] = vy[r];
+    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x->scales));
+    const __m512i sc512 = _mm512_castsi256_si512(sc16);
+    w->scl01 = _mm512_permutexvar_epi16(_mm512_loadu_si512(k_idx_q6k[0]), sc512);
+    w->scl23 = _mm512_permutexvar_epi16(_mm512_loadu_si512(k_idx_q6k[1]), sc512);
+    w->sc32 = _mm512_broadcast_i64x4(_mm256_slli_epi16(sc16, 5));
+    for (int c = 0; c < 2; c++) {
+        const __m512i l = _mm512_loadu_si512(x->ql + 64 * c);
+        const __m512i h = _mm512_broadcast_i64x4(load32(x->qh + 32 * c));
+        const __m512i ha = _mm512_mask_srli_epi16(h, UPPER16, h, 2);
+        const __m512i hb = _mm512_mask_srli_epi16(_mm512_srli_epi16(h, 4), UPPER16, h, 6);
+        w->codes[2 * c] = _mm512_or_si512(_mm512_and_si512(l, m4),
+                                          _mm512_slli_epi16(_mm512_and_si512(ha, m3), 4));
+        w->codes[2 * c + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                                              _mm512_slli_epi16(_mm512_and_si512(hb, m3), 4));
     }
-    for (int64_t i = 0; i < n / QK_K; i++) {
-        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
-        const __m512i sc512 = _mm512_castsi256_si512(sc16);
-        const __m512i scl01 = _mm512_permutexvar_epi16(idx01, sc512);
-        const __m512i scl23 = _mm512_permutexvar_epi16(idx23, sc512);
-        const __m512i sc32 = _mm512_broadcast_i64x4(_mm256_slli_epi16(sc16, 5));
-        __m512i codes[4];
-        for (int c = 0; c < 2; c++) {
-            const __m512i l = _mm512_loadu_si512(x[i].ql + 64 * c);
-            const __m512i h = _mm512_broadcast_i64x4(load32(x[i].qh + 32 * c));
-            const __m512i ha = _mm512_mask_srli_epi16(h, UPPER16, h, 2);
-            const __m512i hb = _mm512_mask_srli_epi16(_mm512_srli_epi16(h, 4), UPPER16, h, 6);
-            codes[2 * c] = _mm512_or_si512(_mm512_and_si512(l, m4),
-                                           _mm512_slli_epi16(_mm512_and_si512(ha, m3), 4));
-            codes[2 * c + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
-                                               _mm512_slli_epi16(_mm512_and_si512(hb, m3), 4));
-        }
-        const float xd = h2f(x[i].d);
-        const __m512 xdd = _mm512_insertf32x8(_mm512_set1_ps(xd), _mm256_set1_ps(-xd), 1);
-        _Pragma("GCC unroll 8") for (int r = 0; r < g; r++) {
-            const block_q8_K *b = &y[r][i];
-            __m512i isum = k_pair(_mm512_setzero_si512(), codes[0], codes[1], b->qs, scl01);
-            isum = k_pair(isum, codes[2], codes[3], b->qs + 128, scl23);
-            const __m512i corr = _mm512_madd_epi16(
-                _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)b->bsums)), sc32);
-            acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(b->d), xdd),
-                                     _mm512_cvtepi32_ps(k_fold_with(isum, corr)), acc[r]);
-        }
-    }
-    rows_sums(acc, g, s);
+}
+
+/* One activation row against a weight side: lanes 0..7 sum to the first
+ * sum, lanes 8..15 to the second (S = their difference). */
+static inline __attribute__((always_inline)) __m512i k6_row_sums(const k6_side *w, const block_q8_K *b) {
+    __m512i isum = k_pair(_mm512_setzero_si512(), w->codes[0], w->codes[1], b->qs, w->scl01);
+    isum = k_pair(isum, w->codes[2], w->codes[3], b->qs + 128, w->scl23);
+    const __m512i corr = _mm512_madd_epi16(
+        _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)b->bsums)), w->sc32);
+    return k_fold_with(isum, corr);
+}
+
+/* k4_sums8's [first sums | second sums] of eight superblocks -> their S. */
+static inline __m256 k6_s8(__m512i v) {
+    return _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1)));
 }
 
 static void dot_q6_k(int64_t n, float *s, const void *vx, const void *vy) {
-    q6k_rows_group(n, 1, s, vx, &vy);
+    const block_q6_K *x = vx;
+    const block_q8_K *y = vy;
+    const int64_t nb = n / QK_K;
+    __m128 c = _mm_setzero_ps(); /* chain k in lane k */
+    for (int64_t i = 0; i < nb; i += 8) {
+        const int m = (int)(nb - i < 8 ? nb - i : 8);
+        const __mmask8 live = (__mmask8)((1u << m) - 1);
+        __m512i v[8];
+        _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) {
+            if (k < m) {
+                k6_side w;
+                k6_weight_side(&x[i + k], &w);
+                v[k] = k6_row_sums(&w, &y[i + k]);
+            } else {
+                v[k] = _mm512_setzero_si512();
+            }
+        }
+        /* the scales of the live superblocks, through memory (two gathers
+         * per 8 superblocks measured slower on a Zen 5 core) */
+        float dk[8] = {0}, dak[8] = {0};
+        _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) if (k < m) {
+            dk[k] = h2f(x[i + k].d);
+            dak[k] = y[i + k].d;
+        }
+        const __m256 d = _mm256_loadu_ps(dk), da = _mm256_loadu_ps(dak);
+        const __m256 r = _mm256_mul_ps(k6_s8(k4_sums8(v)), d);
+        /* superblocks i..i+3, then i+4..i+7 (i % 4 == 0: chain k & 3) */
+        c = _mm_mask3_fmadd_ps(_mm256_castps256_ps128(r), _mm256_castps256_ps128(da), c, live & 0xF);
+        c = _mm_mask3_fmadd_ps(_mm256_extractf128_ps(r, 1), _mm256_extractf128_ps(da, 1), c, live >> 4);
+    }
+    float cs[4];
+    _mm_storeu_ps(cs, c);
+    *s = (cs[0] + cs[1]) + (cs[2] + cs[3]);
+}
+
+/* Q6_K for g <= ROWS_GROUP activation rows: the weight side once, the rows'
+ * S in the lanes of one accumulator (as q4k_rows_group). */
+static inline __attribute__((always_inline)) void q6k_rows_group(
+    int64_t n, int g, float *s, const block_q6_K *x, const void *const *vy) {
+    const block_q8_K *y[ROWS_GROUP];
+    int64_t addr[ROWS_GROUP];
+    _Pragma("GCC unroll 8") for (int r = 0; r < ROWS_GROUP; r++) {
+        y[r] = r < g ? vy[r] : vy[0];
+        addr[r] = (int64_t)(intptr_t)&y[r][0].d;
+    }
+    const __m512i vaddr = _mm512_loadu_si512(addr);
+    __m256 acc[K6_CHAINS];
+    _Pragma("GCC unroll 4") for (int c = 0; c < K6_CHAINS; c++) acc[c] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        k6_side w;
+        k6_weight_side(&x[i], &w);
+        __m512i v[ROWS_GROUP];
+        _Pragma("GCC unroll 8") for (int r = 0; r < ROWS_GROUP; r++)
+            v[r] = r < g ? k6_row_sums(&w, &y[r][i]) : _mm512_setzero_si512();
+        const __m256 da = _mm512_i64gather_ps(
+            _mm512_add_epi64(vaddr, _mm512_set1_epi64(i * (int64_t)sizeof(block_q8_K))), NULL, 1);
+        acc[i % K6_CHAINS] = _mm256_fmadd_ps(_mm256_mul_ps(k6_s8(k4_sums8(v)), _mm256_set1_ps(h2f(x[i].d))),
+                                             da, acc[i % K6_CHAINS]);
+    }
+    float out[8];
+    _mm256_storeu_ps(out, _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+    _Pragma("GCC unroll 8") for (int r = 0; r < g; r++) s[r] = out[r];
 }
 
 ROWS_DISPATCH(dot_rows_q6_k, block_q6_K, q6k_rows_group, dot_q6_k)
+
+/* Q6_K bands for the panel GEMM (K_TILE): codes in element order as
+ * k6_weight_side makes them, the 16 scales, and the scale pairs
+ * (sc_2i, sc_2i+1) as int16 pairs against the panel's bsum pairs. */
+typedef struct {
+    int32_t q[K4_BAND][64];
+    int32_t sc[K4_BAND][16];
+    int32_t scp[K4_BAND][8];
+    float d[K4_BAND];
+} k6_band;
+
+static inline __attribute__((always_inline)) void k6_band_unpack(const uint8_t *xb, size_t xs,
+                                                                 int64_t b, k6_band *w) {
+    for (int r = 0; r < K4_BAND; r++) {
+        const block_q6_K *x = (const block_q6_K *)(xb + (size_t)r * xs) + b;
+        k6_side sd;
+        k6_weight_side(x, &sd);
+        for (int c = 0; c < 4; c++) _mm512_storeu_si512(w->q[r] + 16 * c, sd.codes[c]);
+        const __m128i sc8 = _mm_loadu_si128((const __m128i *)x->scales);
+        _mm512_storeu_si512(w->sc[r], _mm512_cvtepi8_epi32(sc8));
+        _mm256_storeu_si256((__m256i *)w->scp[r], _mm256_cvtepi8_epi16(sc8));
+        w->d[r] = h2f(x->d);
+    }
+}
+
+static inline __attribute__((always_inline)) void k6_band_panel(const k6_band *w, const k4_panel *p,
+                                                                __m512 *acc) {
+    __m512i s1[K4_BAND];
+    _Pragma("GCC unroll 8") for (int r = 0; r < K4_BAND; r++) s1[r] = _mm512_setzero_si512();
+    for (int g = 0; g < 16; g++) {
+        __m512i a[K4_BAND];
+        _Pragma("GCC unroll 8") for (int r = 0; r < K4_BAND; r++) a[r] = _mm512_setzero_si512();
+        _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
+            const __m512i pc = _mm512_loadu_si512(p->codes[4 * g + k]);
+            _Pragma("GCC unroll 8") for (int r = 0; r < K4_BAND; r++)
+                a[r] = _mm512_dpbusd_epi32(a[r], _mm512_set1_epi32(w->q[r][4 * g + k]), pc);
+        }
+        _Pragma("GCC unroll 8") for (int r = 0; r < K4_BAND; r++)
+            s1[r] = _mm512_add_epi32(s1[r], _mm512_mullo_epi32(a[r], _mm512_set1_epi32(w->sc[r][g])));
+    }
+    __m512i s2[K4_BAND];
+    _Pragma("GCC unroll 8") for (int r = 0; r < K4_BAND; r++) s2[r] = _mm512_setzero_si512();
+    _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
+        const __m512i bs = _mm512_loadu_si512(p->bs[i]);
+        _Pragma("GCC unroll 8") for (int r = 0; r < K4_BAND; r++)
+            s2[r] = _mm512_dpwssd_epi32(s2[r], bs, _mm512_set1_epi32(w->scp[r][i]));
+    }
+    const __m512 pd = _mm512_loadu_ps(p->d);
+    _Pragma("GCC unroll 8") for (int r = 0; r < K4_BAND; r++) {
+        const __m512 f = _mm512_cvtepi32_ps(_mm512_sub_epi32(s1[r], _mm512_slli_epi32(s2[r], 5)));
+        acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(f, _mm512_set1_ps(w->d[r])), pd, acc[r]);
+    }
+}
+
+K_TILE(tile_q6_k, block_q6_K, k6_band, k6_band_unpack, k6_band_panel, dot_rows_q6_k, K6_CHAINS)
 
 static void dot_iq4_xs(int64_t n, float *s, const void *vx, const void *vy) {
     const block_iq4_xs *x = vx;
@@ -1168,10 +1298,15 @@ int ds4_kernels_init_avx512(ds4_kernel_set *k) {
     k->dot_tile_min_rows[DS4_TYPE_Q4_K] = K4_PANEL_MIN;
     k->dot_tile_out[DS4_TYPE_Q4_K] = DS4_TILE_OUT_MAX;
     k->dot_tile_rows[DS4_TYPE_Q4_K] = DS4_TILE_ROWS_MAX;
+    k->dot_tile[DS4_TYPE_Q6_K] = tile_q6_k;
+    k->dot_tile_min_rows[DS4_TYPE_Q6_K] = K4_PANEL_MIN;
+    k->dot_tile_out[DS4_TYPE_Q6_K] = DS4_TILE_OUT_MAX;
+    k->dot_tile_rows[DS4_TYPE_Q6_K] = DS4_TILE_ROWS_MAX;
     k->dot_rows_name[DS4_TYPE_Q4_K] =
         "avx512 q4_K x q8_K exact superblock sums (rows groups; from 12 rows 8-row bands x 16-token panels)";
     k->dot_rows[DS4_TYPE_Q6_K] = dot_rows_q6_k;
-    k->dot_rows_name[DS4_TYPE_Q6_K] = "avx512 q6_K x q8_K rows";
+    k->dot_rows_name[DS4_TYPE_Q6_K] =
+        "avx512 q6_K x q8_K exact superblock sums (rows groups; from 12 rows 8-row bands x 16-token panels)";
     return 1;
 }
 
