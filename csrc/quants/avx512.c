@@ -877,28 +877,40 @@ static inline __attribute__((always_inline)) void k4_band_unpack(const uint8_t *
     }
 }
 
-static inline __attribute__((always_inline)) void k4_band_panel(const k4_band *w, const k4_panel *p,
-                                                                __m512 *acc) {
-    __m512i s1[K4_BAND];
+/* The integer sums of a band of weight rows against a panel, for a K-quant
+ * with ng scale groups of 64/ng dwords: s1[r] = sum_g sc[r][g] * (the
+ * group's code sums), s2[r] = sum_i bs[i] . pair[r][i] (vpdpwssd on the
+ * panel's bsum pairs: Q4_K's mins, Q6_K's scale pairs). Exact int32. */
+static inline __attribute__((always_inline)) void k_band_sums(const int32_t (*q)[64],
+                                                              const int32_t *sc, int ng,
+                                                              const int32_t (*pair)[8],
+                                                              const k4_panel *p, __m512i *s1,
+                                                              __m512i *s2) {
+    const int gd = 64 / ng;
     _Pragma("GCC unroll 8") for (int r = 0; r < K4_BAND; r++) s1[r] = _mm512_setzero_si512();
-    for (int j = 0; j < 8; j++) {
+    for (int g = 0; g < ng; g++) {
         __m512i a[K4_BAND];
         _Pragma("GCC unroll 8") for (int r = 0; r < K4_BAND; r++) a[r] = _mm512_setzero_si512();
-        _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) {
-            const __m512i pc = _mm512_loadu_si512(p->codes[8 * j + k]);
+        _Pragma("GCC unroll 8") for (int k = 0; k < gd; k++) {
+            const __m512i pc = _mm512_loadu_si512(p->codes[gd * g + k]);
             _Pragma("GCC unroll 8") for (int r = 0; r < K4_BAND; r++)
-                a[r] = _mm512_dpbusd_epi32(a[r], _mm512_set1_epi32(w->q[r][8 * j + k]), pc);
+                a[r] = _mm512_dpbusd_epi32(a[r], _mm512_set1_epi32(q[r][gd * g + k]), pc);
         }
         _Pragma("GCC unroll 8") for (int r = 0; r < K4_BAND; r++)
-            s1[r] = _mm512_add_epi32(s1[r], _mm512_mullo_epi32(a[r], _mm512_set1_epi32(w->sc[r][j])));
+            s1[r] = _mm512_add_epi32(s1[r], _mm512_mullo_epi32(a[r], _mm512_set1_epi32(sc[r * ng + g])));
     }
-    __m512i s2[K4_BAND];
     _Pragma("GCC unroll 8") for (int r = 0; r < K4_BAND; r++) s2[r] = _mm512_setzero_si512();
-    _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {
-        const __m512i bs = _mm512_loadu_si512(p->bs[j]);
+    _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
+        const __m512i bs = _mm512_loadu_si512(p->bs[i]);
         _Pragma("GCC unroll 8") for (int r = 0; r < K4_BAND; r++)
-            s2[r] = _mm512_dpwssd_epi32(s2[r], bs, _mm512_set1_epi32(w->mn[r][j]));
+            s2[r] = _mm512_dpwssd_epi32(s2[r], bs, _mm512_set1_epi32(pair[r][i]));
     }
+}
+
+static inline __attribute__((always_inline)) void k4_band_panel(const k4_band *w, const k4_panel *p,
+                                                                __m512 *acc) {
+    __m512i s1[K4_BAND], s2[K4_BAND];
+    k_band_sums(w->q, &w->sc[0][0], 8, w->mn, p, s1, s2);
     const __m512 pd = _mm512_loadu_ps(p->d);
     _Pragma("GCC unroll 8") for (int r = 0; r < K4_BAND; r++) {
         const __m512 rr = _mm512_fnmadd_ps(_mm512_set1_ps(w->dmin[r]), _mm512_cvtepi32_ps(s2[r]),
@@ -1169,26 +1181,8 @@ static inline __attribute__((always_inline)) void k6_band_unpack(const uint8_t *
 
 static inline __attribute__((always_inline)) void k6_band_panel(const k6_band *w, const k4_panel *p,
                                                                 __m512 *acc) {
-    __m512i s1[K4_BAND];
-    _Pragma("GCC unroll 8") for (int r = 0; r < K4_BAND; r++) s1[r] = _mm512_setzero_si512();
-    for (int g = 0; g < 16; g++) {
-        __m512i a[K4_BAND];
-        _Pragma("GCC unroll 8") for (int r = 0; r < K4_BAND; r++) a[r] = _mm512_setzero_si512();
-        _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
-            const __m512i pc = _mm512_loadu_si512(p->codes[4 * g + k]);
-            _Pragma("GCC unroll 8") for (int r = 0; r < K4_BAND; r++)
-                a[r] = _mm512_dpbusd_epi32(a[r], _mm512_set1_epi32(w->q[r][4 * g + k]), pc);
-        }
-        _Pragma("GCC unroll 8") for (int r = 0; r < K4_BAND; r++)
-            s1[r] = _mm512_add_epi32(s1[r], _mm512_mullo_epi32(a[r], _mm512_set1_epi32(w->sc[r][g])));
-    }
-    __m512i s2[K4_BAND];
-    _Pragma("GCC unroll 8") for (int r = 0; r < K4_BAND; r++) s2[r] = _mm512_setzero_si512();
-    _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
-        const __m512i bs = _mm512_loadu_si512(p->bs[i]);
-        _Pragma("GCC unroll 8") for (int r = 0; r < K4_BAND; r++)
-            s2[r] = _mm512_dpwssd_epi32(s2[r], bs, _mm512_set1_epi32(w->scp[r][i]));
-    }
+    __m512i s1[K4_BAND], s2[K4_BAND];
+    k_band_sums(w->q, &w->sc[0][0], 16, w->scp, p, s1, s2);
     const __m512 pd = _mm512_loadu_ps(p->d);
     _Pragma("GCC unroll 8") for (int r = 0; r < K4_BAND; r++) {
         const __m512 f = _mm512_cvtepi32_ps(_mm512_sub_epi32(s1[r], _mm512_slli_epi32(s2[r], 5)));
