@@ -21,6 +21,11 @@ of ds4py.generate do:
   nocorr    the default policy with its own cost model, whose end-to-end
             correction is off (ds4py.spec.policy.CostModel: the policy
             before 2026-12-06)
+  nonoise   AdaptivePolicy(noise_z=0): starting to draft needs the margin
+            alone, not also NOISE_Z standard errors of the price
+  nobudget  AdaptivePolicy(explore_allow=None): no exploration budget (the
+            cold-start burst and probe follow-ups are never held back)
+  fixedK    a fixed draft depth K (1..4): what drafting itself gives here
 
 Printed per workload and variant: tok/s ratio to serial as the ratio of the
 medians / the median of per-repetition ratios [min..max of those], and the
@@ -80,6 +85,9 @@ def variants(costs) -> dict:
         "costonly": lambda: {"draft_policy": AdaptivePolicy(costs=costs, burst=0,
                                                              probe_interval=0)},
         "nocorr": lambda: {"draft_policy": AdaptivePolicy(costs=uncorrected)},
+        "nonoise": lambda: {"draft_policy": AdaptivePolicy(costs=costs, noise_z=0.0)},
+        "nobudget": lambda: {"draft_policy": AdaptivePolicy(costs=costs, explore_allow=None)},
+        **{f"fixed{k}": (lambda k=k: {"draft_policy": FixedPolicy(k)}) for k in range(1, 5)},
     }
 
 
@@ -90,6 +98,9 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--backend", default="cpu", help="cpu (default), cuda or metal")
+    ap.add_argument("--workloads", default=",".join(WORKLOADS),
+                    help="comma list of bench_spec workloads (default: all four); the model's "
+                         "measured costs are shared by the requests of all of them")
     a = ap.parse_args()
     model = ds4py.load(demo_model_path(), n_threads=a.threads, backend=a.backend)
     table = variants(model_costs(model))
@@ -98,10 +109,13 @@ def main() -> None:
     if bad:
         raise SystemExit(f"unknown variant(s) {bad}; one of {sorted(table)}")
     modes = [("serial", lambda: {"draft": False})] + [(v, table[v]) for v in names]
-    tps = {w: {m: [] for m, _ in modes} for w in WORKLOADS}
-    rounds = {w: {m: 0 for m, _ in modes} for w in WORKLOADS}
+    loads = {w: WORKLOADS[w] for w in a.workloads.split(",") if w}
+    if not loads or set(loads) - set(WORKLOADS):
+        raise SystemExit(f"--workloads: some of {sorted(WORKLOADS)}")
+    tps = {w: {m: [] for m, _ in modes} for w in loads}
+    rounds = {w: {m: 0 for m, _ in modes} for w in loads}
     for rep in range(a.reps + 1):
-        for w, prompts in WORKLOADS.items():
+        for w, prompts in loads.items():
             for name, kw in (modes if rep % 2 == 0 else modes[::-1]):
                 toks = secs = 0.0
                 for text, chat in prompts:
@@ -116,7 +130,7 @@ def main() -> None:
     print(f"{a.reps} repetitions, {a.tokens} tokens, {a.threads} threads, {a.backend}; "
           f"ratio to serial: "
           f"ratio of medians / median of ratios [min..max]; r = drafting rounds per request")
-    for w, prompts in WORKLOADS.items():
+    for w, prompts in loads.items():
         s = tps[w]["serial"]
         line = f"{w:6s} serial {statistics.median(s):7.1f} tok/s"
         for name in names:

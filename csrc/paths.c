@@ -13,7 +13,7 @@
 
 #define MAX_PATHS 4096
 #define OP_LEN 48
-#define VAR_LEN 96
+#define VAR_LEN 160 /* the longest variant (AVX-512 K-quants, ~135 characters) whole */
 
 typedef struct {
     int64_t layer;

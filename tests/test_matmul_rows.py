@@ -279,3 +279,23 @@ def test_paths_report(force_scalar, on):
         assert "q8x rows" not in r.stderr and "gdn_row (SIMD)" not in r.stderr
     elif "avx512" in ISAS:
         assert "avx512 q8_0 x q8x rows" in r.stderr and "gdn_row (SIMD)" in r.stderr
+
+
+def test_paths_report_names_whole():
+    """The report carries each kernel's whole name (the AVX-512 K-quant
+    names are the longest: a 96-byte buffer once cut them mid-word), on the
+    golden Q4_K_M model (Q4_K and Q6_K matrices)."""
+    path = os.path.abspath(os.path.join(os.path.dirname(__file__), "golden", "models",
+                                        "dense-q4_k_m.gguf"))
+    env = {k: v for k, v in os.environ.items() if k != "DS4_FORCE_SCALAR"}
+    env["DS4PY_PATHS"] = "1"
+    r = subprocess.run([sys.executable, "-c", _PATHS.format(path=path)], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = [ln for ln in r.stderr.splitlines() if " gemm " in ln or " matvec " in ln]
+    assert any("Q4_K" in ln for ln in lines) and any("Q6_K" in ln for ln in lines), lines
+    assert all(ln.endswith("prefetch 4096 B") for ln in lines), lines
+    for t in ("Q4_K", "Q6_K"):
+        name = lib.ds4_matmul_rows_kernel(Q._isa(ISAS[-1]), _id(t))
+        if name != ffi.NULL:   # the best ISA here has a multi-row kernel for t: named whole
+            assert any(ffi.string(name).decode() in ln for ln in lines), (t, lines)

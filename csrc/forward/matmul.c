@@ -353,7 +353,7 @@ static void note_paths(const ds4_fwd *f, const mm_ctx *c) {
     for (int j = 0; j < c->n_jobs; j++) {
         const ds4_mm_job *jb = &c->jobs[j];
         if (jb->n_rows <= 0) continue;
-        char op[48], var[96];
+        char op[48], var[192];
         snprintf(op, sizeof op, "%s %s%s", jb->n_rows > 1 ? "gemm" : "matvec",
                  ds4_type_traits_table[jb->type].name, jb->x_idx ? " (experts)" : "");
         if (c->rows[j])
