@@ -18,9 +18,10 @@ of ds4py.generate do:
   burst1    AdaptivePolicy(burst_depth=1): the burst as depth-1 shadow probes
   noprobe   AdaptivePolicy(probe_interval=0): no scheduled probes
   costonly  no burst and no probes: the cost model's own choices only
-  nocorr    the default policy with its own cost model, whose end-to-end
-            correction is off (ds4py.spec.policy.CostModel: the policy
-            before 2026-12-06)
+  corr      the default policy with its own cost model, whose end-to-end
+            correction is on (ds4py.spec.policy.CostModel(correct=True): the
+            default from 2026-12-06 to 2026-12-07; older trees call the
+            opposite variant nocorr)
   nonoise   AdaptivePolicy(noise_z=0): starting to draft needs the margin
             alone, not also NOISE_Z standard errors of the price
   nobudget  AdaptivePolicy(explore_allow=None): no exploration budget (the
@@ -67,15 +68,8 @@ class IdlePolicy(FixedPolicy):
         pass
 
 
-class UncorrectedCosts(CostModel):
-    """The cost model without its end-to-end correction."""
-
-    def correction(self) -> float:
-        return 1.0
-
-
 def variants(costs) -> dict:
-    uncorrected = UncorrectedCosts()
+    corrected = CostModel(correct=True)
     return {
         "adaptive": lambda: {},
         "idle": lambda: {"draft_policy": IdlePolicy()},
@@ -84,7 +78,7 @@ def variants(costs) -> dict:
         "noprobe": lambda: {"draft_policy": AdaptivePolicy(costs=costs, probe_interval=0)},
         "costonly": lambda: {"draft_policy": AdaptivePolicy(costs=costs, burst=0,
                                                              probe_interval=0)},
-        "nocorr": lambda: {"draft_policy": AdaptivePolicy(costs=uncorrected)},
+        "corr": lambda: {"draft_policy": AdaptivePolicy(costs=corrected)},
         "nonoise": lambda: {"draft_policy": AdaptivePolicy(costs=costs, noise_z=0.0)},
         "nobudget": lambda: {"draft_policy": AdaptivePolicy(costs=costs, explore_allow=None)},
         **{f"fixed{k}": (lambda k=k: {"draft_policy": FixedPolicy(k)}) for k in range(1, 5)},

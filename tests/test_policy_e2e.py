@@ -1,7 +1,9 @@
 """The draft policy's end-to-end cost correction (ds4py.spec.policy.CostModel
 "End-to-end correction", ds4py.spec.runner "End to end").
 
-Why it exists: the cost model prices a drafting round by its timed parts
+Off by default since 2026-12-07 (CostModel(correct=True) turns it on;
+the class doc has the measurements). Why it exists: the cost model prices
+a drafting round by its timed parts
 (verify, draft steps, overhead), which leave out what the round costs
 between its timers; on an H100 (demo model, 2026-12-06) a depth-2 round
 priced 0.94 ms took 1.03 ms start to start, and the adaptive policy drafted
@@ -42,8 +44,9 @@ def demo() -> ds4py.Model:
 
 
 def costs(plain=1.0e-3, verify=1.3e-3, draft=0.2e-3, over=0.3e-3) -> CostModel:
-    """A cost model with flat verify costs at widths 2..8 and the given parts."""
-    cm = CostModel()
+    """A cost model with the correction on (off by default), flat verify
+    costs at widths 2..8 and the given parts."""
+    cm = CostModel(correct=True)
     for _ in range(4):
         cm.record_plain(plain)
         cm.record_draft(1, draft)
@@ -105,6 +108,24 @@ def test_correction_arithmetic():
         bad.record_round(2, 0.0)
         bad.record_plain_run(0, 1.0)
     assert bad.summary()["timed_rounds"] == 0 and bad.summary()["timed_plain_runs"] == 0
+
+
+def test_correction_off_by_default():
+    """The default cost model (what generate's policy uses) takes the end
+    to end samples and reports them, but prices by the parts alone."""
+    cm = costs()
+    off = CostModel()
+    for c in (cm, off):
+        for _ in range(4):
+            c.record_plain(1.0e-3)
+            c.record_verify(3, 1.3e-3)
+        for d in (1, 2, 3):
+            c.record_round(d, 1.5 * c.parts_cost(d))
+    assert cm.correction() == pytest.approx(1.5) and off.correction() == 1.0
+    assert off.summary()["round_wall_over_price"] == pytest.approx(1.5)
+    assert off.round_costs(3)[1:] == pytest.approx([off.parts_cost(d) for d in (1, 2, 3)])
+    from ds4py.spec.plan import model_costs
+    assert model_costs(demo()).correct is False
 
 
 def test_correction_turns_a_priced_gain_that_loses_into_plain_decoding():

@@ -65,10 +65,11 @@ AdaptivePolicy (ds4-notes §4 "Adaptive depth", a port of ds4's / mlx.fast's
   drafting would otherwise price depth 0 from old samples forever. The
   runner times every plain round (two clock reads), and the policy
   re-prices only when the plain cost moves by more than 1%. A calibration
-  round costs nothing against plain decoding. The drafting depths' prices
-  are then corrected by what rounds take start to start (CostModel, "End-
-  to-end correction": a drafting round's wall over its parts' sum against
-  a plain stretch's wall per token over the plain step; never below 1).
+  round costs nothing against plain decoding. A cost model made with
+  ``correct=True`` then corrects the drafting depths' prices by what rounds
+  take start to start (CostModel, "End-to-end correction": a drafting
+  round's wall over its parts' sum against a plain stretch's wall per token
+  over the plain step; never below 1); off by default (measured there).
 * Choice: the depth in 0..min(cap, max_depth) maximising expected tokens per
   second, E(d) / cost(d), with E(d) = 1 + sum_{j<=d} prod_{i<=j} p[i] (the
   target's own token always comes). Ties go to the shallower depth; depth 0
@@ -369,15 +370,28 @@ class CostModel:
     corrections 1.00-1.03, which changed nothing there. (Both measured
     before a cold step counted with its drafting round; on the H100 such
     steps took 0.55-0.61 ms against a serial token's 0.497.)
+
+    **Off by default since 2026-12-07** (``correct=True`` turns it on; the
+    samples are taken and reported either way, :meth:`summary`). Measured
+    with it on and off side by side (``bench/spec_policy_ab.py``, demo
+    model, ratio of medians to serial, code / prose / math / chat): on an
+    H200, four interleaved runs of 16 repetitions, on 1.22-1.43 / 0.93-0.98
+    / 1.40-1.52 / 1.01-1.06x and off 1.39-1.43 / 0.98-1.01 / 1.53-1.57 /
+    1.04-1.06x (off ahead in 13 of 16 workload-runs); on a 2-core Zen 5 VM,
+    two runs of 16, on 0.97-0.99 / 0.94-0.95 / 0.98-0.99 / 0.93-0.98x and
+    off 1.06-1.08 / 0.90-0.95 / 1.01-1.12 / 0.93-1.14x; on the AVX2 VM of
+    2026-12-06 the two were within its noise (README). Where drafting pays,
+    the correction mostly held back rounds that gained.
     """
 
-    def __init__(self, window: int = 64, recent: int = 16):
+    def __init__(self, window: int = 64, recent: int = 16, correct: bool = False):
         if window < 2:
             raise ValueError("window must be >= 2")
         if recent < 1:
             raise ValueError("recent must be >= 1")
         self._window = window
         self._recent = recent
+        self.correct = correct   # apply the end-to-end correction (class doc: off by default)
         self._verify: deque[tuple[int, float]] = deque()   # the window, oldest first
         # the newest (at most `recent`) samples of each width still in the window
         self._by_width: dict[int, deque] = {}
@@ -592,7 +606,7 @@ class CostModel:
         v = self._est.get("corr")
         if v is None:
             v = 1.0
-            if len(self._e2e_draft) >= 3:
+            if self.correct and len(self._e2e_draft) >= 3:
                 f = _median(self._e2e_draft)
                 plain = self.plain()
                 f0 = (_median(self._e2e_plain) / plain
