@@ -101,9 +101,10 @@ End to end: the parts above leave out what a round costs between its
 timers (the caller's work per token among it), so the runner also times
 every round from its start to the next round's start and hands the policy
 a drafting round's wall (``record_round``) and a plain round's together
-with its quiet steps (``record_plain_run``: wall and tokens); its cost model
-corrects the drafting depths' prices by the ratio of the two (ds4py.spec.
-policy.CostModel, "End-to-end correction"). A cold step (and the quiet steps
+with its quiet steps (``record_plain_run``: wall and tokens); a cost model
+made with ``correct=True`` corrects the drafting depths' prices by the ratio
+of the two (ds4py.spec.policy.CostModel, "End-to-end correction"; off by
+default since 2026-12-07, the samples reported either way). A cold step (and the quiet steps
 after it) goes with the drafting round before it (``record_round(...,
 cold=(tokens, seconds))``: what it took beyond plain tokens is that round's
 cost). Not timed so: a shadow probe, a round that ended the generation (no
