@@ -171,7 +171,7 @@ class Scripted(Policy):
 
     record_verify = record_draft
 
-    def record_overhead(self, seconds):
+    def record_overhead(self, seconds, rolled_back=False, warm=True):
         self.record_draft(0, seconds)
 
     def record_round(self, depth, seconds, cold=None):

@@ -182,9 +182,9 @@ def test_a_drafting_rounds_choice_is_charged_to_its_overhead():
                 clock()
             return super().choose(cap)
 
-        def record_overhead(self, seconds):
+        def record_overhead(self, seconds, rolled_back=False, warm=True):
             over.append(seconds)
-            super().record_overhead(seconds)
+            super().record_overhead(seconds, rolled_back, warm)
 
         def record_plain(self, seconds):
             plain.append(seconds)

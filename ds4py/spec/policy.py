@@ -53,7 +53,9 @@ AdaptivePolicy (ds4-notes §4 "Adaptive depth", a port of ds4's / mlx.fast's
   the exploration budget (below).
 * Cost, in seconds measured in this session (:class:`CostModel`):
   ``cost(0)`` = a plain one-token decode, ``cost(d)`` = verify(d+1) +
-  d x draft_step + round overhead (the head's catch-up), each the lower
+  d x draft_step + round overhead (the head's catch-up) + (1 - P(all d
+  drafts accepted)) x rollback (what an accept that rolls back costs
+  beyond one that keeps every row, CostModel "Rollback"), each the lower
   quartile of recent samples (robust to the scheduler stalls of a shared
   machine, see CostModel), verify(w) of width w's own samples once there
   are 3, else the line a + b*w fitted online through the measured widths.
@@ -70,6 +72,19 @@ AdaptivePolicy (ds4-notes §4 "Adaptive depth", a port of ds4's / mlx.fast's
   take start to start (CostModel, "End-to-end correction": a drafting
   round's wall over its parts' sum against a plain stretch's wall per token
   over the plain step; never below 1); off by default (measured there).
+* Re-pricing: the depths' costs are re-priced from the cost model at once
+  when a new kind of estimate appears (CostModel.epoch: a first sample of
+  a kind, a verify width reaching 3 samples or leaving the window) or the
+  plain step moves by more than 1%, and otherwise at most every
+  ``reprice_every`` (REPRICE_EVERY, 8) rounds; the acceptance side is
+  re-evaluated at every choice. Why: re-pricing after every record (the
+  low quartiles' sorts, the line fit, the scatter) was most of the policy's
+  own time, and that time is paid in every drafting round: a round's
+  choose + observe + records took 27.9 us in a warm synthetic loop before
+  and 8.3 us after, and ~3x that right after a core call (cold caches),
+  where it counts: the demo model's plain step is ~0.43 ms on the 2-core
+  Zen 5 VM of 2026-12-07, and a policy's overhead per round measured
+  0.30 plain steps there against fixed depth 2's ~0.1.
 * Choice: the depth in 0..min(cap, max_depth) maximising expected tokens per
   second, E(d) / cost(d), with E(d) = 1 + sum_{j<=d} prod_{i<=j} p[i] (the
   target's own token always comes). Ties go to the shallower depth; depth 0
@@ -242,6 +257,10 @@ SHADOW = True
 # one chosen drafting round in EXPLORE drafts one deeper when that width's
 # verify cost is not measured yet (AdaptivePolicy.choose)
 EXPLORE = 16
+# the policy re-prices the depths from the cost model at most every
+# REPRICE_EVERY rounds while no new kind of estimate appeared (module doc
+# "Re-pricing"): pricing every round was most of the policy's own time
+REPRICE_EVERY = 8
 
 
 class Policy:
@@ -286,8 +305,12 @@ class Policy:
     def record_draft(self, steps: int, seconds: float) -> None:
         pass
 
-    def record_overhead(self, seconds: float) -> None:
-        pass
+    def record_overhead(self, seconds: float, rolled_back: bool = False,
+                        warm: bool = True) -> None:
+        """A drafting round's work beyond its drafts and verify;
+        ``rolled_back``: the round rejected a draft (or stopped inside its
+        block), so its accept rolled the session back; ``warm``: the round
+        before it drafted too (CostModel "Rollback", "Warm rounds")."""
 
     def summary(self) -> dict:
         return {}
@@ -382,9 +405,36 @@ class CostModel:
     off 1.06-1.08 / 0.90-0.95 / 1.01-1.12 / 0.93-1.14x; on the AVX2 VM of
     2026-12-06 the two were within its noise (README). Where drafting pays,
     the correction mostly held back rounds that gained.
+
+    **Rollback.** An accept that keeps fewer rows than the verify had
+    rolls the session back (the GDN state's replay, csrc/session.c), and
+    costs more than one that keeps them all: on the demo model (2 threads,
+    the Zen 5 VM of 2026-12-07, code and prose prompts at fixed depth 2)
+    ``session.accept`` measured 87 us (lower quartile) when it rolled back
+    and 21 us when it kept every row, 0.15 plain steps apart. One overhead
+    for both mixed them in proportion to the text's rejections, so prose
+    after code found drafting priced too cheap and code after prose too
+    dear. The overheads are kept apart (``record_overhead(..., rolled_back)``):
+    :meth:`overhead` prices a round that keeps every row and
+    :meth:`rollback` the difference, which the policy weighs with the
+    chance that a round of depth d rejects a draft, 1 - prod(p[1..d]).
+    ``split_rollback=False``: one overhead for every round, as before.
+
+    **Warm rounds.** A drafting round right after a plain one finds the
+    caches cold: with a draft of depth 2 in every round, or in every fourth
+    (code prompts, same machine), the verify and the draft step cost the
+    same (0.84 / 0.84 ms, 0.084 / 0.091 ms) but the overhead -- Python
+    around the core calls -- 40-42 us against 66-93 us. The policy decides
+    whether to keep drafting, so it prices the steady state: the overhead
+    and the rollback come from warm rounds' samples (``warm``: the round
+    before drafted) where there are any, else from cold ones. Before, a
+    request that drafted only its cold-start burst priced the overhead at
+    its first rounds' (up to 0.46 plain steps) and never drafted again.
+    ``split_warm=False``: every round's samples alike.
     """
 
-    def __init__(self, window: int = 64, recent: int = 16, correct: bool = False):
+    def __init__(self, window: int = 64, recent: int = 16, correct: bool = False,
+                 split_rollback: bool = True, split_warm: bool = True):
         if window < 2:
             raise ValueError("window must be >= 2")
         if recent < 1:
@@ -392,6 +442,12 @@ class CostModel:
         self._window = window
         self._recent = recent
         self.correct = correct   # apply the end-to-end correction (class doc: off by default)
+        # price the rollback apart from the overhead (class doc "Rollback";
+        # False: one overhead for every round, as before 2026-12-07)
+        self.split_rollback = split_rollback
+        # price the overhead from warm rounds' samples where there are some
+        # (class doc "Warm rounds"; False: every round's samples alike)
+        self.split_warm = split_warm
         self._verify: deque[tuple[int, float]] = deque()   # the window, oldest first
         # the newest (at most `recent`) samples of each width still in the window
         self._by_width: dict[int, deque] = {}
@@ -399,18 +455,30 @@ class CostModel:
         self._plain: deque[float] = deque(maxlen=recent)
         self.plain_samples = 0
         self._draft: deque[float] = deque(maxlen=recent)
-        self._over: deque[float] = deque(maxlen=recent)
+        # overheads by (rolled back, warm): [kept, rolled back] x [cold, warm]
+        # (class doc "Rollback", "Warm rounds")
+        self._over = {(rb, w): deque(maxlen=recent) for rb in (False, True)
+                      for w in (False, True)}
         # end to end (class doc): drafting rounds' wall / price, plain stretches' wall per token
         self._e2e_draft: deque[float] = deque(maxlen=recent)
         self._e2e_plain: deque[float] = deque(maxlen=recent)
+        # every record bumps `version`; one that changes which estimates
+        # exist or what they rest on (a first sample of a kind, a width
+        # reaching 3 samples or leaving the window) bumps `epoch` too: a
+        # policy re-prices at once on a new epoch, else at most every
+        # REPRICE_EVERY rounds (AdaptivePolicy "Re-pricing")
+        self.version = 0
+        self.epoch = 0
         # cached estimates: "plain", "draft", "over", ("w", w), "line", "corr"
         self._est: dict = {}
-        self._line_pts: dict | None = None  # the width estimates the cached line was fitted on
 
     # -- samples -------------------------------------------------------------
     def record_plain(self, seconds: float) -> None:
         self._plain.append(float(seconds))
         self.plain_samples += 1
+        self.version += 1
+        if self.plain_samples == 1:
+            self.epoch += 1
         self._est.pop("plain", None)
         self._est.pop("unc", None)
         self._est.pop("line", None)   # the priors are scaled by the plain step
@@ -427,6 +495,8 @@ class CostModel:
                 self._in_window[ow] = left
             else:
                 del self._in_window[ow], self._by_width[ow]
+            if len(xs) == 2 or not left:
+                self.epoch += 1    # width ow is no longer priced by its own samples
             self._est.pop(("w", ow), None)
         self._verify.append((w, t))
         self._in_window[w] = self._in_window.get(w, 0) + 1
@@ -434,25 +504,42 @@ class CostModel:
         xs.append(t)
         if len(xs) > self._recent:
             xs.popleft()
+        self.version += 1
+        if len(xs) in (1, 3):
+            self.epoch += 1        # a new width, or one now priced by its own samples
         self._est.pop(("w", w), None)
         self._est.pop("unc", None)
-        # the line is refitted only when a width's estimate moved: a low
-        # quartile of up to 16 samples stays put on most records, and the
-        # policy prices every depth after every drafting round
-        pts = self._line_pts
-        if pts is not None and (len(pts) != len(self._by_width) or any(
-                pts.get(x) != self._width(x) for x in self._by_width)):
-            self._est.pop("line", None)
-            self._line_pts = None
+        self._est.pop("line", None)   # refitted when next priced
 
     def record_draft(self, steps: int, seconds: float) -> None:
         if steps > 0:
             self._draft.append(float(seconds) / steps)
             self._est.pop("draft", None)
+            self.version += 1
+            if len(self._draft) == 1:
+                self.epoch += 1
 
-    def record_overhead(self, seconds: float) -> None:
-        self._over.append(float(seconds))
+    def record_overhead(self, seconds: float, rolled_back: bool = False,
+                        warm: bool = True) -> None:
+        """A drafting round's overhead; ``rolled_back``: its accept rolled
+        the session back; ``warm``: the round before it drafted too (class
+        doc "Rollback", "Warm rounds")."""
+        xs = self._over[(rolled_back and self.split_rollback, warm or not self.split_warm)]
+        xs.append(float(seconds))
+        self.version += 1
+        if len(xs) == 1:
+            self.epoch += 1
         self._est.pop("over", None)
+        self._est.pop("rb", None)
+
+    def _over_of(self, rolled_back: bool) -> deque | None:
+        """The overhead samples that price rounds of this kind: the warm
+        ones, else the cold ones; None if neither."""
+        for w in (True, False):
+            xs = self._over[(rolled_back, w)]
+            if xs:
+                return xs
+        return None
 
     def record_round(self, depth: int, seconds: float,
                      cold: tuple[int, float] | None = None) -> None:
@@ -468,6 +555,8 @@ class CostModel:
                 seconds += max(0.0, cold[1] - cold[0] * self.plain_wall())
             self._e2e_draft.append(float(seconds) / priced)
             self._est.pop("corr", None)
+            self.version += 1
+            self.epoch += self.correct and len(self._e2e_draft) == 3
 
     def plain_wall(self) -> float:
         """A plain stretch's wall per token: the median of the timed ones
@@ -482,6 +571,7 @@ class CostModel:
         if tokens >= 1 and seconds > 0.0:
             self._e2e_plain.append(float(seconds) / tokens)
             self._est.pop("corr", None)
+            self.version += 1
 
     # -- estimates -------------------------------------------------------------
     def _width(self, w: int) -> float:
@@ -512,7 +602,6 @@ class CostModel:
     def _fit(self) -> tuple[float, float]:
         u = self.unit()
         pts = [(w, self._width(w)) for w in self._by_width]
-        self._line_pts = dict(pts)
         if not pts:
             return PRIOR_VERIFY_A * u, PRIOR_VERIFY_B * u
         if len(pts) == 1 and pts[0][0] != 1 and self._plain:
@@ -565,11 +654,28 @@ class CostModel:
         return v
 
     def overhead(self) -> float:
-        if not self._over:
-            return 0.0
+        """A drafting round's overhead when it keeps every row: the low
+        quartile of those rounds' samples (of the rolled-back rounds' while
+        there are none of the first kind)."""
         v = self._est.get("over")
         if v is None:
-            v = self._est["over"] = low_quartile(self._over)
+            xs = self._over_of(False) or self._over_of(True)
+            v = self._est["over"] = low_quartile(xs) if xs else 0.0
+        return v
+
+    def rollback(self) -> float:
+        """What a round that rolls back costs beyond :meth:`overhead` (class
+        doc "Rollback"): the two kinds' low quartiles apart, never below 0;
+        0 until both kinds have samples."""
+        v = self._est.get("rb")
+        if v is None:
+            v = 0.0
+            for w in (True, False):   # the two kinds as warm as both were measured
+                kept, rolled = self._over[(False, w)], self._over[(True, w)]
+                if kept and rolled:
+                    v = max(0.0, low_quartile(rolled) - low_quartile(kept))
+                    break
+            self._est["rb"] = v
         return v
 
     def uncertainty(self) -> float:
@@ -644,6 +750,7 @@ class CostModel:
         return {"plain_s": self.plain(), "verify_a_s": a, "verify_b_s": b,
                 "verify_s_per_width": {w: self._width(w) for w in sorted(self._by_width)},
                 "draft_step_s": self.draft_step(), "overhead_s": self.overhead(),
+                "rollback_s": self.rollback(),
                 "verify_samples": len(self._verify), "plain_samples": self.plain_samples,
                 "correction": self.correction(),
                 # its two sides (None until timed): drafting rounds' median wall / price,
@@ -682,7 +789,7 @@ class AdaptivePolicy(Policy):
                  discount: float | None = DISCOUNT, follow_depth: int = FOLLOW_DEPTH,
                  follow_max: int = FOLLOW_MAX, explore_allow: float | None = EXPLORE_ALLOW,
                  explore_share: float = EXPLORE_SHARE, noise_z: float = NOISE_Z,
-                 shadow: bool = SHADOW):
+                 shadow: bool = SHADOW, reprice_every: int = REPRICE_EVERY):
         if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 1:
             raise ValueError(f"max_depth must be an int >= 1, got {max_depth!r}")
         if probe_interval < 0 or (probe_interval and probe_cap < probe_interval):
@@ -757,6 +864,10 @@ class AdaptivePolicy(Policy):
         self.calibrate = calibrate
         if margin < 0 or noise_z < 0:
             raise ValueError("margin and noise_z must be >= 0")
+        if isinstance(reprice_every, bool) or not isinstance(reprice_every, int) \
+                or reprice_every < 1:
+            raise ValueError(f"reprice_every must be an int >= 1, got {reprice_every!r}")
+        self.reprice_every = reprice_every
         self.margin = margin
         self.noise_z = noise_z
         self.since_plain = 0     # drafting rounds since the last measured plain step
@@ -772,6 +883,9 @@ class AdaptivePolicy(Policy):
         self._memo: tuple[int, int] | None = None
         self._memo_plain = 0.0   # the plain cost the memo was priced with
         self._memo_corr = 1.0    # ... and the end-to-end correction
+        # _prices()'s cache: (costs, rollback, noise, the cost model's
+        # version and epoch, n_rounds when priced)
+        self._price: tuple | None = None
         self._drafting = False   # the cost model chose to draft last time (hysteresis)
 
     # -- cost model --------------------------------------------------------
@@ -794,15 +908,29 @@ class AdaptivePolicy(Policy):
             prev = pj
         return out
 
+    def _prices(self, cap: int) -> tuple[list[float], float, float]:
+        """(cost(0..cap), rollback, noise): the round costs, what a round
+        that rolls back pays on top (CostModel "Rollback", corrected as the
+        depths are) and the margin the costs' scatter asks for (NOISE_Z).
+        From the cost model, re-priced at once when its epoch changed and
+        else at most every ``reprice_every`` rounds (module doc "Re-pricing");
+        from an injected cost function, every call (no rollback, no noise)."""
+        if self._cost is not None:
+            return [self._cost(d) for d in range(cap + 1)], 0.0, 0.0
+        cm, pr = self.costs, self._price
+        if pr is None or len(pr[0]) <= cap or (pr[3] != cm.version and (
+                pr[4] != cm.epoch or self.n_rounds - pr[5] >= self.reprice_every)):
+            cost = cm.round_costs(max(cap, self.max_depth))
+            corr = cm.correction()
+            pr = self._price = (cost, cm.rollback() * corr, self.noise_z * cm.uncertainty(),
+                                cm.version, cm.epoch, self.n_rounds)
+            self._memo_plain, self._memo_corr = cost[0], corr
+        return pr[0], pr[1], pr[2]
+
     def model_depth(self, cap: int) -> int:
         """The cost model's own choice (no probe)."""
         cap = min(cap, self.max_depth)
-        if self._cost is not None:
-            cost = [self._cost(d) for d in range(cap + 1)]
-        else:
-            cost = self.costs.round_costs(cap)
-            self._memo_plain = cost[0]
-            self._memo_corr = self.costs.correction()
+        cost, rb, noise = self._prices(cap)
         p = self.acceptance()
         # drafting must beat plain decoding by `margin` to start: at
         # break-even it has nothing to gain and the estimates' noise to
@@ -810,21 +938,18 @@ class AdaptivePolicy(Policy):
         # demo model depth 2 gains ~10% on code, and a 5% margin on every
         # round flipped the policy to depth 0 at each small dip of the
         # estimates, half of the rounds)
-        noise = self._noise()
         margin = 0.5 * noise if self._drafting else max(self.margin, noise)
         best, best_rate = 0, (1.0 + margin) / cost[0]
+        # a round that rejects a draft also pays the rollback (CostModel
+        # "Rollback"): with probability 1 - reach, reach = P(all d accepted)
         expected, reach = 1.0, 1.0
         for d in range(1, cap + 1):
             reach *= p[d - 1]
             expected += reach
-            rate = expected / cost[d]
+            rate = expected / (cost[d] + (1.0 - reach) * rb)
             if rate > best_rate:
                 best, best_rate = d, rate
         return best
-
-    def _noise(self) -> float:
-        """The margin the measured costs' scatter asks for (NOISE_Z)."""
-        return self.noise_z * self.costs.uncertainty() if self._cost is None else 0.0
 
     def _could_pay(self, cap: int) -> bool:
         """Whether some depth would beat plain decoding (by the margin) if
@@ -832,11 +957,8 @@ class AdaptivePolicy(Policy):
         change the choice, and a follow-up probe would only lose time (an
         accepted probe is not a profitable one, ds4-notes §4)."""
         cap = min(cap, self.max_depth)
-        if self._cost is not None:
-            cost = [self._cost(d) for d in range(cap + 1)]
-        else:
-            cost = self.costs.round_costs(cap)
-        bar = (1.0 + max(self.margin, self._noise())) / cost[0]
+        cost, _, noise = self._prices(cap)
+        bar = (1.0 + max(self.margin, noise)) / cost[0]
         return any((d + 1) / cost[d] > bar for d in range(1, cap + 1))
 
     def _age(self, rounds: int) -> None:
@@ -876,11 +998,10 @@ class AdaptivePolicy(Policy):
     def _round_loss(self, depth: int, tokens: int) -> float:
         """Plain steps a round of ``depth`` that committed ``tokens`` cost
         beyond plain decoding of those tokens (negative: it gained)."""
-        if self._cost is not None:
-            c0, cd = self._cost(0), self._cost(depth)
-        else:
-            cs = self.costs.round_costs(depth)
-            c0, cd = cs[0], cs[depth]
+        cs, rb, _ = self._prices(depth)
+        c0, cd = cs[0], cs[depth]
+        if tokens <= depth:   # a draft was rejected: the round rolled back
+            cd += rb
         return cd / c0 - tokens if c0 > 0 else 0.0
 
     def choose(self, cap: int) -> int:
@@ -1056,9 +1177,8 @@ class AdaptivePolicy(Policy):
         self.since_plain = 0
         # the runner times every plain step: re-price only when the price of
         # depth 0 moved by more than 1% (the rest of the choice is unchanged)
-        if self._memo is not None and abs(self.costs.plain() - self._memo_plain) \
-                > 0.01 * self._memo_plain:
-            self._memo = None
+        if abs(self.costs.plain() - self._memo_plain) > 0.01 * self._memo_plain:
+            self._memo = self._price = None
 
     def record_plain_many(self, samples) -> None:
         """Several plain-step times at once (the runner's fast path)."""
@@ -1066,9 +1186,8 @@ class AdaptivePolicy(Policy):
             self.costs.record_plain(t)
             self.since_plain = 0
         # the same 1% rule as record_plain: short stretches end often
-        if self._memo is not None and abs(self.costs.plain() - self._memo_plain) \
-                > 0.01 * self._memo_plain:
-            self._memo = None
+        if abs(self.costs.plain() - self._memo_plain) > 0.01 * self._memo_plain:
+            self._memo = self._price = None
 
     def record_verify(self, width: int, seconds: float) -> None:
         self._memo = None
@@ -1078,9 +1197,10 @@ class AdaptivePolicy(Policy):
         self._memo = None
         self.costs.record_draft(steps, seconds)
 
-    def record_overhead(self, seconds: float) -> None:
+    def record_overhead(self, seconds: float, rolled_back: bool = False,
+                        warm: bool = True) -> None:
         self._memo = None
-        self.costs.record_overhead(seconds)
+        self.costs.record_overhead(seconds, rolled_back, warm)
 
     def record_round(self, depth: int, seconds: float,
                      cold: tuple[int, float] | None = None) -> None:
@@ -1093,9 +1213,8 @@ class AdaptivePolicy(Policy):
         """A plain round's and its quiet steps' wall, start to next start."""
         self.costs.record_plain_run(tokens, seconds)
         # re-price only when the correction moved by more than 1% (as record_plain)
-        if self._memo is not None and abs(self.costs.correction() - self._memo_corr) \
-                > 0.01 * self._memo_corr:
-            self._memo = None
+        if abs(self.costs.correction() - self._memo_corr) > 0.01 * self._memo_corr:
+            self._memo = self._price = None
 
     def summary(self) -> dict:
         out = {"policy": "adaptive", "p": [round(x, 4) for x in self.p],

@@ -80,6 +80,14 @@ then come mostly from such steps: recalibration follows 32 drafting rounds).
 The runner times them but does not record them; the policy's calibration
 goes on until a step is recorded (the next one).
 
+Warm rounds: every drafting round's overhead goes to the policy with two
+flags (``record_overhead(seconds, rolled_back, warm)``): whether its accept
+rolled the session back (a draft rejected, or the caller stopped inside the
+block: ``j < k``) and whether the round before it drafted too. A round
+after a plain one runs its Python with cold caches and an accept that
+rolls back replays the GDN state; the cost model prices the two apart
+(ds4py.spec.policy.CostModel "Rollback", "Warm rounds").
+
 Quiet stretches: when the policy answers 0 and promises ``quiet`` >= 1
 more depth-0 rounds (the rounds until its next probe), the next min(quiet,
 QUIET_MAX) rounds take a fast path -- the serial step, its time kept,
@@ -190,6 +198,9 @@ class SpecRunner:
         self._quiet_left = 0                 # fast-path rounds left in this stretch
         self._quiet_t: list[float] = []      # their step times, for the policy
         self._cold = False                   # the last round drafted (module doc "Cold steps")
+        # the round before this one was a drafting round (module doc "Warm
+        # rounds"): this round's overhead is a warm sample
+        self._after_draft = False
         self._shadow: tuple[int, int] | None = None  # (draft, picked) of a shadow probe
         # the caller's one-token step that returns only its token (a GPU
         # session's step_argmax: 4 bytes back instead of the logits row), for
@@ -275,6 +286,7 @@ class SpecRunner:
             self._end_quiet()
         self.generated.append(last)
         self.rounds += 1
+        warm, self._after_draft = self._after_draft, False
         cap = min(room - 1, VERIFY_MAX - 1, self._max_depth) if self.admitted else 0
         t_choose = self.clock()
         k = min(policy.choose(cap), cap) if cap > 0 else 0
@@ -357,7 +369,7 @@ class SpecRunner:
                     if m == k or t != drafts[m]:
                         break
                     m += 1
-        self._pending = (k, m, drafts, t0, t1, t2, self.clock(), t_choose)
+        self._pending = (k, m, drafts, t0, t1, t2, self.clock(), t_choose, warm)
         return out
 
     def _dist(self, row: np.ndarray) -> np.ndarray:
@@ -456,10 +468,10 @@ class SpecRunner:
                 # the head's step left other data in the caches: not a cost sample
                 self._cold = True
             return
-        k, m, drafts, t0, t1, t2, t_out, t_choose = self._pending
+        k, m, drafts, t0, t1, t2, t_out, t_choose, warm = self._pending
         self._pending = None
         policy = self.policy
-        self._cold = True
+        self._cold = self._after_draft = True
         t3 = self.clock()
         self.s.accept(j + 1)  # keeps last and the committed tokens before the final one
         # stop tokens don't update the statistics: a round that ended the
@@ -481,7 +493,8 @@ class SpecRunner:
         t4 = self.clock()
         policy.record_draft(k, t1 - t0)
         policy.record_verify(k + 1, t2 - t1)
-        policy.record_overhead(t_choose + (t_out - t2) + (t4 - t3))
+        # j < k: accept(j + 1) of k + 1 rows rolled the session back
+        policy.record_overhead(t_choose + (t_out - t2) + (t4 - t3), j < k, warm)
 
     # -- a caller's own fast path (ds4py.generate's decode loop) ------------
     @property
