@@ -491,10 +491,13 @@ static inline __attribute__((always_inline)) void rows_sums(const __m512 *acc, i
 
 static void pack_q8x(const void *src, void *dst, int64_t n) { ds4_pack_q8_pairs(src, dst, n, 128); }
 
-static inline __attribute__((always_inline)) void q8x_rows_group(
-    int64_t n, int g, float *s, const block_q8_0 *x, const void *const *y) {
+/* One pass of weight row x over g <= ROWS_GROUP activation rows: acc[r] as
+ * the row's sums stand before their final reduction (rows_sums). PREFETCH:
+ * request the weight row's lines DS4_WEIGHT_PREFETCH_BYTES ahead (the tile
+ * kernel, which has no caller doing it; quants.h dot_tile). */
+static inline __attribute__((always_inline)) void q8x_pass(
+    int64_t n, int g, __m512 *acc, const block_q8_0 *x, const void *const *y, int PREFETCH) {
     const int64_t nb = n / QK8_0;
-    __m512 acc[ROWS_GROUP];
     const uint8_t *yb[ROWS_GROUP];
     _Pragma("GCC unroll 8") for (int r = 0; r < g; r++) {
         acc[r] = _mm512_setzero_ps();
@@ -504,6 +507,7 @@ static inline __attribute__((always_inline)) void q8x_rows_group(
     int64_t i = 0;
     /* pair i/2 of a row: codes at 64*i, scales at 64*i + 64 */
     for (; i + 2 <= nb; i += 2) {
+        if (PREFETCH) _mm_prefetch((const char *)(x + i) + DS4_WEIGHT_PREFETCH_BYTES, _MM_HINT_T0);
         const __m512i w = join(load32(x[i].qs), load32(x[i + 1].qs));
         const __m512i corr = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, u128, w));
         const __m512 dx = join_ps(h2f(x[i].d), h2f(x[i + 1].d));
@@ -523,6 +527,12 @@ static inline __attribute__((always_inline)) void q8x_rows_group(
             acc[r] = _mm512_mask3_fmadd_ps(dd, _mm512_cvtepi32_ps(p), acc[r], (__mmask16)0x00FF);
         }
     }
+}
+
+static inline __attribute__((always_inline)) void q8x_rows_group(
+    int64_t n, int g, float *s, const block_q8_0 *x, const void *const *y) {
+    __m512 acc[ROWS_GROUP];
+    q8x_pass(n, g, acc, x, y, 0);
     rows_sums(acc, g, s);
 }
 
@@ -553,6 +563,65 @@ static inline __attribute__((always_inline)) void q8x_rows_group(
     }
 
 ROWS_DISPATCH(dot_rows_q8_0, block_q8_0, q8x_rows_group, NULL)
+
+/* quants.h dot_tile for Q8_0: Q8_TILE_NO(NR) weight rows against NR <= 8
+ * activation rows per tile, NO * NR <= 8 accumulators, summed together by
+ * one hsum_rows8 (rows_sums: the same bits per value as a row's own
+ * reduction, so each value equals dot_rows_q8_0's, hence dot_q8_0's).
+ * Where few activation rows share a weight row (decode, short verifies) its
+ * work is short -- 4 block pairs at n = 256, the demo model's width -- and
+ * one dot_rows call per weight row paid the call, the reduction and its
+ * latency per row: on the demo model's 768 x 256 the rows path measured
+ * 13.3 ns per 256 weights at one activation row against 7.5 for the AVX2
+ * set's tile (Zen 5, bench/bench_rows.py). Weight rows are streamed one
+ * after another, not in lockstep (the AVX2 tile's note: the prefetcher
+ * loses interleaved streams). */
+#define Q8_TILE_NO(NR) ((NR) == 1 ? 8 : (NR) == 2 ? 4 : (NR) <= 4 ? 2 : 1)
+#define Q8_TILE_MAX_N 2048
+static inline __attribute__((always_inline)) void q8x_tile(int64_t n, int NO, int NR, float *out,
+                                                           const uint8_t *xw, size_t xs,
+                                                           const void *const *y) {
+    __m512 v[ROWS_GROUP];
+    _Pragma("GCC unroll 8") for (int o = 0; o < NO; o++)
+        q8x_pass(n, NR, v + o * NR, (const block_q8_0 *)(xw + (size_t)o * xs), y, 1);
+    rows_sums(v, NO * NR, out);
+}
+#define Q8_TILE_PUT(NO, NR)                                                                \
+    do {                                                                                   \
+        float t_[ROWS_GROUP];                                                              \
+        q8x_tile(n, NO, NR, t_, xb + (size_t)o * xs, xs, y + r0);                          \
+        for (int oo = 0; oo < (NO); oo++)                                                  \
+            for (int r = 0; r < (NR); r++) s[(r0 + r) * ss + o + oo] = t_[oo * (NR) + r];  \
+    } while (0)
+#define Q8_TILE_ROWS(NR)                                                                   \
+    do {                                                                                   \
+        int o = 0;                                                                         \
+        if (short_rows)                                                                    \
+            for (; o + Q8_TILE_NO(NR) <= no; o += Q8_TILE_NO(NR)) Q8_TILE_PUT(Q8_TILE_NO(NR), NR); \
+        for (; o < no; o++) Q8_TILE_PUT(1, NR);                                            \
+    } while (0)
+static void tile_q8_0(int64_t n, int no, int nr, float *s, int64_t ss, const void *x,
+                      size_t xs, const void *const *y) {
+    const uint8_t *xb = x;
+    /* several weight rows per tile only where rows are short: at n = 3584
+     * (2048 rows, from memory) tiles of 4 x 2 and 2 x 4 measured 1.1-1.3x
+     * slower than one weight row at a time */
+    const int short_rows = n <= Q8_TILE_MAX_N;
+    for (int r0 = 0; r0 < nr; r0 += ROWS_GROUP) {
+        switch (nr - r0 < ROWS_GROUP ? nr - r0 : ROWS_GROUP) {
+        case 1: Q8_TILE_ROWS(1); break;
+        case 2: Q8_TILE_ROWS(2); break;
+        case 3: Q8_TILE_ROWS(3); break;
+        case 4: Q8_TILE_ROWS(4); break;
+        case 5: Q8_TILE_ROWS(5); break;
+        case 6: Q8_TILE_ROWS(6); break;
+        case 7: Q8_TILE_ROWS(7); break;
+        default: Q8_TILE_ROWS(8); break;
+        }
+    }
+}
+#undef Q8_TILE_ROWS
+#undef Q8_TILE_PUT
 
 /* -------------------------------------------------- K-quants x Q8_K -- */
 /* Per block 16 lanes of exact int32 partial sums (unsigned codes <= 63 keep
@@ -1286,7 +1355,9 @@ int ds4_kernels_init_avx512(ds4_kernel_set *k) {
     k->f16_acc_row = f16_acc_row;
     k->dot_rows[DS4_TYPE_Q8_0] = dot_rows_q8_0;
     k->pack_rows[DS4_TYPE_Q8_0] = pack_q8x;
-    k->dot_rows_name[DS4_TYPE_Q8_0] = "avx512 q8_0 x q8x rows";
+    k->dot_tile[DS4_TYPE_Q8_0] = tile_q8_0;
+    k->dot_tile_out[DS4_TYPE_Q8_0] = 16;
+    k->dot_rows_name[DS4_TYPE_Q8_0] = "avx512 q8_0 x q8x rows, tiles of up to 8 weight rows";
     k->dot_rows[DS4_TYPE_Q4_K] = dot_rows_q4_k;
     k->dot_tile[DS4_TYPE_Q4_K] = tile_q4_k;
     k->dot_tile_min_rows[DS4_TYPE_Q4_K] = K4_PANEL_MIN;

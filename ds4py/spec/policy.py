@@ -250,6 +250,10 @@ BURST, BURST_DEPTH = 3, 2
 # priced by the cost model with their realized acceptance; past it the
 # optional ones (burst, follow-ups) wait.
 EXPLORE_ALLOW, EXPLORE_SHARE = 1.0, 0.02
+# ... but the budget does not cut a cold-start burst short while the cost
+# model holds fewer than WARM_ROUNDS warm drafting rounds (module doc
+# "Exploration budget"): the burst is also where the costs are measured
+WARM_ROUNDS = 4
 CALIBRATE = 3
 # Depth-1 probes (scheduled, follow-ups, a cold-start burst at depth 1) run
 # as shadows where the runner can (ds4py.spec.runner "Shadow probes").
@@ -469,6 +473,9 @@ class CostModel:
         # REPRICE_EVERY rounds (AdaptivePolicy "Re-pricing")
         self.version = 0
         self.epoch = 0
+        # drafting rounds recorded whose round before drafted too (warm, class
+        # doc "Warm rounds"): the policy's burst waits for WARM_ROUNDS of them
+        self.warm_rounds = 0
         # cached estimates: "plain", "draft", "over", ("w", w), "line", "corr"
         self._est: dict = {}
 
@@ -526,6 +533,7 @@ class CostModel:
         doc "Rollback", "Warm rounds")."""
         xs = self._over[(rolled_back and self.split_rollback, warm or not self.split_warm)]
         xs.append(float(seconds))
+        self.warm_rounds += bool(warm)
         self.version += 1
         if len(xs) == 1:
             self.epoch += 1
@@ -1032,7 +1040,8 @@ class AdaptivePolicy(Policy):
             if self._cost is None:  # an injected cost may change behind our back
                 self._memo = (key, d)
         self._drafting = d > 0
-        if self.burst_left and d < self.burst_depth and not self._explore_ok():
+        if self.burst_left and d < self.burst_depth and not self._explore_ok() and (
+                self._cost is not None or self.costs.warm_rounds >= WARM_ROUNDS):
             # the exploration budget is spent: the burst ends here
             self.burst_left = 0
             self.n_held += 1
