@@ -30,6 +30,9 @@ of ds4py.generate do:
             overhead for every round (CostModel(split_rollback=False,
             split_warm=False), as before 2026-12-07) instead of the rollback
             apart and warm rounds' samples first
+  absolute  the default policy with its own cost model, which keeps its
+            samples in seconds (CostModel(relative=False), as before
+            2026-12-07) instead of as ratios to the plain step of their time
   reprice1  AdaptivePolicy(reprice_every=1): the depths re-priced after every
             record, as before 2026-12-07
   nowarm    ... whose overhead comes from every round's samples alike
@@ -80,6 +83,7 @@ def variants(costs) -> dict:
     corrected = CostModel(correct=True)
     one_overhead = CostModel(split_rollback=False, split_warm=False)
     any_round = CostModel(split_warm=False)
+    seconds = CostModel(relative=False)
     return {
         "adaptive": lambda: {},
         "idle": lambda: {"draft_policy": IdlePolicy()},
@@ -92,6 +96,7 @@ def variants(costs) -> dict:
         "nonoise": lambda: {"draft_policy": AdaptivePolicy(costs=costs, noise_z=0.0)},
         "nobudget": lambda: {"draft_policy": AdaptivePolicy(costs=costs, explore_allow=None)},
         "oneover": lambda: {"draft_policy": AdaptivePolicy(costs=one_overhead)},
+        "absolute": lambda: {"draft_policy": AdaptivePolicy(costs=seconds)},
         "reprice1": lambda: {"draft_policy": AdaptivePolicy(costs=costs, reprice_every=1)},
         "nowarm": lambda: {"draft_policy": AdaptivePolicy(costs=any_round)},
         **{f"fixed{k}": (lambda k=k: {"draft_policy": FixedPolicy(k)}) for k in range(1, 5)},

@@ -209,9 +209,12 @@ def test_runner_times_rounds_start_to_start():
     assert [d for d, _ in got] == [rounds[i] for i in drafting if i != last]
     assert [c is not None for _, c in got] == [i + 1 in cold for i in drafting if i != last]
     assert all(c[0] == 1 and c[1] > 0 for _, c in got if c is not None)
-    # a drafting round's span holds every timed part of it, and more
+    # a drafting round's span holds every timed part of it, and more (the
+    # run's first drafting round records no parts: ds4py.spec.runner
+    # "Warm rounds")
     walls = [sec for kind, _, sec, _ in pol.spans if kind == "draft"]
-    for i, sec in zip(drafting, walls, strict=False):
+    assert drafting[0] not in pol.parts
+    for i, sec in list(zip(drafting, walls, strict=False))[1:]:
         assert sec > pol.parts[i], (i, sec, pol.parts[i])
 
 

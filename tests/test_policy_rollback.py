@@ -7,6 +7,8 @@ Checked here:
   rolled back and whether the round before it drafted, prices a round that
   keeps every row from the warm samples first, and the rollback as the
   difference of the two kinds' low quartiles;
+- verify, draft and overhead samples are ratios to the plain step of their
+  time: a machine that speeds up moves every price with the plain step;
 - the policy weighs the rollback with the chance of a rejection, so it
   changes a choice at low acceptance and not at acceptance 1;
 - re-pricing happens at once on a new kind of estimate and otherwise at
@@ -77,6 +79,44 @@ def test_unsplit_cost_model_mixes_every_round():
     cm2.record_overhead(600e-6)
     # one deque: lower quartile of 5 samples is the second smallest
     assert cm2.overhead() == pytest.approx(200e-6)
+
+
+def test_samples_follow_the_plain_step():
+    """Recorded at a plain step of 1 ms, read at 0.5 ms: every price halves
+    (relative samples); in seconds (relative=False) they stay."""
+    rel, sec = CostModel(), CostModel(relative=False)
+    for cm in (rel, sec):
+        for _ in range(16):
+            cm.record_plain(1e-3)
+        for _ in range(4):
+            cm.record_verify(3, 1.8e-3)
+            cm.record_draft(2, 0.4e-3)
+            cm.record_overhead(0.1e-3, rolled_back=False, warm=True)
+            cm.record_overhead(0.3e-3, rolled_back=True, warm=True)
+        for _ in range(16):
+            cm.record_plain(0.5e-3)
+    got = [rel.verify_cost(3), rel.draft_step(), rel.overhead(), rel.rollback()]
+    assert got == pytest.approx([0.9e-3, 0.1e-3, 0.05e-3, 0.1e-3])
+    got = [sec.verify_cost(3), sec.draft_step(), sec.overhead(), sec.rollback()]
+    assert got == pytest.approx([1.8e-3, 0.2e-3, 0.1e-3, 0.2e-3])
+    # the choice depends on the ratios only: the same price in plain steps
+    assert rel.round_costs(2)[2] / rel.plain() == pytest.approx(
+        sec.round_costs(2)[2] / 1e-3)
+
+
+def test_samples_before_any_plain_step_convert_at_the_first():
+    cm = CostModel()
+    for _ in range(3):
+        cm.record_verify(2, 1.5e-3)
+    cm.record_draft(1, 0.2e-3)
+    assert cm.verify_cost(2) == pytest.approx(1.5e-3)   # seconds until then
+    cm.record_plain(1e-3)
+    assert cm.verify_cost(2) == pytest.approx(1.5e-3)   # now 1.5 plain steps
+    assert cm.draft_step() == pytest.approx(0.2e-3)
+    for _ in range(16):
+        cm.record_plain(2e-3)
+    assert cm.verify_cost(2) == pytest.approx(3e-3)
+    assert cm.draft_step() == pytest.approx(0.4e-3)
 
 
 def policy(p, cm) -> AdaptivePolicy:
@@ -206,8 +246,11 @@ def test_runner_flags_rollback_and_warm_rounds():
     with m.new_session() as s:
         toks, st = speculative_generate(m, ids, 40, policy=pol, session=s)
     drafting = [i for i, k in enumerate(pol.rounds) if k > 0]
-    assert len(pol.flags) == len(pol.seen) == len(drafting) == st["draft_rounds"]
-    for (depth, acc, stopped), (rolled, warm), i in zip(pol.seen, pol.flags, drafting,
+    assert len(pol.seen) == len(drafting) == st["draft_rounds"]
+    # the run's first drafting round records no costs (its verify allocates
+    # the session's rollback state: ds4py.spec.runner "Warm rounds")
+    assert len(pol.flags) == len(drafting) - 1
+    for (depth, acc, stopped), (rolled, warm), i in zip(pol.seen[1:], pol.flags, drafting[1:],
                                                        strict=True):
         assert not stopped
         assert rolled == (acc < depth), (i, depth, acc)

@@ -250,10 +250,6 @@ BURST, BURST_DEPTH = 3, 2
 # priced by the cost model with their realized acceptance; past it the
 # optional ones (burst, follow-ups) wait.
 EXPLORE_ALLOW, EXPLORE_SHARE = 1.0, 0.02
-# ... but the budget does not cut a cold-start burst short while the cost
-# model holds fewer than WARM_ROUNDS warm drafting rounds (module doc
-# "Exploration budget"): the burst is also where the costs are measured
-WARM_ROUNDS = 4
 CALIBRATE = 3
 # Depth-1 probes (scheduled, follow-ups, a cold-start burst at depth 1) run
 # as shadows where the runner can (ds4py.spec.runner "Shadow probes").
@@ -435,10 +431,26 @@ class CostModel:
     request that drafted only its cold-start burst priced the overhead at
     its first rounds' (up to 0.46 plain steps) and never drafted again.
     ``split_warm=False``: every round's samples alike.
+
+    **Relative samples.** A verify, a draft step and an overhead are
+    recorded as ratios to the plain step of their time (its low quartile
+    then), and read back times the plain step now. The choice depends on
+    these ratios only, and the plain step is sampled far more often (every
+    plain round) than the verifies (drafting rounds only): on a shared VM
+    whose speed drifts, a policy that had stopped drafting priced verifies
+    it had measured while the machine ran slower against plain steps
+    measured after it sped up -- on the 2-core Zen 5 VM of 2026-12-07 (demo
+    model, math prompts) the plain step went from 0.41 to 0.33-0.34 ms
+    between requests while width 3 kept its seconds, 1.73-1.88 plain steps
+    became 2.21-2.29, and the policy stopped drafting where depth 2 ran at
+    1.14x serial. Samples recorded before any plain step are kept in
+    seconds and converted at the first one. ``relative=False``: seconds,
+    as before.
     """
 
     def __init__(self, window: int = 64, recent: int = 16, correct: bool = False,
-                 split_rollback: bool = True, split_warm: bool = True):
+                 split_rollback: bool = True, split_warm: bool = True,
+                 relative: bool = True):
         if window < 2:
             raise ValueError("window must be >= 2")
         if recent < 1:
@@ -452,6 +464,10 @@ class CostModel:
         # price the overhead from warm rounds' samples where there are some
         # (class doc "Warm rounds"; False: every round's samples alike)
         self.split_warm = split_warm
+        # keep the verify, draft and overhead samples as ratios to the plain
+        # step of their time (class doc "Relative samples"; False: seconds)
+        self.relative = relative
+        self._raw = False        # samples stored in seconds before any plain step
         self._verify: deque[tuple[int, float]] = deque()   # the window, oldest first
         # the newest (at most `recent`) samples of each width still in the window
         self._by_width: dict[int, deque] = {}
@@ -473,9 +489,6 @@ class CostModel:
         # REPRICE_EVERY rounds (AdaptivePolicy "Re-pricing")
         self.version = 0
         self.epoch = 0
-        # drafting rounds recorded whose round before drafted too (warm, class
-        # doc "Warm rounds"): the policy's burst waits for WARM_ROUNDS of them
-        self.warm_rounds = 0
         # cached estimates: "plain", "draft", "over", ("w", w), "line", "corr"
         self._est: dict = {}
 
@@ -489,9 +502,34 @@ class CostModel:
         self._est.pop("plain", None)
         self._est.pop("unc", None)
         self._est.pop("line", None)   # the priors are scaled by the plain step
+        if self._raw:
+            self._to_ratios()
+
+    def _ref(self) -> float:
+        """What a sample is divided by when it is recorded, and an estimate
+        multiplied by when it is read: the plain step (class doc "Relative
+        samples"), or 1 (seconds) while there is none or ``relative`` is off."""
+        if self.relative and self._plain:
+            return self.unit()
+        return 1.0
+
+    def _to_ratios(self) -> None:
+        """The first plain step arrived: samples recorded in seconds before
+        it become ratios to it."""
+        u = self.unit()
+        self._verify = deque((w, t / u) for w, t in self._verify)
+        for w, xs in self._by_width.items():
+            self._by_width[w] = deque(t / u for t in xs)
+        self._draft = deque((t / u for t in self._draft), maxlen=self._draft.maxlen)
+        for k, xs in self._over.items():
+            self._over[k] = deque((t / u for t in xs), maxlen=xs.maxlen)
+        self._raw = False
+        for k in [k for k in self._est if k not in ("plain", "corr")]:
+            del self._est[k]
 
     def record_verify(self, width: int, seconds: float) -> None:
-        w, t = int(width), float(seconds)
+        w, t = int(width), float(seconds) / self._ref()
+        self._raw |= self.relative and not self._plain
         if len(self._verify) == self._window:
             ow, _ = self._verify.popleft()
             left = self._in_window[ow] - 1
@@ -520,7 +558,8 @@ class CostModel:
 
     def record_draft(self, steps: int, seconds: float) -> None:
         if steps > 0:
-            self._draft.append(float(seconds) / steps)
+            self._draft.append(float(seconds) / steps / self._ref())
+            self._raw |= self.relative and not self._plain
             self._est.pop("draft", None)
             self.version += 1
             if len(self._draft) == 1:
@@ -532,8 +571,8 @@ class CostModel:
         the session back; ``warm``: the round before it drafted too (class
         doc "Rollback", "Warm rounds")."""
         xs = self._over[(rolled_back and self.split_rollback, warm or not self.split_warm)]
-        xs.append(float(seconds))
-        self.warm_rounds += bool(warm)
+        xs.append(float(seconds) / self._ref())
+        self._raw |= self.relative and not self._plain
         self.version += 1
         if len(xs) == 1:
             self.epoch += 1
@@ -587,7 +626,7 @@ class CostModel:
         v = self._est.get(key)
         if v is None:
             v = self._est[key] = low_quartile(self._by_width[w])
-        return v
+        return v * self._ref()
 
     def unit(self) -> float:
         if self._plain:
@@ -659,7 +698,7 @@ class CostModel:
         v = self._est.get("draft")
         if v is None:
             v = self._est["draft"] = low_quartile(self._draft)
-        return v
+        return v * self._ref()
 
     def overhead(self) -> float:
         """A drafting round's overhead when it keeps every row: the low
@@ -669,7 +708,7 @@ class CostModel:
         if v is None:
             xs = self._over_of(False) or self._over_of(True)
             v = self._est["over"] = low_quartile(xs) if xs else 0.0
-        return v
+        return v * self._ref()
 
     def rollback(self) -> float:
         """What a round that rolls back costs beyond :meth:`overhead` (class
@@ -684,7 +723,7 @@ class CostModel:
                     v = max(0.0, low_quartile(rolled) - low_quartile(kept))
                     break
             self._est["rb"] = v
-        return v
+        return v * self._ref()
 
     def uncertainty(self) -> float:
         """Relative standard error of a drafting round's price in plain
@@ -1040,8 +1079,7 @@ class AdaptivePolicy(Policy):
             if self._cost is None:  # an injected cost may change behind our back
                 self._memo = (key, d)
         self._drafting = d > 0
-        if self.burst_left and d < self.burst_depth and not self._explore_ok() and (
-                self._cost is not None or self.costs.warm_rounds >= WARM_ROUNDS):
+        if self.burst_left and d < self.burst_depth and not self._explore_ok():
             # the exploration budget is spent: the burst ends here
             self.burst_left = 0
             self.n_held += 1
