@@ -573,11 +573,15 @@ ROWS_DISPATCH(dot_rows_q8_0, block_q8_0, q8x_rows_group, NULL)
  * one dot_rows call per weight row paid the call, the reduction and its
  * latency per row: on the demo model's 768 x 256 the rows path measured
  * 13.3 ns per 256 weights at one activation row against 7.5 for the AVX2
- * set's tile (Zen 5, bench/bench_rows.py). Weight rows are streamed one
- * after another, not in lockstep (the AVX2 tile's note: the prefetcher
- * loses interleaved streams). */
+ * set's tile (Zen 5, bench/bench_rows.py); the tile 5.3-5.5. Weight rows
+ * are streamed one after another, not in lockstep (the AVX2 tile's note:
+ * the prefetcher loses interleaved streams). Measured against the rows
+ * path, interleaved, 2 threads: demo model decode 1.20-1.23x tok/s (1.31x
+ * at one thread); 0.8B Q8_0 bench model decode 1.01x (tiles of one weight
+ * row there, Q8_TILE_MAX_N) and prefill of 256 tokens 1.35x CPU-time rate
+ * (the forward's tile calls: 16 rows x 16 outputs). */
 #define Q8_TILE_NO(NR) ((NR) == 1 ? 8 : (NR) == 2 ? 4 : (NR) <= 4 ? 2 : 1)
-#define Q8_TILE_MAX_N 2048
+#define Q8_TILE_MAX_N 512
 static inline __attribute__((always_inline)) void q8x_tile(int64_t n, int NO, int NR, float *out,
                                                            const uint8_t *xw, size_t xs,
                                                            const void *const *y) {
@@ -603,9 +607,11 @@ static inline __attribute__((always_inline)) void q8x_tile(int64_t n, int NO, in
 static void tile_q8_0(int64_t n, int no, int nr, float *s, int64_t ss, const void *x,
                       size_t xs, const void *const *y) {
     const uint8_t *xb = x;
-    /* several weight rows per tile only where rows are short: at n = 3584
-     * (2048 rows, from memory) tiles of 4 x 2 and 2 x 4 measured 1.1-1.3x
-     * slower than one weight row at a time */
+    /* several weight rows per tile only where rows are short (the demo
+     * model's 256 and 512): with them at n = 1024 too, a decode of the 0.8B
+     * Q8_0 bench model (weights streamed from memory) ran 0.83x as fast as
+     * one weight row at a time (2 threads, 6 interleaved pairs), and at
+     * n = 3584 (2048 rows) tiles of 4 x 2 and 2 x 4 measured 1.1-1.3x slower */
     const int short_rows = n <= Q8_TILE_MAX_N;
     for (int r0 = 0; r0 < nr; r0 += ROWS_GROUP) {
         switch (nr - r0 < ROWS_GROUP ? nr - r0 : ROWS_GROUP) {
