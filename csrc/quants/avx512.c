@@ -1363,7 +1363,7 @@ int ds4_kernels_init_avx512(ds4_kernel_set *k) {
     k->pack_rows[DS4_TYPE_Q8_0] = pack_q8x;
     k->dot_tile[DS4_TYPE_Q8_0] = tile_q8_0;
     k->dot_tile_out[DS4_TYPE_Q8_0] = 16;
-    k->dot_rows_name[DS4_TYPE_Q8_0] = "avx512 q8_0 x q8x rows, tiles of up to 8 weight rows";
+    k->dot_rows_name[DS4_TYPE_Q8_0] = "avx512 q8_0 x q8x rows, tiles of up to 8 weight rows at n <= 512";
     k->dot_rows[DS4_TYPE_Q4_K] = dot_rows_q4_k;
     k->dot_tile[DS4_TYPE_Q4_K] = tile_q4_k;
     k->dot_tile_min_rows[DS4_TYPE_Q4_K] = K4_PANEL_MIN;
