@@ -481,6 +481,9 @@ class CostModel:
                       for w in (False, True)}
         # end to end (class doc): drafting rounds' wall / price, plain stretches' wall per token
         self._e2e_draft: deque[float] = deque(maxlen=recent)
+        # correct=False: the drafting rounds' (depth, seconds, cold) as timed,
+        # priced only when reported (record_round)
+        self._e2e_raw: deque[tuple] = deque(maxlen=recent)
         self._e2e_plain: deque[float] = deque(maxlen=recent)
         # every record bumps `version`; one that changes which estimates
         # exist or what they rest on (a first sample of a kind, a width
@@ -596,14 +599,37 @@ class CostModel:
         ``cold``: (tokens, seconds) of the cold plain step after it and the
         quiet steps after that, start to start: what they took beyond as
         many tokens of a plain stretch (:meth:`plain_wall`) is this round's."""
+        if depth < 1 or seconds <= 0.0:
+            return
+        if not self.correct:
+            # only reported (summary): priced there, not per round -- pricing
+            # the parts here was ~7 us of Python per drafting round (warm),
+            # a cost every round paid for a figure read once per request
+            self._e2e_raw.append((depth, float(seconds), cold))
+            return
         priced = self.parts_cost(depth)
-        if depth >= 1 and priced > 0.0 and seconds > 0.0:
+        if priced > 0.0:
             if cold is not None and cold[0] >= 1:
                 seconds += max(0.0, cold[1] - cold[0] * self.plain_wall())
             self._e2e_draft.append(float(seconds) / priced)
             self._est.pop("corr", None)
             self.version += 1
-            self.epoch += self.correct and len(self._e2e_draft) == 3
+            self.epoch += len(self._e2e_draft) == 3
+
+    def _round_wall_over_price(self) -> float | None:
+        """The median drafting round's wall over its price: as recorded with
+        the correction on; else the raw rounds priced now, with today's
+        estimates (summary)."""
+        if self.correct or not self._e2e_raw:
+            return _median(self._e2e_draft) if self._e2e_draft else None
+        out = []
+        for depth, seconds, cold in self._e2e_raw:
+            priced = self.parts_cost(depth)
+            if priced > 0.0:
+                if cold is not None and cold[0] >= 1:
+                    seconds += max(0.0, cold[1] - cold[0] * self.plain_wall())
+                out.append(seconds / priced)
+        return _median(out) if out else None
 
     def plain_wall(self) -> float:
         """A plain stretch's wall per token: the median of the timed ones
@@ -802,10 +828,11 @@ class CostModel:
                 "correction": self.correction(),
                 # its two sides (None until timed): drafting rounds' median wall / price,
                 # plain stretches' median wall per token / plain step
-                "round_wall_over_price": _median(self._e2e_draft) if self._e2e_draft else None,
+                "round_wall_over_price": self._round_wall_over_price(),
                 "plain_wall_over_step": (_median(self._e2e_plain) / self.plain()
                                          if self._e2e_plain and self.plain() > 0 else None),
-                "timed_rounds": len(self._e2e_draft), "timed_plain_runs": len(self._e2e_plain)}
+                "timed_rounds": len(self._e2e_draft) + len(self._e2e_raw),
+                "timed_plain_runs": len(self._e2e_plain)}
 
 
 def _median(xs) -> float:
