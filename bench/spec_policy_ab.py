@@ -26,17 +26,17 @@ of ds4py.generate do:
             alone, not also NOISE_Z standard errors of the price
   nobudget  AdaptivePolicy(explore_allow=None): no exploration budget (the
             cold-start burst and probe follow-ups are never held back)
-  oneover   the default policy with its own cost model, which prices one
-            overhead for every round (CostModel(split_rollback=False,
-            split_warm=False), as before 2026-12-07) instead of the rollback
-            apart and warm rounds' samples first
+  rbsplit   the default policy with its own cost model, which prices the
+            rollback apart from the overhead (CostModel(split_rollback=True):
+            its class doc "Rollback"; off by default)
   absolute  the default policy with its own cost model, which keeps its
             samples in seconds (CostModel(relative=False), as before
             2026-12-07) instead of as ratios to the plain step of their time
   reprice1  AdaptivePolicy(reprice_every=1): the depths re-priced after every
             record, as before 2026-12-07
-  nowarm    ... whose overhead comes from every round's samples alike
-            (CostModel(split_warm=False)), the rollback priced apart
+  nowarm    the default policy with its own cost model, whose overhead comes
+            from every round's samples alike
+            (CostModel(split_warm=False)), as before 2026-12-07
   fixedK    a fixed draft depth K (1..4): what drafting itself gives here
 
 Printed per workload and variant: tok/s ratio to serial as the ratio of the
@@ -81,7 +81,7 @@ class IdlePolicy(FixedPolicy):
 
 def variants(costs) -> dict:
     corrected = CostModel(correct=True)
-    one_overhead = CostModel(split_rollback=False, split_warm=False)
+    rollback_apart = CostModel(split_rollback=True)
     any_round = CostModel(split_warm=False)
     seconds = CostModel(relative=False)
     return {
@@ -95,7 +95,7 @@ def variants(costs) -> dict:
         "corr": lambda: {"draft_policy": AdaptivePolicy(costs=corrected)},
         "nonoise": lambda: {"draft_policy": AdaptivePolicy(costs=costs, noise_z=0.0)},
         "nobudget": lambda: {"draft_policy": AdaptivePolicy(costs=costs, explore_allow=None)},
-        "oneover": lambda: {"draft_policy": AdaptivePolicy(costs=one_overhead)},
+        "rbsplit": lambda: {"draft_policy": AdaptivePolicy(costs=rollback_apart)},
         "absolute": lambda: {"draft_policy": AdaptivePolicy(costs=seconds)},
         "reprice1": lambda: {"draft_policy": AdaptivePolicy(costs=costs, reprice_every=1)},
         "nowarm": lambda: {"draft_policy": AdaptivePolicy(costs=any_round)},

@@ -31,7 +31,7 @@ CODE = "class Stack:\n    def __init__(self):\n        self.items = []\n\n    de
 
 
 def measured(plain=1.0e-3, verify=(1.4e-3, 1.7e-3, 2.0e-3), draft=0.2e-3) -> CostModel:
-    cm = CostModel()
+    cm = CostModel(split_rollback=True)
     for _ in range(4):
         cm.record_plain(plain)
         cm.record_draft(1, draft)
@@ -67,6 +67,13 @@ def test_overheads_kept_apart_by_rollback_and_warmth():
 
 
 def test_unsplit_cost_model_mixes_every_round():
+    """Unsplit (the default for the rollback: CostModel "Rollback"), a
+    rolled-back round's overhead is a sample like any other."""
+    assert CostModel().split_rollback is False and CostModel().split_warm is True
+    default = CostModel()
+    default.record_overhead(40e-6, rolled_back=False, warm=True)
+    default.record_overhead(30e-6, rolled_back=True, warm=True)
+    assert default.overhead() == pytest.approx(30e-6) and default.rollback() == 0.0
     cm = measured()
     cm2 = CostModel(split_rollback=False, split_warm=False)
     for c in (cm, cm2):
@@ -84,7 +91,7 @@ def test_unsplit_cost_model_mixes_every_round():
 def test_samples_follow_the_plain_step():
     """Recorded at a plain step of 1 ms, read at 0.5 ms: every price halves
     (relative samples); in seconds (relative=False) they stay."""
-    rel, sec = CostModel(), CostModel(relative=False)
+    rel, sec = CostModel(split_rollback=True), CostModel(split_rollback=True, relative=False)
     for cm in (rel, sec):
         for _ in range(16):
             cm.record_plain(1e-3)

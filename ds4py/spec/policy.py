@@ -53,9 +53,10 @@ AdaptivePolicy (ds4-notes §4 "Adaptive depth", a port of ds4's / mlx.fast's
   the exploration budget (below).
 * Cost, in seconds measured in this session (:class:`CostModel`):
   ``cost(0)`` = a plain one-token decode, ``cost(d)`` = verify(d+1) +
-  d x draft_step + round overhead (the head's catch-up) + (1 - P(all d
-  drafts accepted)) x rollback (what an accept that rolls back costs
-  beyond one that keeps every row, CostModel "Rollback"), each the lower
+  d x draft_step + round overhead (the head's catch-up) [+ (1 - P(all d
+  drafts accepted)) x rollback, what an accept that rolls back costs
+  beyond one that keeps every row, with CostModel(split_rollback=True):
+  its "Rollback", off by default], each the lower
   quartile of recent samples (robust to the scheduler stalls of a shared
   machine, see CostModel), verify(w) of width w's own samples once there
   are 3, else the line a + b*w fitted online through the measured widths.
@@ -418,7 +419,14 @@ class CostModel:
     :meth:`overhead` prices a round that keeps every row and
     :meth:`rollback` the difference, which the policy weighs with the
     chance that a round of depth d rejects a draft, 1 - prod(p[1..d]).
-    ``split_rollback=False``: one overhead for every round, as before.
+    **Off by default** (``split_rollback=True`` turns it on): on an H100
+    (demo model, ``bench/spec_policy_ab.py --backend cuda``, 3 runs of 16
+    repetitions, 2026-12-07) the policy with it ran math at 1.44-1.50x
+    serial and without it at 1.60-1.62x (code / prose / chat 1.43-1.47 /
+    1.02-1.03 / 1.07-1.10x with, 1.43-1.50 / 1.03-1.07 / 1.08-1.11x
+    without): the rollback's weight pushes toward shallower rounds where
+    the deeper ones paid. On the 2-core Zen 5 VM the two were within its
+    noise. Off, a rolled-back round's overhead is a sample like any other.
 
     **Warm rounds.** A drafting round right after a plain one finds the
     caches cold: with a draft of depth 2 in every round, or in every fourth
@@ -449,7 +457,7 @@ class CostModel:
     """
 
     def __init__(self, window: int = 64, recent: int = 16, correct: bool = False,
-                 split_rollback: bool = True, split_warm: bool = True,
+                 split_rollback: bool = False, split_warm: bool = True,
                  relative: bool = True):
         if window < 2:
             raise ValueError("window must be >= 2")
@@ -458,8 +466,8 @@ class CostModel:
         self._window = window
         self._recent = recent
         self.correct = correct   # apply the end-to-end correction (class doc: off by default)
-        # price the rollback apart from the overhead (class doc "Rollback";
-        # False: one overhead for every round, as before 2026-12-07)
+        # price the rollback apart from the overhead (class doc "Rollback":
+        # off by default, measured there)
         self.split_rollback = split_rollback
         # price the overhead from warm rounds' samples where there are some
         # (class doc "Warm rounds"; False: every round's samples alike)
