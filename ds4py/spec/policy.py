@@ -615,14 +615,24 @@ class CostModel:
             # a cost every round paid for a figure read once per request
             self._e2e_raw.append((depth, float(seconds), cold))
             return
-        priced = self.parts_cost(depth)
-        if priced > 0.0:
-            if cold is not None and cold[0] >= 1:
-                seconds += max(0.0, cold[1] - cold[0] * self.plain_wall())
-            self._e2e_draft.append(float(seconds) / priced)
+        ratio = self._wall_over_price(depth, float(seconds), cold)
+        if ratio is not None:
+            self._e2e_draft.append(ratio)
             self._est.pop("corr", None)
             self.version += 1
             self.epoch += len(self._e2e_draft) == 3
+
+    def _wall_over_price(self, depth: int, seconds: float,
+                         cold: tuple[int, float] | None) -> float | None:
+        """A drafting round's wall (with what its cold step took beyond a
+        plain token's, record_round) over its parts' price now; None if the
+        price is not positive."""
+        priced = self.parts_cost(depth)
+        if priced <= 0.0:
+            return None
+        if cold is not None and cold[0] >= 1:
+            seconds += max(0.0, cold[1] - cold[0] * self.plain_wall())
+        return seconds / priced
 
     def _round_wall_over_price(self) -> float | None:
         """The median drafting round's wall over its price: as recorded with
@@ -630,13 +640,7 @@ class CostModel:
         estimates (summary)."""
         if self.correct or not self._e2e_raw:
             return _median(self._e2e_draft) if self._e2e_draft else None
-        out = []
-        for depth, seconds, cold in self._e2e_raw:
-            priced = self.parts_cost(depth)
-            if priced > 0.0:
-                if cold is not None and cold[0] >= 1:
-                    seconds += max(0.0, cold[1] - cold[0] * self.plain_wall())
-                out.append(seconds / priced)
+        out = [r for r in (self._wall_over_price(*x) for x in self._e2e_raw) if r is not None]
         return _median(out) if out else None
 
     def plain_wall(self) -> float:
