@@ -810,7 +810,8 @@ def _gdn_path() -> str:
     if rows <= 0:
         return "GDN recurrence: gdn_seq at every width (K_RUNNER_GDN_ROWS_MIN=0)"
     return (f"GDN recurrence: gdn_prep + gdn_rows + gdn_norm for runs of {rows}+ tokens "
-            f"(state width d <= 128), else gdn_seq")
+            f"(state width d <= 128), else gdn_seq; gdn_norm and the out projection's quantizer "
+            f"in one launch (gdn_norm_quant) where d is a multiple of 32 dividing 256")
 
 
 class _GpuLine:

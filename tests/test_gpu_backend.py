@@ -749,6 +749,7 @@ def test_paths_report_names_the_gdn_kernels(monkeypatch):
     from ds4py.gpu_backend import _gdn_path
     monkeypatch.delenv("K_RUNNER_GDN_ROWS_MIN", raising=False)
     assert "gdn_prep + gdn_rows + gdn_norm for runs of 17+ tokens" in _gdn_path()
+    assert "gdn_norm_quant" in _gdn_path()
     monkeypatch.setenv("K_RUNNER_GDN_ROWS_MIN", "2")
     assert "runs of 2+ tokens" in _gdn_path()
     monkeypatch.setenv("K_RUNNER_GDN_ROWS_MIN", "0")

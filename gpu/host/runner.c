@@ -512,13 +512,45 @@ static float *conv_now(const dev_state *S, const ds4_model_config *c) {
     return (float *)S->conv_state + (size_t)S->conv_cur * (size_t)((c->ssm_conv_kernel - 1) * conv_dim(c));
 }
 
+/* The gated norm of a split or three-launch run over o's raw rows
+ * (gdn_norm), with the out projection's activation rows fused in where the
+ * shape allows (gdn_norm_quant: a threadgroup of 256 = gdn_tg per 256
+ * values; want: the out matrix's K_NQ_* type, 0 = none). *ready says which
+ * quantized rows landed in r->xq8 / r->xqk (gdn_layer's kr_matmul then
+ * skips its quantizer); the same bits either way (test_gpu_emul gdnnq). */
+static int gdn_norm_launch(k_runner *r, const dev_layer *L, const float *in, int64_t n, float *o, unsigned want,
+                           unsigned *ready, ds4_error *err) {
+    const ds4_model_config *c = &r->c;
+    const int64_t cd = conv_dim(c), vd = c->ssm_d_inner, nv = c->ssm_n_v, W = cd + vd + 2 * nv, d = c->ssm_d_state;
+    *ready = 0;
+    if (r->fuse && want && r->gdn_tg == 256 && d % 32 == 0 && 256 % d == 0 && vd == nv * d && vd % 256 == 0) {
+        k_gdn_norm_quant_params p = {K_TAG_OF(gdn_norm_quant), (uint32_t)nv, (uint32_t)d, (uint32_t)n, (uint32_t)W,
+                                     (uint32_t)cd, (uint32_t)vd, c->rms_eps, want};
+        k_binding b[] = {STATUS_BIND(gdn_norm_quant), K_BIND(gdn_norm_quant, p, &p, sizeof p),
+                         K_BIND(gdn_norm_quant, in, in, F4((n - 1) * W + cd + vd)),
+                         K_BIND(gdn_norm_quant, hp, L->hp, F4(2 * nv + d)),
+                         K_BIND(gdn_norm_quant, o, o, F4((n - 1) * vd + vd)),
+                         K_BIND(gdn_norm_quant, q8, r->xq8, (want & K_NQ_Q8_0) ? (size_t)(n * vd / 32) * 34 : 1),
+                         K_BIND(gdn_norm_quant, qk, r->xqk, (want & K_NQ_Q8_K) ? (size_t)(n * vd / 256) * 292 : 1)};
+        int rc = kr_launch(r, K_ID_gdn_norm_quant, (uint32_t)(vd / 256), (uint32_t)n, 1, 256, b, 7, err);
+        if (!rc) *ready = want;
+        return rc;
+    }
+    k_gdn_norm_params pn = {K_TAG_OF(gdn_norm), (uint32_t)nv, (uint32_t)d, (uint32_t)n, (uint32_t)W, (uint32_t)cd,
+                            (uint32_t)vd, c->rms_eps};
+    k_binding bn[] = {STATUS_BIND(gdn_norm), K_BIND(gdn_norm, p, &pn, sizeof pn),
+                      K_BIND(gdn_norm, in, in, F4((n - 1) * W + cd + vd)), K_BIND(gdn_norm, hp, L->hp, F4(2 * nv + d)),
+                      K_BIND(gdn_norm, o, o, F4((n - 1) * vd + vd))};
+    return kr_launch(r, K_ID_gdn_norm, (uint32_t)nv, (uint32_t)n, 1, r->gdn_tg, bn, 5, err);
+}
+
 /* n tokens of the recurrence in three launches (table.h gdn_prep /
  * gdn_rows, then gdn_norm): every token's conv, norms and gates at once,
  * then the state rows through the n tokens, then the gated norm; gdn_seq's
  * bits (test_gpu_emul gdnseq). The new conv state lands in the other half
  * of conv_state, as gdn_seq's. */
 static int gdn_prep_rows(k_runner *r, const dev_layer *L, dev_state *S, const float *in, int64_t n, float *o,
-                         ds4_error *err) {
+                         unsigned want, unsigned *ready, ds4_error *err) {
     const ds4_model_config *c = &r->c;
     const int64_t cd = conv_dim(c), vd = c->ssm_d_inner, nv = c->ssm_n_v, nk = c->ssm_n_k, W = cd + vd + 2 * nv;
     const int64_t d = c->ssm_d_state, K = c->ssm_conv_kernel, qs = K_GDN_PQ_STRIDE(nk, nv, d);
@@ -540,13 +572,7 @@ static int gdn_prep_rows(k_runner *r, const dev_layer *L, dev_state *S, const fl
                       K_BIND(gdn_rows, o, o, F4((n - 1) * vd + vd))};
     const uint32_t warps = K_GDN_ROWS_WARPS((uint32_t)nv, (uint32_t)d, r->gdn_rows_r);
     rc = kr_launch(r, K_ID_gdn_rows, (warps + 3u) / 4u, 1, 1, 128, br, 5, err);
-    if (rc) return rc;
-    k_gdn_norm_params pn = {K_TAG_OF(gdn_norm), (uint32_t)nv, (uint32_t)d, (uint32_t)n, (uint32_t)W, (uint32_t)cd,
-                            (uint32_t)vd, c->rms_eps};
-    k_binding bn[] = {STATUS_BIND(gdn_norm), K_BIND(gdn_norm, p, &pn, sizeof pn),
-                      K_BIND(gdn_norm, in, in, F4((n - 1) * W + cd + vd)), K_BIND(gdn_norm, hp, L->hp, F4(2 * nv + d)),
-                      K_BIND(gdn_norm, o, o, F4((n - 1) * vd + vd))};
-    return kr_launch(r, K_ID_gdn_norm, (uint32_t)nv, (uint32_t)n, 1, r->gdn_tg, bn, 5, err);
+    return rc ? rc : gdn_norm_launch(r, L, in, n, o, want, ready, err);
 }
 
 /* n tokens of the recurrence in ONE launch (gdn_seq, gdn.h): rows t < n of
@@ -555,12 +581,13 @@ static int gdn_prep_rows(k_runner *r, const dev_layer *L, dev_state *S, const fl
  * (tested: test_gpu_emul gdnseq). The new conv state lands in the other
  * half of conv_state. */
 static int gdn_seq(k_runner *r, const dev_layer *L, dev_state *S, const float *in, int64_t n, float *o,
-                   ds4_error *err) {
+                   unsigned want, unsigned *ready, ds4_error *err) {
     const ds4_model_config *c = &r->c;
     const int64_t cd = conv_dim(c), vd = c->ssm_d_inner, nv = c->ssm_n_v, W = cd + vd + 2 * nv;
     const int64_t d = c->ssm_d_state, K = c->ssm_conv_kernel;
+    *ready = 0;
     if (r->gdn_rows_min > 0 && n >= r->gdn_rows_min && d <= 32 * K_GDN_SEQ_COLS)
-        return gdn_prep_rows(r, L, S, in, n, o, err); /* the same bits in three launches */
+        return gdn_prep_rows(r, L, S, in, n, o, want, ready, err); /* the same bits in three launches */
     /* split: G threadgroups per head (d / G rows each) for runs of at least
      * r->gdn_split_min tokens; a split that does not divide d is not taken */
     uint32_t G = n >= r->gdn_split_min ? r->gdn_split : 1u;
@@ -576,14 +603,8 @@ static int gdn_seq(k_runner *r, const dev_layer *L, dev_state *S, const float *i
                      K_BIND(gdn_seq, o, o, F4((n - 1) * vd + vd))};
     int rc = kr_launch(r, K_ID_gdn_seq, (uint32_t)nv * G, 1, 1, r->gdn_tg, b, 8, err);
     if (!rc) S->conv_cur ^= 1;
-    if (!rc && G > 1u) { /* the gated norm of every (head, token) over the raw rows */
-        k_gdn_norm_params pn = {K_TAG_OF(gdn_norm), (uint32_t)nv, (uint32_t)d, (uint32_t)n, (uint32_t)W, (uint32_t)cd,
-                                (uint32_t)vd, c->rms_eps};
-        k_binding bn[] = {STATUS_BIND(gdn_norm), K_BIND(gdn_norm, p, &pn, sizeof pn),
-                          K_BIND(gdn_norm, in, in, F4((n - 1) * W + cd + vd)), K_BIND(gdn_norm, hp, L->hp, F4(2 * nv + d)),
-                          K_BIND(gdn_norm, o, o, F4((n - 1) * vd + vd))};
-        rc = kr_launch(r, K_ID_gdn_norm, (uint32_t)nv, (uint32_t)n, 1, r->gdn_tg, bn, 5, err);
-    }
+    if (!rc && G > 1u) /* the gated norm of every (head, token) over the raw rows */
+        rc = gdn_norm_launch(r, L, in, n, o, want, ready, err);
     return rc;
 }
 
@@ -633,12 +654,14 @@ static int gdn_layer(k_runner *r, dev_layer *L, dev_state *S, int64_t n, int64_t
     for (int i = 0; i < L->n_gdn_in; i++) runs[i] = (mm_job){&L->gdn_in[i].m, in[L->gdn_in[i].first].y, W};
     int rc = r->fuse ? kr_matmul(r, r->x, E, n, runs, L->n_gdn_in, ready, err) : kr_matmul(r, r->x, E, n, in, 4, ready, err);
     if (!rc && r->capturing) rc = kr_copy_dev(r, S->cap_in + row0 * W, r->gin, F4(n * W), err);
-    if (!rc && r->fuse) rc = gdn_seq(r, L, S, r->gin, n, r->o, err); /* all n tokens, one launch */
+    unsigned oready = 0; /* the out projection's activation rows, when the norm wrote them */
+    if (!rc && r->fuse) /* all n tokens, one launch (+ the norm's when split) */
+        rc = gdn_seq(r, L, S, r->gin, n, r->o, kr_act_flag(&L->ssm_out), &oready, err);
     for (int64_t t = 0; t < n && !rc && !r->fuse; t++)
         rc = gdn_token(r, L, S, r->gin + t * W, r->gin + t * W + cd, r->gin + t * W + cd + vd, r->o + t * vd, err);
     if (rc) return rc;
     mm_job out = {&L->ssm_out, r->y, E};
-    return kr_matmul(r, r->o, vd, n, &out, 1, 0, err);
+    return kr_matmul(r, r->o, vd, n, &out, 1, oready, err);
 }
 
 /* attention.c ds4_attn_block: q (+ gate), k, v projections; per-head
@@ -1774,8 +1797,9 @@ int k_runner_accept(k_runner *r, int64_t k, ds4_error *err) {
                 (rc = kr_copy_dev(r, S->ssm, S->ssm_bak, ssm, err)))
                 break;
 #ifndef PLANT_ACCEPT_NO_REPLAY /* planted fault (tests must turn red): keep the pre-verify state */
-            if (r->fuse) /* the k kept rows in one gdn_seq launch: the bits of k gdn_token calls */
-                rc = gdn_seq(r, &r->L[il], S, S->cap_in, k, r->o, err);
+            unsigned unused;
+            if (r->fuse) /* the k kept rows in one gdn_seq launch: the bits of k gdn_token calls (no out projection) */
+                rc = gdn_seq(r, &r->L[il], S, S->cap_in, k, r->o, 0u, &unused, err);
             for (int64_t t = 0; t < k && !rc && !r->fuse; t++)
                 rc = gdn_token(r, &r->L[il], S, S->cap_in + t * W, S->cap_in + t * W + cd, S->cap_in + t * W + cd + vd,
                                r->o, err);

@@ -473,6 +473,64 @@ K_KERNEL(gdn_norm) {
     }
 }
 
+/* gdn_norm followed by the out projection's quantizer, in one launch
+ * (table.h gdn_norm_quant; a decode step's GDN layer had gdn_norm then
+ * quantize_q8_K / _q8_0, each a few microseconds of mostly launch).
+ * Threadgroup (K_GX, token K_GY) of 256 threads takes the 256 values
+ * 256 K_GX + tid of o's row: element m = e % d of head e / d.
+ * Why these are gdn_norm's bits at its threadgroup of 256: there a thread m
+ * < d held element m alone (d <= 256), SIMD-group m / 32's butterfly summed
+ * the squares, and k_tg_sum added the 8 partials in ascending order after 0,
+ * the partials of SIMD-groups past d / 32 being +0.0 (threads without an
+ * element), which leave a sum of squares unchanged. Here a head's elements
+ * sit in d / 32 consecutive SIMD-groups, element m in lane m % 32, and its
+ * partials are added in ascending order after 0: the same additions. Each
+ * thread then computes its y with gdn_norm's expression and stores it, and
+ * the quantizer runs on the stored row's values: Q8_0, each SIMD-group's 32
+ * values are one block (k_q8_0_store, quantize_q8_0's body); Q8_K, the 256
+ * values are one block: every SIMD-group reads them back from threadgroup
+ * memory, finds the block's max (k_q8_K_block_max: a total order, so all
+ * eight find quantize_q8_K's winner) and writes its own 32-value chunk
+ * (k_q8_K_chunk). */
+K_KERNEL(gdn_norm_quant) {
+    K_CHECK_TAG(gdn_norm_quant);
+    K_TG_ARRAY(float, part, 8);
+    K_TG_ARRAY(float, ys, 256);
+    const k_u32 d = p.d, fl = p.flags;
+    if (K_TG_SIZE != 256u || d == 0u || d % 32u || 256u % d || (p.n_v * d) % 256u || p.o_stride < p.n_v * d ||
+        p.z_off + p.n_v * d > p.in_stride || !(fl & (K_NQ_Q8_0 | K_NQ_Q8_K))) {
+        k_raise(status, K_ERR_SHAPE);
+        return;
+    }
+    const k_u32 blk = K_GX, t = K_GY, nbk = p.n_v * d / 256u;
+    if (blk >= nbk || t >= p.n_tok) return; /* a whole threadgroup */
+    const k_u32 e = 256u * blk + K_TID, m = e % d, ob = t * p.o_stride + e;
+    const float ov = K_LD(o, ob);
+    float ss = 0.0f;
+    ss += ov * ov;
+    ss = k_simd_sum(ss);
+    if (K_LANE == 0u) K_ST(part, K_SIMD, ss);
+    K_BARRIER();
+    const k_u32 gs = d / 32u, g0 = K_SIMD / gs * gs; /* the head's SIMD-groups */
+    float s = 0.0f;
+    for (k_u32 g = 0; g < gs; g++) s += K_LD(part, g0 + g);
+    const float scale = 1.0f / k_sqrt(s / (float)d + p.eps);
+    const float zm = K_LD(in, t * p.in_stride + p.z_off + e);
+    const float y = (ov * scale) * K_LD(hp, 2u * p.n_v + m);
+    const float yo = y * (zm / (1.0f + k_exp(-zm)));
+    K_ST(o, ob, yo);
+    if (fl & K_NQ_Q8_0) k_q8_0_store(yo, K_LANE, q8, (t * (p.n_v * d / 32u) + e / 32u) * 34u);
+    if (!(fl & K_NQ_Q8_K)) return; /* uniform: params */
+    K_ST(ys, K_TID, yo);
+#ifndef PLANT_GDN_NQ_NO_BARRIER /* planted fault (tests must turn red): ys read unsynchronised */
+    K_BARRIER();
+#endif
+    k_q8_K_lanes X;
+    K_UNROLL for (k_u32 i = 0; i < 8u; i++) X.v[i] = K_LD(ys, K_LANE + 32u * i);
+    const k_q8_K_win W = k_q8_K_block_max(X, K_LANE);
+    k_q8_K_chunk(yo, W.amax, W.mx, K_LANE, K_SIMD, qk, (t * nbk + blk) * 292u);
+}
+
 /* gdn_prep (table.h): token t's conv, q/k L2 norms and gates for every
  * token of a run at once, gdn_seq's operations in its thread mapping. */
 K_KERNEL(gdn_prep) {

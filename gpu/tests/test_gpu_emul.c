@@ -1997,6 +1997,95 @@ static void suite_gemm(void) {
     free(w), free(xq), free(y);
 }
 
+/* suite gdnnq: gdn_norm_quant (gdn.h) against its unfused sequence, gdn_norm
+ * at a threadgroup of 256 then quantize_q8_0 / quantize_q8_K of the rows
+ * (each tested against the CPU elsewhere): o's rows and the quantized
+ * rows byte for byte. Heads of 32 / 64 / 128 / 256 (8 / 4 / 2 / 1 a
+ * threadgroup), 1..3 tokens, a gap between o's rows. */
+static void suite_gdnnq(void) {
+    const uint32_t cases[][4] = {/* n_v, d, tokens, flags */
+                                 {2, 128, 1, K_NQ_Q8_K}, {4, 128, 3, K_NQ_Q8_K}, {6, 128, 2, K_NQ_Q8_0},
+                                 {8, 64, 2, K_NQ_Q8_K | K_NQ_Q8_0}, {2, 256, 1, K_NQ_Q8_K}, {16, 32, 2, K_NQ_Q8_K}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const uint32_t nv = cases[c][0], d = cases[c][1], n = cases[c][2], fl = cases[c][3];
+        const uint32_t vd = nv * d, z_off = 7, W = z_off + vd + 3, os = vd + 5;
+        float *in = malloc(sizeof(float) * n * W), *hp = malloc(sizeof(float) * (2 * nv + d));
+        float *o1 = malloc(sizeof(float) * n * os), *o2 = malloc(sizeof(float) * n * os);
+        const size_t b8 = (size_t)n * (vd / 32) * 34, bk = (size_t)n * (vd / 256) * 292;
+        uint8_t *q8a = calloc(b8, 1), *q8b = calloc(b8, 1), *qka = calloc(bk, 1), *qkb = calloc(bk, 1);
+        for (uint32_t i = 0; i < n * W; i++) in[i] = frand(-4, 4);
+        for (uint32_t i = 0; i < 2 * nv + d; i++) hp[i] = frand(0.2f, 1.5f);
+        for (uint32_t i = 0; i < n * os; i++) o1[i] = frand(-3, 3);
+        if (c == 1) /* a row with a repeated |max| in one block (quantize_q8_K's tie rule) */
+            o1[os + 3] = -o1[os + 200];
+        memcpy(o2, o1, sizeof(float) * n * os);
+        /* the unfused sequence on o1 */
+        k_gdn_norm_params pn = {K_TAG_OF(gdn_norm), nv, d, n, W, z_off, os, 1e-6f};
+        k_binding bn[] = {K_BIND(gdn_norm, status, status, 8), K_BIND(gdn_norm, p, &pn, sizeof pn),
+                          K_BIND(gdn_norm, in, in, sizeof(float) * n * W),
+                          K_BIND(gdn_norm, hp, hp, sizeof(float) * (2 * nv + d)),
+                          K_BIND(gdn_norm, o, o1, sizeof(float) * n * os)};
+        int ok = !launch(K_ID_gdn_norm, nv, n, 1, 256, bn, 5, 0, "gdn_norm");
+        if (ok && (fl & K_NQ_Q8_0)) {
+            k_quantize_q8_0_params p = {K_TAG_OF(quantize_q8_0), vd, n, os};
+            k_binding b[] = {K_BIND(quantize_q8_0, status, status, 8), K_BIND(quantize_q8_0, p, &p, sizeof p),
+                             K_BIND(quantize_q8_0, x, o1, sizeof(float) * n * os),
+                             K_BIND(quantize_q8_0, q, q8a, b8)};
+            ok = !launch(K_ID_quantize_q8_0, (n * vd / 32 + 3) / 4, 1, 1, 128, b, 4, 1, "quantize_q8_0");
+        }
+        if (ok && (fl & K_NQ_Q8_K)) {
+            k_quantize_q8_K_params p = {K_TAG_OF(quantize_q8_K), vd, n, os};
+            k_binding b[] = {K_BIND(quantize_q8_K, status, status, 8), K_BIND(quantize_q8_K, p, &p, sizeof p),
+                             K_BIND(quantize_q8_K, x, o1, sizeof(float) * n * os),
+                             K_BIND(quantize_q8_K, q, qka, bk)};
+            ok = !launch(K_ID_quantize_q8_K, (n * vd / 256 + 3) / 4, 1, 1, 128, b, 4, 0, "quantize_q8_K");
+        }
+        if (ok) {
+            k_gdn_norm_quant_params p = {K_TAG_OF(gdn_norm_quant), nv, d, n, W, z_off, os, 1e-6f, fl};
+            k_binding b[] = {K_BIND(gdn_norm_quant, status, status, 8), K_BIND(gdn_norm_quant, p, &p, sizeof p),
+                             K_BIND(gdn_norm_quant, in, in, sizeof(float) * n * W),
+                             K_BIND(gdn_norm_quant, hp, hp, sizeof(float) * (2 * nv + d)),
+                             K_BIND(gdn_norm_quant, o, o2, sizeof(float) * n * os),
+                             K_BIND(gdn_norm_quant, q8, q8b, (fl & K_NQ_Q8_0) ? b8 : 1),
+                             K_BIND(gdn_norm_quant, qk, qkb, (fl & K_NQ_Q8_K) ? bk : 1)};
+            ok = !launch(K_ID_gdn_norm_quant, vd / 256, n, 1, 256, b, 7, (int)c & 1, "gdn_norm_quant");
+        }
+        if (ok) {
+            int same_o = 1;
+            for (uint32_t t = 0; t < n; t++) same_o &= !memcmp(o1 + t * os, o2 + t * os, sizeof(float) * vd);
+            const int same8 = !(fl & K_NQ_Q8_0) || !memcmp(q8a, q8b, b8);
+            const int samek = !(fl & K_NQ_Q8_K) || !memcmp(qka, qkb, bk);
+            check(same_o && same8 && samek, "gdn_norm_quant n_v=%u d=%u tokens=%u%s%s: o (%s) and the quantized "
+                  "rows (%s) bit-identical to gdn_norm then the quantizers", nv, d, n,
+                  (fl & K_NQ_Q8_0) ? " Q8_0" : "", (fl & K_NQ_Q8_K) ? " Q8_K" : "", same_o ? "same" : "DIFFER",
+                  same8 && samek ? "same" : "DIFFER");
+        }
+        free(in), free(hp), free(o1), free(o2), free(q8a), free(q8b), free(qka), free(qkb);
+    }
+    /* refused with K_ERR_SHAPE: a threadgroup other than 256, heads that do
+     * not tile 256 values (d 48), no quantized output asked for */
+    const uint32_t bad[][4] = {{4, 128, 128, K_NQ_Q8_K}, {16, 48, 256, K_NQ_Q8_K}, {2, 128, 256, 0}};
+    for (int k = 0; k < 3; k++) {
+        const uint32_t nv = bad[k][0], d = bad[k][1], tg = bad[k][2], fl = bad[k][3], vd = nv * d;
+        float *in = calloc(vd + 8, sizeof(float)), *hp = calloc(2 * nv + d, sizeof(float)), *o = calloc(vd, sizeof(float));
+        uint8_t *q = calloc(vd / 32 * 34 + vd / 256 * 292 + 1, 1);
+        k_gdn_norm_quant_params p = {K_TAG_OF(gdn_norm_quant), nv, d, 1, vd + 8, 0, vd, 1e-6f, fl};
+        k_binding b[] = {K_BIND(gdn_norm_quant, status, status, 8), K_BIND(gdn_norm_quant, p, &p, sizeof p),
+                         K_BIND(gdn_norm_quant, in, in, sizeof(float) * (vd + 8)),
+                         K_BIND(gdn_norm_quant, hp, hp, sizeof(float) * (2 * nv + d)),
+                         K_BIND(gdn_norm_quant, o, o, sizeof(float) * vd), K_BIND(gdn_norm_quant, q8, q, 1),
+                         K_BIND(gdn_norm_quant, qk, q, vd / 256 * 292 + 1)};
+        const uint32_t grid[3] = {vd / 256 ? vd / 256 : 1, 1, 1};
+        emul_options opt = {0, 0};
+        char err[600];
+        status[0] = status[1] = 0;
+        const int rc = emul_launch(K_ID_gdn_norm_quant, grid, tg, b, 7, &opt, err, sizeof err);
+        check(rc == 0 && (status[0] & K_ERR_SHAPE), "gdn_norm_quant n_v=%u d=%u tg=%u flags=%u: refused with "
+              "K_ERR_SHAPE", nv, d, tg, fl);
+        free(in), free(hp), free(o), free(q);
+    }
+}
+
 /* suite mma: the int8 tensor-core GEMMs (gpu/kernels/gemm_mma.h) */
 #include "test_gpu_mma.h"
 
@@ -2012,7 +2101,7 @@ int main(int argc, char **argv) {
                   {"quantize", suite_quantize}, {"matvec", suite_matvec}, {"rope", suite_rope},
                   {"attn", suite_attn}, {"kquant", suite_kquant}, {"gdn", suite_gdn},
                   {"argmax", suite_argmax}, {"glue", suite_glue}, {"fused", suite_fused}, {"moe", suite_moe},
-                  {"gdnseq", suite_gdnseq}, {"gemm", suite_gemm}, {"mma", suite_mma},
+                  {"gdnseq", suite_gdnseq}, {"gdnnq", suite_gdnnq}, {"gemm", suite_gemm}, {"mma", suite_mma},
                   {"q4_64a", suite_q4_64a}};
     const int n_suites = (int)(sizeof suites / sizeof suites[0]);
     for (int i = 1; i < argc; i++) {
