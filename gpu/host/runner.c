@@ -523,7 +523,8 @@ static int gdn_norm_launch(k_runner *r, const dev_layer *L, const float *in, int
     const ds4_model_config *c = &r->c;
     const int64_t cd = conv_dim(c), vd = c->ssm_d_inner, nv = c->ssm_n_v, W = cd + vd + 2 * nv, d = c->ssm_d_state;
     *ready = 0;
-    if (r->fuse && want && r->gdn_tg == 256 && d % 32 == 0 && 256 % d == 0 && vd == nv * d && vd % 256 == 0) {
+    if (r->fuse && r->gdn_nq && want && r->gdn_tg == 256 && d % 32 == 0 && 256 % d == 0 && vd == nv * d &&
+        vd % 256 == 0) {
         k_gdn_norm_quant_params p = {K_TAG_OF(gdn_norm_quant), (uint32_t)nv, (uint32_t)d, (uint32_t)n, (uint32_t)W,
                                      (uint32_t)cd, (uint32_t)vd, c->rms_eps, want};
         k_binding b[] = {STATUS_BIND(gdn_norm_quant), K_BIND(gdn_norm_quant, p, &p, sizeof p),
@@ -1357,6 +1358,8 @@ int k_runner_open(k_gpu_model *g, int64_t n_ctx, k_runner **out, ds4_error *err)
     {
         const char *f = getenv("K_RUNNER_FUSE");
         r->fuse = !(f && !strcmp(f, "0"));
+        const char *nq = getenv("K_RUNNER_GDN_NQ"); /* 0: gdn_norm then the quantizer (A/B of gdn_norm_quant) */
+        r->gdn_nq = !(nq && !strcmp(nq, "0"));
         /* K_RUNNER_GEMM: 0 the matvecs, dp4a the dp4a GEMMs (gemm.h) for
          * every type, kq gemm_kq_mma for the K-quants and gemm.h for Q8_0;
          * unset or mma: the int8 tensor-core GEMMs (gemm_mma.h) for every
