@@ -49,8 +49,9 @@ static const void *kernel_fn(int id) {
 //      27B-like / MoE bench shapes (H100, 2-3 repetitions interleaved)
 //   2  every kernel: +15-16% / +4-4.5% / +3-3.5% on the same runs (better for the 0.8B's
 //      short kernels, worse for the big shapes: cause not measured)
-//   3  every kernel but the one right after a matvec (an experiment aimed at
-//      that: NOT MEASURED yet; the bits are safe by the argument above)
+//   3  every kernel but the one right after a matvec (session 25, H100: the same
+//      as 1 on the 0.8B Q8_0 and 27B-like shapes, docs/gpu.md section 4; the
+//      bits are safe by the argument above)
 // Only where the GPU is sm_90 or later AND the kernels were compiled for it
 // (a kernel built for an older arch has no K_DEP_WAIT: starting it early
 // would race).
