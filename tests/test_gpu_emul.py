@@ -22,7 +22,7 @@ import amalgamate  # noqa: E402
 # checks (a loop over an empty shape list) fails instead of passing.
 SUITES = {"tables": 7, "f16": 2, "rmsnorm": 18, "quantize": 5, "matvec": 12, "rope": 4, "attn": 8,
           "kquant": 20, "gdn": 8, "argmax": 4, "glue": 10, "fused": 34,
-          "gdnseq": 10, "gemm": 47, "mma": 130,
+          "gdnseq": 10, "gdnnq": 9, "gemm": 47, "mma": 130,
           "moe": 66, "q4_64a": 18}
 
 
@@ -105,6 +105,9 @@ PLANTED = [
     # swiglu_quant regroups SiLU(g) * u: caught bit for bit against swiglu + quantize
     ("PLANT_FUSED_SWIGLU_ORDER", "fused",
      r"swiglu_quant n=1280 rows=3 .* flags=0xc tg=128: .*bit-identical"),
+    # gdn_norm_quant reads the 256 values for the Q8_K block without its barrier: the race shadow
+    ("PLANT_GDN_NQ_NO_BARRIER", "gdnnq",
+     r"gdn_norm_quant: .*(since the last barrier \(missing barrier\?\)|never written)"),
     # qk_norm_rope rotates the pairs without the barrier after the norm: the race shadow
     ("PLANT_FUSED_ROPE_NO_BARRIER", "fused",
      r"qk_norm_rope: .*(since the last barrier \(missing barrier\?\)|never written)"),
