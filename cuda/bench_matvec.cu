@@ -433,7 +433,7 @@ static void bench_prefill(uint32_t a_in, uint32_t a_out) {
             double us = time_launches(K_ID_gdn_seq, g, 256, b, 8, 20);
             double un = 0.0;
             if (G > 1) {
-                k_gdn_norm_params pn = {K_TAG_OF(gdn_norm), nv, d, n, W, cd, vd, 1e-6f};
+                k_gdn_norm_params pn = {K_TAG_OF(gdn_norm), nv, d, n, W, cd, vd, 1e-6f, 0u};
                 k_binding bn[] = {K_BIND(gdn_norm, status, dstatus, 8), K_BIND(gdn_norm, p, &pn, sizeof pn),
                                   K_BIND(gdn_norm, in, din, 4 * (size_t)n * W), K_BIND(gdn_norm, hp, dhp, 4 * (2 * nv + d)),
                                   K_BIND(gdn_norm, o, dout, 4 * (size_t)n * vd)};
@@ -464,7 +464,7 @@ static void bench_prefill(uint32_t a_in, uint32_t a_out) {
                           K_BIND(gdn_rows, o, dout, 4 * (size_t)n * vd)};
         const uint32_t gr[3] = {(warps + 3) / 4, 1, 1};
         const double ur = time_launches(K_ID_gdn_rows, gr, 128, br, 5, 20);
-        k_gdn_norm_params pn = {K_TAG_OF(gdn_norm), nv, d, n, W, cd, vd, 1e-6f};
+        k_gdn_norm_params pn = {K_TAG_OF(gdn_norm), nv, d, n, W, cd, vd, 1e-6f, 0u};
         k_binding bn[] = {K_BIND(gdn_norm, status, dstatus, 8), K_BIND(gdn_norm, p, &pn, sizeof pn),
                           K_BIND(gdn_norm, in, din, 4 * (size_t)n * W), K_BIND(gdn_norm, hp, dhp, 4 * (2 * nv + d)),
                           K_BIND(gdn_norm, o, dout, 4 * (size_t)n * vd)};

@@ -538,7 +538,7 @@ static int gdn_norm_launch(k_runner *r, const dev_layer *L, const float *in, int
         return rc;
     }
     k_gdn_norm_params pn = {K_TAG_OF(gdn_norm), (uint32_t)nv, (uint32_t)d, (uint32_t)n, (uint32_t)W, (uint32_t)cd,
-                            (uint32_t)vd, c->rms_eps};
+                            (uint32_t)vd, c->rms_eps, 0u};
     k_binding bn[] = {STATUS_BIND(gdn_norm), K_BIND(gdn_norm, p, &pn, sizeof pn),
                       K_BIND(gdn_norm, in, in, F4((n - 1) * W + cd + vd)), K_BIND(gdn_norm, hp, L->hp, F4(2 * nv + d)),
                       K_BIND(gdn_norm, o, o, F4((n - 1) * vd + vd))};

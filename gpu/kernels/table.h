@@ -611,6 +611,7 @@ typedef struct {
     k_u32 z_off;
     k_u32 o_stride;  /* floats between token rows of o, >= n_v d */
     float eps;
+    k_u32 flags;     /* gdn_norm_quant (below): K_NQ_Q8_0 and/or K_NQ_Q8_K; gdn_norm: 0 */
 } k_gdn_norm_params;
 #define K_ARGS_gdn_norm(X, K)                                             \
     X(K, 0, status, k_u32, K_STATUS, 2)                                   \
@@ -626,24 +627,10 @@ typedef struct {
  * threads, takes o's values 256 K_GX .. 256 K_GX + 255 (256 / d heads;
  * d a multiple of 32 dividing 256, n_v d a multiple of 256). The bits of
  * gdn_norm at a threadgroup of 256 (the runner's gdn_tg) and then the
- * quantizer (gdn.h). */
-typedef struct {
-    k_u32 tag;
-    k_u32 n_v;
-    k_u32 d;
-    k_u32 n_tok;
-    k_u32 in_stride;
-    k_u32 z_off;
-    k_u32 o_stride;
-    float eps;
-    k_u32 flags;     /* K_NQ_Q8_0 and/or K_NQ_Q8_K */
-} k_gdn_norm_quant_params;
+ * quantizer (gdn.h). gdn_norm's params (flags) and first five slots. */
+typedef k_gdn_norm_params k_gdn_norm_quant_params;
 #define K_ARGS_gdn_norm_quant(X, K)                                       \
-    X(K, 0, status, k_u32, K_STATUS, 2)                                   \
-    X(K, 1, p, k_gdn_norm_quant_params, K_PARAMS, 1)                      \
-    X(K, 2, in, float, K_IN, (p.n_tok - 1) * p.in_stride + p.z_off + p.n_v * p.d) \
-    X(K, 3, hp, float, K_IN, 2 * p.n_v + p.d)                             \
-    X(K, 4, o, float, K_OUT, (p.n_tok - 1) * p.o_stride + p.n_v * p.d)    \
+    K_ARGS_gdn_norm(X, K)                                                 \
     X(K, 5, q8, k_u8, K_OUT, (p.flags & K_NQ_Q8_0) ? p.n_tok * (p.n_v * p.d / 32) * 34 : 1) \
     X(K, 6, qk, k_u8, K_OUT, (p.flags & K_NQ_Q8_K) ? p.n_tok * (p.n_v * p.d / 256) * 292 : 1)
 

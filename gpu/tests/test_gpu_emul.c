@@ -1751,7 +1751,7 @@ static void suite_gdnseq(void) {
                          K_BIND(gdn_seq, o, o2, sizeof(float) * n * os)};
         if (launch(K_ID_gdn_seq, nv * G, 1, 1, tg, b, 8, (int)(sh + G) & 1, "gdn_seq")) goto next;
         if (G > 1) {
-            k_gdn_norm_params pn = {K_TAG_OF(gdn_norm), nv, d, n, W, z_off, os, 1e-6f};
+            k_gdn_norm_params pn = {K_TAG_OF(gdn_norm), nv, d, n, W, z_off, os, 1e-6f, 0u};
             k_binding bn[] = {K_BIND(gdn_norm, status, status, 8), K_BIND(gdn_norm, p, &pn, sizeof pn),
                               K_BIND(gdn_norm, in, in, sizeof(float) * n * W),
                               K_BIND(gdn_norm, hp, hp, sizeof(float) * (2 * nv + d)),
@@ -1784,7 +1784,7 @@ static void suite_gdnseq(void) {
                               K_BIND(gdn_prep, conv, cs2, sizeof(float) * 2 * ncs),
                               K_BIND(gdn_prep, hp, hp, sizeof(float) * (2 * nv + d)),
                               K_BIND(gdn_prep, pq, pq, sizeof(float) * npq)};
-            k_gdn_norm_params pn = {K_TAG_OF(gdn_norm), nv, d, n, W, z_off, os, 1e-6f};
+            k_gdn_norm_params pn = {K_TAG_OF(gdn_norm), nv, d, n, W, z_off, os, 1e-6f, 0u};
             k_binding bn[] = {K_BIND(gdn_norm, status, status, 8), K_BIND(gdn_norm, p, &pn, sizeof pn),
                               K_BIND(gdn_norm, in, in, sizeof(float) * n * W),
                               K_BIND(gdn_norm, hp, hp, sizeof(float) * (2 * nv + d)),
@@ -2020,7 +2020,7 @@ static void suite_gdnnq(void) {
             o1[os + 3] = -o1[os + 200];
         memcpy(o2, o1, sizeof(float) * n * os);
         /* the unfused sequence on o1 */
-        k_gdn_norm_params pn = {K_TAG_OF(gdn_norm), nv, d, n, W, z_off, os, 1e-6f};
+        k_gdn_norm_params pn = {K_TAG_OF(gdn_norm), nv, d, n, W, z_off, os, 1e-6f, 0u};
         k_binding bn[] = {K_BIND(gdn_norm, status, status, 8), K_BIND(gdn_norm, p, &pn, sizeof pn),
                           K_BIND(gdn_norm, in, in, sizeof(float) * n * W),
                           K_BIND(gdn_norm, hp, hp, sizeof(float) * (2 * nv + d)),
