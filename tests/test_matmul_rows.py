@@ -173,18 +173,19 @@ def test_q8_0_tiles_bit_identical(isa):
 # Widths past the 16-row groups: the AVX-512 K-quant panel GEMM (12 rows
 # and up, 16 tokens a panel, 4 panels a pass: 64, then a second pass) with
 # panels of 12..16 tokens and a tail of fewer than 12 left to the rows groups.
-PANEL_WIDTHS = (12, 15, 16, 28, 31, 64, 75, 80, 91)
+PANEL_WIDTHS = (12, 15, 16, 28, 31, 64, 75, 80, 91, 128, 139, 203)
 
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("t", WEIGHT_TYPES)
 def test_tile_widths_bit_identical(isa, t):
-    """77 weight rows (the forward's tile calls of 64 and 13: whole 8-row
+    """141 weight rows (the forward's tile calls of 128 and 13: whole 8-row
     bands of the panel GEMM, then 5 rows it leaves to the rows groups)
-    against up to 91 activation rows: every value bit-identical to the
-    one-row kernel's."""
+    against up to 203 activation rows (calls of 64 or 128: up to 8 panels of
+    16, a short last panel, then rows groups): every value bit-identical to
+    the one-row kernel's."""
     rng = np.random.default_rng(_id(t) * 11 + len(isa))
-    n_out, n = 77, _n_values(t)[-1]
+    n_out, n = 141, _n_values(t)[-1]
     w = _weights(t, n_out, n, rng)
     act, stride, _ = _acts(t, max(PANEL_WIDTHS), n, rng)
     rc, ref = _matmul(isa, t, w, n_out, act, stride, n, max(PANEL_WIDTHS), 0)

@@ -43,10 +43,11 @@
  * of an item are one whole 64-byte line of y, written once (with 8, every
  * line of y was fetched and written by two items). A job whose tile kernel
  * asks for more weight rows per call (quants.h dot_tile_out) gets items of
- * that many: the AVX-512 Q4_K panel, built once per call, then serves 64
+ * that many: the AVX-512 Q4_K panel, built once per call, then serves 128
  * weight rows (bench/bench_rows.py, Q4_K 512 x 2048, 16 rows, one thread:
  * 3.59 ns per 256 weights x row before the panel, 2.93 with the panel
- * built per 16 weight rows, 2.33 per 64). Other jobs keep 16: items of 64
+ * built per 16 weight rows, 2.33 per 64; avx512.c K4_OUT for 128). Other
+ * jobs keep 16: items of 64
  * for every GEMM spread a demo-model verify's small matrices over too few
  * items (drafting rounds per request fell by half, bench/spec_policy_ab.py). */
 #define MM_GEMM_TILE 16

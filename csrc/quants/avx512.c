@@ -856,13 +856,15 @@ ROWS_DISPATCH(dot_rows_q4_k, block_q4_K, q4k_rows_group, dot_q4_k)
  * row's superblock is then, for the 16 tokens at once: its codes widened
  * to bytes (a broadcast dword against a panel row per vpdpbusd, 8 per
  * sub-block), each sub-block's sum times its scale (vpmulld), the mins
- * through vpdpwssd on the bsum pairs, and k4_recipe in 16 lanes (tile_q4_k
- * below says how panels, weight rows and superblocks are ordered). */
+ * through vpdpwssd on pairs of sub-block sums (bs32), and k4_recipe in 16
+ * lanes (tile_q4_k below says how panels, weight rows and superblocks are
+ * ordered). */
 #define K4_PANEL_MIN 12 /* fewer rows: the rows groups (the panel's lanes would idle) */
 
 typedef struct {
     uint8_t codes[64][64];
-    int32_t bs[8][16];
+    int32_t bs[8][16];   /* (bsums[2i], bsums[2i+1]): the 16-code sums, paired (Q6_K) */
+    int32_t bs32[4][16]; /* (sub-block sums 2j, 2j+1), each bsums[2i] + bsums[2i+1] (Q4_K) */
     float d[16];
 } k4_panel;
 
@@ -894,7 +896,8 @@ static inline __attribute__((always_inline)) void transpose16(__m512i *r) {
     }
 }
 
-static void k4_build_panel(k4_panel *p, int nb, int64_t b0, int nt, const void *const *y) {
+static inline __attribute__((always_inline)) void k_build_panel(k4_panel *p, int nb, int64_t b0, int nt,
+                                                                const void *const *y, int bs32) {
     for (int b = 0; b < nb; b++) {
         const block_q8_K *a[16];
         for (int t = 0; t < 16; t++) a[t] = t < nt ? (const block_q8_K *)y[t] + b0 + b : NULL;
@@ -911,8 +914,23 @@ static void k4_build_panel(k4_panel *p, int nb, int64_t b0, int nt, const void *
                         : _mm512_setzero_si512();
         transpose16(r);
         for (int i = 0; i < 8; i++) _mm512_storeu_si512(p[b].bs[i], r[i]);
+        /* A 32-code sub-block's sum is at most 32 * 128 in magnitude (a
+         * Q8_K row's bsums are its codes' sums): it fits an int16 half. */
+        const __m512i one = _mm512_set1_epi16(1), lo = _mm512_set1_epi32(0xFFFF);
+        for (int j = 0; j < (bs32 ? 4 : 0); j++) {
+            const __m512i s0 = _mm512_madd_epi16(r[2 * j], one), s1 = _mm512_madd_epi16(r[2 * j + 1], one);
+            _mm512_storeu_si512(p[b].bs32[j], _mm512_or_si512(_mm512_and_si512(s0, lo), _mm512_slli_epi32(s1, 16)));
+        }
         for (int t = 0; t < 16; t++) p[b].d[t] = a[t] ? a[t]->d : 0.0f;
     }
+}
+
+/* Q4_K reads bs32, Q6_K bs: each builds only its own. */
+static void k4_build_panel(k4_panel *p, int nb, int64_t b0, int nt, const void *const *y) {
+    k_build_panel(p, nb, b0, nt, y, 1);
+}
+static void k6_build_panel(k4_panel *p, int nb, int64_t b0, int nt, const void *const *y) {
+    k_build_panel(p, nb, b0, nt, y, 0);
 }
 
 /* Eight weight rows against the panel at once (K4_BAND): each panel
@@ -926,7 +944,7 @@ static void k4_build_panel(k4_panel *p, int nb, int64_t b0, int nt, const void *
 typedef struct {
     int32_t q[K4_BAND][64]; /* codes as bytes in element order, 4 per dword */
     int32_t sc[K4_BAND][8]; /* sub-block scales */
-    int32_t mn[K4_BAND][8]; /* sub-block mins as int16 pairs (vpdpwssd) */
+    int32_t mn[K4_BAND][4]; /* (min 2j, min 2j+1) as int16 pairs against the panel's bs32 */
     float d[K4_BAND], dmin[K4_BAND];
 } k4_band;
 
@@ -938,9 +956,7 @@ static inline __attribute__((always_inline)) void k4_band_unpack(const uint8_t *
         uint8_t sm[16];
         k4_scales(x->scales, sm);
         _mm256_storeu_si256((__m256i *)w->sc[r], _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)sm)));
-        _mm256_storeu_si256((__m256i *)w->mn[r],
-                            _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sm + 8))),
-                                               _mm256_set1_epi32(0x10001)));
+        _mm_storeu_si128((__m128i *)w->mn[r], _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(sm + 8))));
         w->d[r] = h2f(x->d);
         w->dmin[r] = h2f(x->dmin);
         for (int c = 0; c < 4; c++) {
@@ -954,11 +970,13 @@ static inline __attribute__((always_inline)) void k4_band_unpack(const uint8_t *
 
 /* The integer sums of a band of weight rows against a panel, for a K-quant
  * with ng scale groups of 64/ng dwords: s1[r] = sum_g sc[r][g] * (the
- * group's code sums), s2[r] = sum_i bs[i] . pair[r][i] (vpdpwssd on the
- * panel's bsum pairs: Q4_K's mins, Q6_K's scale pairs). Exact int32. */
+ * group's code sums), s2[r] = sum_i bs[i] . pair[r * np + i] (vpdpwssd on
+ * np int16 pair vectors of the panel: Q4_K's 4 sub-block sum pairs against
+ * its mins, Q6_K's 8 bsum pairs against its scale pairs). Exact int32. */
 static inline __attribute__((always_inline)) void k_band_sums(const int32_t (*q)[64],
                                                               const int32_t *sc, int ng,
-                                                              const int32_t (*pair)[8],
+                                                              const int32_t *pair, int np,
+                                                              const int32_t (*bs)[16],
                                                               const k4_panel *p, __m512i *s1,
                                                               __m512i *s2) {
     const int gd = 64 / ng;
@@ -975,17 +993,17 @@ static inline __attribute__((always_inline)) void k_band_sums(const int32_t (*q)
             s1[r] = _mm512_add_epi32(s1[r], _mm512_mullo_epi32(a[r], _mm512_set1_epi32(sc[r * ng + g])));
     }
     _Pragma("GCC unroll 8") for (int r = 0; r < K4_BAND; r++) s2[r] = _mm512_setzero_si512();
-    _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
-        const __m512i bs = _mm512_loadu_si512(p->bs[i]);
+    _Pragma("GCC unroll 8") for (int i = 0; i < np; i++) {
+        const __m512i b = _mm512_loadu_si512(bs[i]);
         _Pragma("GCC unroll 8") for (int r = 0; r < K4_BAND; r++)
-            s2[r] = _mm512_dpwssd_epi32(s2[r], bs, _mm512_set1_epi32(pair[r][i]));
+            s2[r] = _mm512_dpwssd_epi32(s2[r], b, _mm512_set1_epi32(pair[r * np + i]));
     }
 }
 
 static inline __attribute__((always_inline)) void k4_band_panel(const k4_band *w, const k4_panel *p,
                                                                 __m512 *acc) {
     __m512i s1[K4_BAND], s2[K4_BAND];
-    k_band_sums(w->q, &w->sc[0][0], 8, w->mn, p, s1, s2);
+    k_band_sums(w->q, &w->sc[0][0], 8, &w->mn[0][0], 4, p->bs32, p, s1, s2);
     const __m512 pd = _mm512_loadu_ps(p->d);
     _Pragma("GCC unroll 8") for (int r = 0; r < K4_BAND; r++) {
         const __m512 rr = _mm512_fnmadd_ps(_mm512_set1_ps(w->dmin[r]), _mm512_cvtepi32_ps(s2[r]),
@@ -994,18 +1012,38 @@ static inline __attribute__((always_inline)) void k4_band_panel(const k4_band *w
     }
 }
 
-/* The K-quant panel GEMM's driver (Q4_K, Q6_K): up to K4_PANELS panels
- * (64 tokens) per pass, superblock by superblock: the panels of superblock
- * b are built, then each band of K4_BAND weight rows is unpacked once and
- * run against every panel (a weight row's unpack shared by up to 64
- * tokens); the accumulators wait in acc, and each gets its superblocks in
- * ascending order, so the recipe's order is kept. Weight rows past the
- * last whole band, and tokens past the last panel (fewer than
- * K4_PANEL_MIN), take the rows groups: the same integer sums and recipe,
- * so the same bits. */
-#define K4_PANELS 4
-
-#define K_TILE(name, block_t, band_t, UNPACK, BAND_PANEL, ROWS, CH)                                      \
+/* The K-quant panel GEMM's driver (Q4_K, Q6_K): up to PANELS panels (16
+ * tokens each) per pass, superblock by superblock: the panels of
+ * superblock b are built, then each band of K4_BAND weight rows is
+ * unpacked once and run against every panel (a weight row's unpack shared
+ * by up to 16 * PANELS tokens, a panel's build by up to OUT weight rows);
+ * the accumulators wait in acc, and each gets its superblocks in ascending
+ * order, so the recipe's order is kept. Weight rows past the last whole
+ * band, and tokens past the last panel (fewer than K4_PANEL_MIN), take the
+ * rows groups: the same integer sums and recipe, so the same bits.
+ *
+ * Sizes (bench/bench_rows.py, 2048 x 2048, one thread, Zen 5 VM, ns per
+ * 256 weights x row at 64 / 256 activation rows): 64 weight rows x 4
+ * panels per call, Q4_K 1.21-1.24 / 1.19-1.20, Q6_K 1.26-1.30 / 1.22-1.28;
+ * 128 x 4: Q4_K 1.14-1.19 / 1.12-1.14, Q6_K 1.17-1.23 / 1.16-1.19; 128 x 8:
+ * Q4_K 1.12-1.16 / 1.08-1.16, Q6_K 1.19-1.25 / 1.16-1.27; then Q4_K's mins
+ * against sub-block pairs (4 vpdpwssd a row, was 8), 128 x 8: 1.07-1.18 at
+ * 256 rows where the build without them measured 1.12-1.16 in the same
+ * alternation (this VM's speed drifts by ~10% between runs; the tile-size
+ * changes measured at the model level: bench/ab_builds.py). The band-
+ * panel's own integer work (k_band_sums: vpdpbusd, vpmulld, vpdpwssd, the
+ * integer multiply pipes' work) is ~70% of the call at 128 x 8; the rest is
+ * the unpack, the panel builds and the accumulators. acc lives on the
+ * stack: Q4_K 8 x 128 x 64 B = 64 KiB, Q6_K (4 chains) 4 x 4 x 128 x 64 B =
+ * 128 KiB, beside matmul.c's result buffer (DS4_TILE_ROWS_MAX x
+ * DS4_TILE_OUT_MAX floats, 64 KiB): fine for glibc's thread stacks (the
+ * stack rlimit, 8 MiB by default, or 2 MiB), which run the pool's threads
+ * and the caller. */
+#define K4_PANELS 8
+#define K4_OUT 128
+#define K6_PANELS 4
+#define K6_OUT 128
+#define K_TILE(name, block_t, band_t, BUILD, UNPACK, BAND_PANEL, ROWS, CH, PANELS, OUT)                 \
     static void name(int64_t n, int no, int nr, float *s, int64_t ss, const void *x, size_t xs,  \
                      const void *const *y) {                                                   \
         const uint8_t *xb = x;                                                                 \
@@ -1013,16 +1051,16 @@ static inline __attribute__((always_inline)) void k4_band_panel(const k4_band *w
         const int nob = no / K4_BAND * K4_BAND; /* weight rows in whole bands */              \
         int r0 = 0;                                                                            \
         while (nob && nr - r0 >= K4_PANEL_MIN) {                                               \
-            int np = 0, nt[K4_PANELS];                                                         \
-            for (int t = r0; np < K4_PANELS && nr - t >= K4_PANEL_MIN; t += 16)                \
+            int np = 0, nt[PANELS];                                                            \
+            for (int t = r0; np < PANELS && nr - t >= K4_PANEL_MIN; t += 16)                   \
                 nt[np++] = nr - t < 16 ? nr - t : 16;                                          \
-            __m512 acc[K4_PANELS][CH][DS4_TILE_OUT_MAX];                                       \
+            __m512 acc[PANELS][CH][OUT];                                                       \
             for (int q = 0; q < np; q++)                                                       \
                 for (int c = 0; c < CH; c++)                                                   \
                     for (int o = 0; o < nob; o++) acc[q][c][o] = _mm512_setzero_ps();          \
             for (int64_t b = 0; b < nb; b++) {                                                 \
-                k4_panel p[K4_PANELS];                                                         \
-                for (int q = 0; q < np; q++) k4_build_panel(&p[q], 1, b, nt[q], y + r0 + 16 * q); \
+                k4_panel p[PANELS];                                                            \
+                for (int q = 0; q < np; q++) BUILD(&p[q], 1, b, nt[q], y + r0 + 16 * q);  \
                 for (int o = 0; o < nob; o += K4_BAND) {                                       \
                     if (b + 1 < nb) k_band_prefetch(xb + (size_t)o * xs, xs, b + 1, sizeof(block_t)); \
                     band_t w;                                                                  \
@@ -1033,7 +1071,7 @@ static inline __attribute__((always_inline)) void k4_band_panel(const k4_band *w
             for (int q = 0; q < np; q++)                                                       \
                 for (int o = 0; o < nob; o++) {                                                \
                     float out[16];                                                             \
-                    _mm512_storeu_ps(out, k_chains_sum(acc[q], CH, o));                        \
+                    _mm512_storeu_ps(out, k_chains_sum(&acc[q][0][0], OUT, CH, o));            \
                     for (int t = 0; t < nt[q]; t++) s[(int64_t)(r0 + 16 * q + t) * ss + o] = out[t]; \
                 }                                                                              \
             for (int q = 0; q < np; q++) r0 += nt[q];                                          \
@@ -1049,10 +1087,11 @@ static inline __attribute__((always_inline)) void k4_band_panel(const k4_band *w
 
 /* The end of CH accumulator chains (superblock b in chain b % CH): one
  * chain as it is, four as (c0 + c1) + (c2 + c3). */
-static inline __attribute__((always_inline)) __m512 k_chains_sum(__m512 (*acc)[DS4_TILE_OUT_MAX],
-                                                                 int ch, int o) {
-    if (ch == 1) return acc[0][o];
-    return _mm512_add_ps(_mm512_add_ps(acc[0][o], acc[1][o]), _mm512_add_ps(acc[2][o], acc[3][o]));
+static inline __attribute__((always_inline)) __m512 k_chains_sum(const __m512 *acc, int out, int ch,
+                                                                 int o) {
+    if (ch == 1) return acc[o];
+    return _mm512_add_ps(_mm512_add_ps(acc[o], acc[out + o]),
+                         _mm512_add_ps(acc[2 * out + o], acc[3 * out + o]));
 }
 
 /* The next superblock of a band's weight rows: 64 rows are more streams
@@ -1067,7 +1106,7 @@ static inline __attribute__((always_inline)) void k_band_prefetch(const uint8_t 
     }
 }
 
-K_TILE(tile_q4_k, block_q4_K, k4_band, k4_band_unpack, k4_band_panel, dot_rows_q4_k, 1)
+K_TILE(tile_q4_k, block_q4_K, k4_band, k4_build_panel, k4_band_unpack, k4_band_panel, dot_rows_q4_k, 1, K4_PANELS, K4_OUT)
 
 static void dot_q5_k(int64_t n, float *s, const void *vx, const void *vy) {
     const block_q5_K *x = vx;
@@ -1257,7 +1296,7 @@ static inline __attribute__((always_inline)) void k6_band_unpack(const uint8_t *
 static inline __attribute__((always_inline)) void k6_band_panel(const k6_band *w, const k4_panel *p,
                                                                 __m512 *acc) {
     __m512i s1[K4_BAND], s2[K4_BAND];
-    k_band_sums(w->q, &w->sc[0][0], 16, w->scp, p, s1, s2);
+    k_band_sums(w->q, &w->sc[0][0], 16, &w->scp[0][0], 8, p->bs, p, s1, s2);
     const __m512 pd = _mm512_loadu_ps(p->d);
     _Pragma("GCC unroll 8") for (int r = 0; r < K4_BAND; r++) {
         const __m512 f = _mm512_cvtepi32_ps(_mm512_sub_epi32(s1[r], _mm512_slli_epi32(s2[r], 5)));
@@ -1265,7 +1304,7 @@ static inline __attribute__((always_inline)) void k6_band_panel(const k6_band *w
     }
 }
 
-K_TILE(tile_q6_k, block_q6_K, k6_band, k6_band_unpack, k6_band_panel, dot_rows_q6_k, K6_CHAINS)
+K_TILE(tile_q6_k, block_q6_K, k6_band, k6_build_panel, k6_band_unpack, k6_band_panel, dot_rows_q6_k, K6_CHAINS, K6_PANELS, K6_OUT)
 
 static void dot_iq4_xs(int64_t n, float *s, const void *vx, const void *vy) {
     const block_iq4_xs *x = vx;
@@ -1367,12 +1406,12 @@ int ds4_kernels_init_avx512(ds4_kernel_set *k) {
     k->dot_rows[DS4_TYPE_Q4_K] = dot_rows_q4_k;
     k->dot_tile[DS4_TYPE_Q4_K] = tile_q4_k;
     k->dot_tile_min_rows[DS4_TYPE_Q4_K] = K4_PANEL_MIN;
-    k->dot_tile_out[DS4_TYPE_Q4_K] = DS4_TILE_OUT_MAX;
-    k->dot_tile_rows[DS4_TYPE_Q4_K] = DS4_TILE_ROWS_MAX;
+    k->dot_tile_out[DS4_TYPE_Q4_K] = K4_OUT;
+    k->dot_tile_rows[DS4_TYPE_Q4_K] = 16 * K4_PANELS;
     k->dot_tile[DS4_TYPE_Q6_K] = tile_q6_k;
     k->dot_tile_min_rows[DS4_TYPE_Q6_K] = K4_PANEL_MIN;
-    k->dot_tile_out[DS4_TYPE_Q6_K] = DS4_TILE_OUT_MAX;
-    k->dot_tile_rows[DS4_TYPE_Q6_K] = DS4_TILE_ROWS_MAX;
+    k->dot_tile_out[DS4_TYPE_Q6_K] = K6_OUT;
+    k->dot_tile_rows[DS4_TYPE_Q6_K] = 16 * K6_PANELS;
     k->dot_rows_name[DS4_TYPE_Q4_K] =
         "avx512 q4_K x q8_K exact superblock sums (rows groups; from 12 rows 8-row bands x 16-token panels)";
     k->dot_rows[DS4_TYPE_Q6_K] = dot_rows_q6_k;

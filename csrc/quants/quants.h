@@ -109,11 +109,11 @@ typedef void (*ds4_dot_rows_fn)(int64_t n, int nr, float *s, const void *x,
  * further) unless the set asks for more (dot_tile_out). */
 #define DS4_TILE_OUT 4
 /* The most weight rows a set may ask for per dot_tile call. */
-#define DS4_TILE_OUT_MAX 64
+#define DS4_TILE_OUT_MAX 128
 /* Activation rows the forward hands a dot_tile per call unless the set
  * asks for more (dot_tile_rows), and the most it may ask for. */
 #define DS4_TILE_ROWS 16
-#define DS4_TILE_ROWS_MAX 64
+#define DS4_TILE_ROWS_MAX 128
 typedef void (*ds4_dot_tile_fn)(int64_t n, int no, int nr, float *s, int64_t ss,
                                 const void *x, size_t x_stride, const void *const *y);
 /* How far ahead of the weight row being computed the forward asks for its
