@@ -742,6 +742,22 @@ def test_paths_report_names_the_prefill_gemms(monkeypatch):
         assert "moe_gemm_mma" not in _moe_path("metal")
 
 
+def test_paths_report_names_the_moe_router(monkeypatch):
+    """DS4PY_PATHS' MoE router words follow gpu/host/runner.c's rule:
+    moe_logits_wide for chunks of K_MOE_LOGITS_WIDE_MIN (32) rows and more,
+    moe_logits at every width with K_RUNNER_MOE_LOGITS_WIDE=0."""
+    from ds4py.gpu_backend import _moe_path
+    monkeypatch.delenv("K_RUNNER_MOE_LOGITS_WIDE", raising=False)
+    for group in ("", "0"):
+        monkeypatch.setenv("K_RUNNER_MOE_GROUP", group)
+        assert "moe_logits_wide for chunks of 32+ rows" in _moe_path("cuda")
+    monkeypatch.setenv("K_RUNNER_MOE_LOGITS_WIDE", "0")
+    assert "moe_logits at every width" in _moe_path("cuda")
+    assert "moe_logits_wide" not in _moe_path("cuda")
+    src = open(os.path.join(os.path.dirname(__file__), "..", "gpu", "host", "runner.c")).read()
+    assert "#define K_MOE_LOGITS_WIDE_MIN 32\n" in src
+
+
 def test_paths_report_names_the_gdn_kernels(monkeypatch):
     """DS4PY_PATHS' GDN words follow gpu/host/runner.c's K_RUNNER_GDN_ROWS_MIN
     rule: gdn_prep + gdn_rows from 17 tokens by default, from N with the

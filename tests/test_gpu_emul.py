@@ -23,7 +23,7 @@ import amalgamate  # noqa: E402
 SUITES = {"tables": 7, "f16": 2, "rmsnorm": 18, "quantize": 5, "matvec": 12, "rope": 4, "attn": 8,
           "kquant": 20, "gdn": 8, "argmax": 4, "glue": 10, "fused": 34,
           "gdnseq": 10, "gdnnq": 9, "gemm": 47, "mma": 130,
-          "moe": 66, "q4_64a": 18}
+          "moe": 181, "q4_64a": 18}
 
 
 def build(tmp_dir, name, defs=""):
@@ -123,6 +123,10 @@ PLANTED = [
     # bit for bit against the per-pair kernels' rows and y
     ("PLANT_MOE_GEMM_NEXT_EXPERT", "moe",
      r"ne=13 k=3 .* grouped rows=40: gate/up GEMM \+ swiglu_quant = the per-pair"),
+    # moe_logits_wide adds a router row's S partials in descending order:
+    # caught bit for bit against moe_logits at the bench router's shape
+    ("PLANT_MOE_WIDE_PARTIAL_ORDER", "moe",
+     r"moe_logits_wide n_in=2048 n_out=9 rows=70 split 16: bit-identical to moe_logits"),
     # the Q4_64A matvec reads each byte's two codes swapped (odd codes from
     # the low nibble): caught by the CPU's dot and the exact value
     ("PLANT_Q4_64A_NIBBLE_SWAP", "q4_64a",

@@ -94,6 +94,13 @@ static unsigned fused_units(int64_t rows) { return rows > K_FUSED_CHUNK_ROWS_MAX
 #define K_MOE_LOGITS_SPLIT 16u
 #endif
 
+#ifndef K_MOE_LOGITS_WIDE_MIN
+/* Token rows from which the router takes moe_logits_wide (the same bits;
+ * only speed depends on it): below, moe_logits' one threadgroup per router
+ * row keeps more of the GPU busy. */
+#define K_MOE_LOGITS_WIDE_MIN 32
+#endif
+
 /* Threadgroups the split-K attention aims for: two per SM of an H100's or
  * H200's 132, as many as are resident at once (attn.h: 2 x 512 threads at
  * 64 registers). Only speed depends on it. 256 made a 32768 + 40-token
@@ -959,15 +966,25 @@ int kr_moe_layer(k_runner *r, dev_layer *L, int64_t n, unsigned ready, ds4_error
         return rc;
     const int64_t nl = ne + M->shgate, ls = ne + 1;
     {
-        k_moe_logits_params p = {K_TAG_OF(moe_logits), (uint32_t)E, (uint32_t)nl, (uint32_t)n, (uint32_t)E,
-                                 (uint32_t)ls};
+        /* one threadgroup per router row, K_MOE_LOGITS_SPLIT SIMD-groups
+         * splitting it (gpu/kernels/moe.h): the same split for every width,
+         * so a row's logits never depend on how many token rows share it.
+         * Chunks of K_MOE_LOGITS_WIDE_MIN+ rows take moe_logits_wide: the
+         * same bits, a row of x read once per K_MOE_LOGITS_WIDE_O router
+         * rows (its argument slots are moe_logits', table.h). */
+        const int wide = r->moe_lw && n >= K_MOE_LOGITS_WIDE_MIN;
+        k_moe_logits_params p = {wide ? K_TAG_OF(moe_logits_wide) : K_TAG_OF(moe_logits), (uint32_t)E,
+                                 (uint32_t)nl, (uint32_t)n, (uint32_t)E, (uint32_t)ls};
         k_binding b[] = {STATUS_BIND(moe_logits), K_BIND(moe_logits, p, &p, sizeof p),
                          K_BIND(moe_logits, w, M->router, F4(nl * E)), K_BIND(moe_logits, x, r->x, F4(n * E)),
                          K_BIND(moe_logits, y, r->moe_logits, F4(n * ls))};
-        /* one threadgroup per router row, K_MOE_LOGITS_SPLIT SIMD-groups
-         * splitting it (gpu/kernels/moe.h): the same split for every width,
-         * so a row's logits never depend on how many token rows share it */
-        if ((rc = kr_launch(r, K_ID_moe_logits, (uint32_t)nl, 1, 1, 32u * r->moe_split, b, 5, err))) return rc;
+        if (wide)
+            rc = kr_launch(r, K_ID_moe_logits_wide, (uint32_t)((nl + K_MOE_LOGITS_WIDE_O - 1) / K_MOE_LOGITS_WIDE_O),
+                           (uint32_t)((n + K_MOE_LOGITS_WIDE_ROWS - 1) / K_MOE_LOGITS_WIDE_ROWS), 1,
+                           32u * r->moe_split, b, 5, err);
+        else
+            rc = kr_launch(r, K_ID_moe_logits, (uint32_t)nl, 1, 1, 32u * r->moe_split, b, 5, err);
+        if (rc) return rc;
     }
     {
         k_moe_route_params p = {K_TAG_OF(moe_route), (uint32_t)ne, (uint32_t)k, (uint32_t)n, (uint32_t)ls,
@@ -1360,6 +1377,8 @@ int k_runner_open(k_gpu_model *g, int64_t n_ctx, k_runner **out, ds4_error *err)
         r->fuse = !(f && !strcmp(f, "0"));
         const char *nq = getenv("K_RUNNER_GDN_NQ"); /* 0: gdn_norm then the quantizer (A/B of gdn_norm_quant) */
         r->gdn_nq = !(nq && !strcmp(nq, "0"));
+        const char *lw = getenv("K_RUNNER_MOE_LOGITS_WIDE"); /* 0: moe_logits at every width (A/B) */
+        r->moe_lw = !(lw && !strcmp(lw, "0"));
         /* K_RUNNER_GEMM: 0 the matvecs, dp4a the dp4a GEMMs (gemm.h) for
          * every type, kq gemm_kq_mma for the K-quants and gemm.h for Q8_0;
          * unset or mma: the int8 tensor-core GEMMs (gemm_mma.h) for every

@@ -180,6 +180,82 @@ K_KERNEL(moe_logits) {
     }
 }
 
+/* moe_logits for a chunk of token rows (prefill), the same bits: a
+ * threadgroup of S SIMD-groups (the split moe_logits runs at) takes
+ * K_MOE_LOGITS_WIDE_O router rows (o = O K_GX + j) and the token rows
+ * [R K_GY, R K_GY + R), R = K_MOE_LOGITS_WIDE_ROWS. Each (o, token row)
+ * value is moe_logits' to the bit: lane l of SIMD-group s adds w[i] x[i] for
+ * its i in ascending order, k_simd_sum, then the S partials in ascending s.
+ * Why: in a 256-row chunk each of moe_logits' 257 threadgroups read all
+ * 256 x rows (2 MB) from L2 for its one router row: 514 MB of L2 reads a
+ * launch, 93 us (10% of the 35B-A3B-like MoE's prefill, H100, session 31).
+ * Here a row of x serves O router rows, and row blocks keep the grid wide. */
+K_KERNEL(moe_logits_wide) {
+    K_CHECK_TAG(moe_logits_wide);
+    K_TG_ARRAY(float, part, K_MOE_LOGITS_MAX_SPLIT * K_MOE_LOGITS_WIDE_O * K_MATVEC_MAX_ROWS);
+    const k_u32 O = K_MOE_LOGITS_WIDE_O, R = K_MOE_LOGITS_WIDE_ROWS, MR = K_MATVEC_MAX_ROWS;
+    if (p.n_in == 0u || p.n_rows == 0u || K_NGX < (p.n_out + O - 1u) / O || K_NGY < (p.n_rows + R - 1u) / R ||
+        K_NSIMD > K_MOE_LOGITS_MAX_SPLIT) {
+        k_raise(status, K_ERR_SHAPE);
+        return;
+    }
+    const k_u32 o0 = K_GX * O, rb0 = K_GY * R, S = K_NSIMD, sg = K_SIMD;
+    if (o0 >= p.n_out || rb0 >= p.n_rows) return; /* whole threadgroups: no barrier is left waiting */
+    const k_u32 rb1 = rb0 + R < p.n_rows ? rb0 + R : p.n_rows;
+    const k_u32 c = 32u * ((p.n_in + 32u * S - 1u) / (32u * S));
+    const k_u32 i0 = sg * c, i1 = i0 + c < p.n_in ? i0 + c : p.n_in;
+    for (k_u32 r0 = rb0; r0 < rb1; r0 += MR) {
+        float acc[K_MOE_LOGITS_WIDE_O][K_MATVEC_MAX_ROWS];
+        K_UNROLL for (k_u32 j = 0; j < O; j++)
+            K_UNROLL for (k_u32 r = 0; r < MR; r++) acc[j][r] = 0.0f;
+        k_u32 i = i0 + K_LANE;
+        for (; i + 32u * (K_MOE_LOGITS_AHEAD - 1u) < i1; i += 32u * K_MOE_LOGITS_AHEAD) {
+            float wv[K_MOE_LOGITS_WIDE_O][K_MOE_LOGITS_AHEAD];
+            K_UNROLL for (k_u32 j = 0; j < O; j++)
+                K_UNROLL for (k_u32 u = 0; u < K_MOE_LOGITS_AHEAD; u++)
+                    wv[j][u] = o0 + j < p.n_out ? K_LD(w, (o0 + j) * p.n_in + i + 32u * u) : 0.0f;
+            K_UNROLL for (k_u32 r = 0; r < MR; r++) {
+                if (r0 + r >= rb1) continue;
+                const k_u32 xi = (r0 + r) * p.x_stride + i;
+                float xv[K_MOE_LOGITS_AHEAD];
+                K_UNROLL for (k_u32 u = 0; u < K_MOE_LOGITS_AHEAD; u++) xv[u] = K_LD(x, xi + 32u * u);
+                K_UNROLL for (k_u32 j = 0; j < O; j++)
+                    K_UNROLL for (k_u32 u = 0; u < K_MOE_LOGITS_AHEAD; u++) acc[j][r] += wv[j][u] * xv[u];
+            }
+        }
+        for (; i < i1; i += 32u) {
+            float wv[K_MOE_LOGITS_WIDE_O];
+            K_UNROLL for (k_u32 j = 0; j < O; j++) wv[j] = o0 + j < p.n_out ? K_LD(w, (o0 + j) * p.n_in + i) : 0.0f;
+            K_UNROLL for (k_u32 r = 0; r < MR; r++) {
+                if (r0 + r >= rb1) continue;
+                const float xv = K_LD(x, (r0 + r) * p.x_stride + i);
+                K_UNROLL for (k_u32 j = 0; j < O; j++) acc[j][r] += wv[j] * xv;
+            }
+        }
+        K_UNROLL for (k_u32 r = 0; r < MR; r++) {
+            if (r0 + r >= rb1) continue; /* uniform over the threadgroup */
+            K_UNROLL for (k_u32 j = 0; j < O; j++) {
+                const float sr = k_simd_sum(acc[j][r]);
+                if (K_LANE == 0u) K_ST(part, (sg * O + j) * MR + r, sr);
+            }
+        }
+        K_BARRIER();
+        for (k_u32 t = K_TID; t < O * MR; t += K_TG_SIZE) { /* 32 S threads, O MR values */
+            const k_u32 j = t / MR, r = t % MR;
+            if (r0 + r < rb1 && o0 + j < p.n_out) {
+                float y0 = 0.0f;
+#ifndef PLANT_MOE_WIDE_PARTIAL_ORDER
+                for (k_u32 g = 0; g < S; g++) y0 += K_LD(part, (g * O + j) * MR + r);
+#else /* planted fault (tests must turn red): the partials in descending order */
+                for (k_u32 g = S; g-- > 0u;) y0 += K_LD(part, (g * O + j) * MR + r);
+#endif
+                K_ST(y, (r0 + r) * p.y_stride + o0 + j, y0);
+            }
+        }
+        K_BARRIER(); /* part is rewritten by the next block of rows */
+    }
+}
+
 /* (p, id) beats (bp, bid): the larger probability, equal ones the lower
  * expert id (the CPU's upward scan with a strict '>'). Probabilities are
  * finite and >= 0 here, so this is a total order and the butterfly's

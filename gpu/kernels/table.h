@@ -91,7 +91,8 @@ typedef uchar k_u8;
     X(43, gdn_prep)      \
     X(44, gdn_rows)      \
     X(45, gemm_q4_64a)   \
-    X(46, gdn_norm_quant)
+    X(46, gdn_norm_quant) \
+    X(47, moe_logits_wide)
 
 /* The int8 tensor-core GEMMs (gemm_mma.h) exist on CUDA and under the
  * emulator only: Metal has no int8 simdgroup matrix, so neither its kernel
@@ -795,6 +796,19 @@ typedef struct {
     X(K, 2, w, float, K_IN, p.n_out * p.n_in)                             \
     X(K, 3, x, float, K_IN, (p.n_rows - 1) * p.x_stride + p.n_in)         \
     X(K, 4, y, float, K_OUT, (p.n_rows - 1) * p.y_stride + p.n_out)
+
+/* moe_logits for chunks of token rows, the same bits (moe.h): threadgroup
+ * (K_GX, K_GY) takes router rows K_MOE_LOGITS_WIDE_O K_GX .. and token rows
+ * K_MOE_LOGITS_WIDE_ROWS K_GY ..; its SIMD-groups split the rows' inputs as
+ * moe_logits' do. */
+#ifndef K_MOE_LOGITS_WIDE_O
+#define K_MOE_LOGITS_WIDE_O 4u /* router rows per threadgroup */
+#endif
+#ifndef K_MOE_LOGITS_WIDE_ROWS
+#define K_MOE_LOGITS_WIDE_ROWS 64u /* token rows per threadgroup */
+#endif
+typedef k_moe_logits_params k_moe_logits_wide_params;
+#define K_ARGS_moe_logits_wide(X, K) K_ARGS_moe_logits(X, K)
 
 /* Per token row (one SIMD-group each): softmax over n_expert logits, the
  * top k (ties to the lower id), weights renormalised (sum clamped below at

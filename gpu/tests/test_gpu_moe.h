@@ -622,6 +622,68 @@ static void moe_logits_checks(void) {
             }
 }
 
+static void moe_logits_wide_checks(void) {
+    /* moe_logits_wide against moe_logits at the same split (whose widths are
+     * bit-identical to width 1 per row, moe_logits_checks): n_in below
+     * 32 S (idle SIMD-groups), with and without a tail past the loads a lane
+     * issues ahead; router rows not a multiple of K_MOE_LOGITS_WIDE_O;
+     * token rows over one, two and three row blocks with tails; a grid one
+     * threadgroup larger each way (those return at once); y's padding
+     * columns untouched. */
+    static const uint32_t cs[][4] = {/* n_in, n_out, rows, split */
+                                     {33, 9, 70, 3},    {257, 13, 5, 1},  {777, 4, 129, 8},
+                                     {2048, 9, 70, 16}, {128, 257, 20, 16}, {96, 6, 64, 32}};
+    const uint32_t O = K_MOE_LOGITS_WIDE_O, RB = K_MOE_LOGITS_WIDE_ROWS;
+    for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
+        const uint32_t n_in = cs[ci][0], n_out = cs[ci][1], R = cs[ci][2], S = cs[ci][3];
+        const uint32_t xs = n_in + 3, ys = n_out + 2;
+        float *w = malloc(sizeof(float) * n_out * n_in), *x = malloc(sizeof(float) * R * xs);
+        float *y1 = malloc(sizeof(float) * R * ys), *yw = malloc(sizeof(float) * R * ys);
+        for (uint32_t i = 0; i < n_out * n_in; i++) w[i] = frand(-1, 1);
+        for (uint32_t i = 0; i < R * xs; i++) x[i] = frand(-3, 3);
+        fill_nan(y1, (size_t)R * ys);
+        fill_nan(yw, (size_t)R * ys);
+        k_moe_logits_params p = {K_TAG_OF(moe_logits), n_in, n_out, R, xs, ys};
+        k_binding b[] = {K_BIND(moe_logits, status, status, 8), K_BIND(moe_logits, p, &p, sizeof p),
+                         K_BIND(moe_logits, w, w, sizeof(float) * n_out * n_in),
+                         K_BIND(moe_logits, x, x, sizeof(float) * R * xs),
+                         K_BIND(moe_logits, y, y1, sizeof(float) * R * ys)};
+        int ok = launch(K_ID_moe_logits, n_out, 1, 1, 32 * S, b, 5, 0, "moe_logits") == 0;
+        k_moe_logits_wide_params pw = {K_TAG_OF(moe_logits_wide), n_in, n_out, R, xs, ys};
+        k_binding bw[] = {K_BIND(moe_logits_wide, status, status, 8), K_BIND(moe_logits_wide, p, &pw, sizeof pw),
+                          K_BIND(moe_logits_wide, w, w, sizeof(float) * n_out * n_in),
+                          K_BIND(moe_logits_wide, x, x, sizeof(float) * R * xs),
+                          K_BIND(moe_logits_wide, y, yw, sizeof(float) * R * ys)};
+        ok = ok && launch(K_ID_moe_logits_wide, (n_out + O - 1) / O + 1, (R + RB - 1) / RB + 1, 1, 32 * S, bw, 5,
+                          (int)(ci & 1), "moe_logits_wide") == 0;
+        int same = ok, pad = ok;
+        for (uint32_t r = 0; r < R && ok; r++) {
+            if (memcmp(yw + (size_t)r * ys, y1 + (size_t)r * ys, sizeof(float) * n_out)) same = 0;
+            if (!isnan(yw[(size_t)r * ys + n_out]) || !isnan(yw[(size_t)r * ys + n_out + 1])) pad = 0;
+        }
+        check(ok && same && pad,
+              "moe_logits_wide n_in=%u n_out=%u rows=%u split %u: bit-identical to moe_logits, padding untouched",
+              n_in, n_out, R, S);
+        free(w), free(x), free(y1), free(yw);
+    }
+    { /* a grid short of the router rows or of the token rows: K_ERR_SHAPE */
+        float w[64 * 5], x[64 * 70], y[70 * 5];
+        for (int g = 0; g < 2; g++) {
+            k_moe_logits_wide_params p = {K_TAG_OF(moe_logits_wide), 64, 5, 70, 64, 5};
+            k_binding b[] = {K_BIND(moe_logits_wide, status, status, 8), K_BIND(moe_logits_wide, p, &p, sizeof p),
+                             K_BIND(moe_logits_wide, w, w, sizeof w), K_BIND(moe_logits_wide, x, x, sizeof x),
+                             K_BIND(moe_logits_wide, y, y, sizeof y)};
+            const uint32_t grid[3] = {g ? 2u : 1u, g ? 1u : 2u, 1};
+            emul_options opt = {0, 0};
+            char err[600];
+            status[0] = status[1] = 0;
+            const int rc = emul_launch(K_ID_moe_logits_wide, grid, 64, b, 5, &opt, err, sizeof err);
+            check(rc == 0 && (status[0] & K_ERR_SHAPE), "moe_logits_wide: a grid of %u x %u for 5 x 70 raises K_ERR_SHAPE",
+                  grid[0], grid[1]);
+        }
+    }
+}
+
 static void moe_refusals(void) {
     /* a NaN / Inf router logit: K_ERR_MOE_LOGIT, not an arbitrary route */
     for (int inf = 0; inf < 2; inf++) {
@@ -685,6 +747,7 @@ static void moe_refusals(void) {
 
 static void suite_moe(void) {
     moe_logits_checks();
+    moe_logits_wide_checks();
     moe_refusals();
     static const uint32_t w_all[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 0};
     static const uint32_t w_few[] = {1, 3, 16, 0};
