@@ -779,15 +779,17 @@ def _moe_path(backend: str) -> str:
               if os.environ.get("K_RUNNER_MOE_LOGITS_WIDE") == "0"
               else "router: moe_logits_wide for chunks of 32+ rows, else moe_logits")
     if os.environ.get("K_RUNNER_MOE_GROUP") == "0":
-        return f"routed MoE FFN: {router}; moe_gate_up/moe_down per (row, expert) pair at every width"
+        return (f"routed MoE FFN: {router}; moe_gate_up/moe_down per (row, expert) pair "
+                f"at every width")
     m = os.environ.get("K_RUNNER_MOE_GROUP_MIN", "")
     rows = int(m) if m.isdigit() and int(m) >= 1 else 17
     gemm_env = os.environ.get("K_RUNNER_GEMM", "")
     mma = backend in ("cuda", "gpu-emul") and gemm_env not in ("0", "dp4a")
     gemm = ("moe_gemm_mma (int8 MMA) for layers whose matrices are all K-quants, else moe_gemm"
             if mma else "moe_gemm")
-    return (f"routed MoE FFN: {router}; chunks of {rows}+ rows grouped by expert (moe_group, {gemm}, "
-            f"moe_combine; where its shapes allow), narrower ones moe_gate_up/moe_down per pair")
+    return (f"routed MoE FFN: {router}; chunks of {rows}+ rows grouped by expert (moe_group, "
+            f"{gemm}, moe_combine; where its shapes allow), narrower ones moe_gate_up/moe_down "
+            f"per pair")
 
 
 def _gemm_path(backend: str) -> str:
