@@ -23,7 +23,7 @@ import amalgamate  # noqa: E402
 SUITES = {"tables": 7, "f16": 2, "rmsnorm": 18, "quantize": 5, "matvec": 12, "rope": 4, "attn": 8,
           "kquant": 20, "gdn": 8, "argmax": 4, "glue": 10, "fused": 34,
           "gdnseq": 10, "gdnnq": 9, "gemm": 47, "mma": 130,
-          "moe": 181, "q4_64a": 18}
+          "moe": 182, "q4_64a": 18}
 
 
 def build(tmp_dir, name, defs=""):

@@ -969,10 +969,14 @@ int kr_moe_layer(k_runner *r, dev_layer *L, int64_t n, unsigned ready, ds4_error
         /* one threadgroup per router row, K_MOE_LOGITS_SPLIT SIMD-groups
          * splitting it (gpu/kernels/moe.h): the same split for every width,
          * so a row's logits never depend on how many token rows share it.
-         * Chunks of K_MOE_LOGITS_WIDE_MIN+ rows take moe_logits_wide: the
-         * same bits, a row of x read once per K_MOE_LOGITS_WIDE_O router
-         * rows (its argument slots are moe_logits', table.h). */
-        const int wide = r->moe_lw && n >= K_MOE_LOGITS_WIDE_MIN;
+         * Chunks of K_MOE_LOGITS_WIDE_MIN+ rows take moe_logits_wide (at
+         * splits up to K_MOE_LOGITS_WIDE_MAX_SPLIT): the same bits, a row of
+         * x read once per K_MOE_LOGITS_WIDE_O router rows (its argument
+         * slots are moe_logits', table.h). H100, the 35B-A3B-like MoE,
+         * against the build before (session 32, 3 repetitions): prefill
+         * 3815-3839 -> 4084-4109 tok/s at 512, 3479-3482 -> 3689-3695 at
+         * 4096. */
+        const int wide = r->moe_lw && n >= K_MOE_LOGITS_WIDE_MIN && r->moe_split <= K_MOE_LOGITS_WIDE_MAX_SPLIT;
         k_moe_logits_params p = {wide ? K_TAG_OF(moe_logits_wide) : K_TAG_OF(moe_logits), (uint32_t)E,
                                  (uint32_t)nl, (uint32_t)n, (uint32_t)E, (uint32_t)ls};
         k_binding b[] = {STATUS_BIND(moe_logits), K_BIND(moe_logits, p, &p, sizeof p),

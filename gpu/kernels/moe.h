@@ -189,13 +189,14 @@ K_KERNEL(moe_logits) {
  * Why: in a 256-row chunk each of moe_logits' 257 threadgroups read all
  * 256 x rows (2 MB) from L2 for its one router row: 514 MB of L2 reads a
  * launch, 93 us (10% of the 35B-A3B-like MoE's prefill, H100, session 31).
- * Here a row of x serves O router rows, and row blocks keep the grid wide. */
+ * Here a row of x serves O router rows, and row blocks keep the grid wide.
+ * At most K_MOE_LOGITS_WIDE_MAX_SPLIT SIMD-groups (table.h). */
 K_KERNEL(moe_logits_wide) {
     K_CHECK_TAG(moe_logits_wide);
-    K_TG_ARRAY(float, part, K_MOE_LOGITS_MAX_SPLIT * K_MOE_LOGITS_WIDE_O * K_MATVEC_MAX_ROWS);
+    K_TG_ARRAY(float, part, K_MOE_LOGITS_WIDE_MAX_SPLIT * K_MOE_LOGITS_WIDE_O * K_MATVEC_MAX_ROWS);
     const k_u32 O = K_MOE_LOGITS_WIDE_O, R = K_MOE_LOGITS_WIDE_ROWS, MR = K_MATVEC_MAX_ROWS;
     if (p.n_in == 0u || p.n_rows == 0u || K_NGX < (p.n_out + O - 1u) / O || K_NGY < (p.n_rows + R - 1u) / R ||
-        K_NSIMD > K_MOE_LOGITS_MAX_SPLIT) {
+        K_NSIMD > K_MOE_LOGITS_WIDE_MAX_SPLIT) {
         k_raise(status, K_ERR_SHAPE);
         return;
     }

@@ -807,6 +807,10 @@ typedef struct {
 #ifndef K_MOE_LOGITS_WIDE_ROWS
 #define K_MOE_LOGITS_WIDE_ROWS 64u /* token rows per threadgroup */
 #endif
+/* The most SIMD-groups a threadgroup of it may have: 32 (1024 threads)
+ * asked an H100 for more registers than an SM has ("too many resources
+ * requested for launch", session 32); the runner keeps moe_logits there. */
+#define K_MOE_LOGITS_WIDE_MAX_SPLIT 16u
 typedef k_moe_logits_params k_moe_logits_wide_params;
 #define K_ARGS_moe_logits_wide(X, K) K_ARGS_moe_logits(X, K)
 

@@ -632,7 +632,7 @@ static void moe_logits_wide_checks(void) {
      * columns untouched. */
     static const uint32_t cs[][4] = {/* n_in, n_out, rows, split */
                                      {33, 9, 70, 3},    {257, 13, 5, 1},  {777, 4, 129, 8},
-                                     {2048, 9, 70, 16}, {128, 257, 20, 16}, {96, 6, 64, 32}};
+                                     {2048, 9, 70, 16}, {128, 257, 20, 16}, {96, 6, 64, 2}};
     const uint32_t O = K_MOE_LOGITS_WIDE_O, RB = K_MOE_LOGITS_WIDE_ROWS;
     for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
         const uint32_t n_in = cs[ci][0], n_out = cs[ci][1], R = cs[ci][2], S = cs[ci][3];
@@ -666,20 +666,23 @@ static void moe_logits_wide_checks(void) {
               n_in, n_out, R, S);
         free(w), free(x), free(y1), free(yw);
     }
-    { /* a grid short of the router rows or of the token rows: K_ERR_SHAPE */
+    { /* a grid short of the router rows or of the token rows, or more
+       * SIMD-groups than K_MOE_LOGITS_WIDE_MAX_SPLIT: K_ERR_SHAPE */
         float w[64 * 5], x[64 * 70], y[70 * 5];
-        for (int g = 0; g < 2; g++) {
+        for (int g = 0; g < 3; g++) {
             k_moe_logits_wide_params p = {K_TAG_OF(moe_logits_wide), 64, 5, 70, 64, 5};
             k_binding b[] = {K_BIND(moe_logits_wide, status, status, 8), K_BIND(moe_logits_wide, p, &p, sizeof p),
                              K_BIND(moe_logits_wide, w, w, sizeof w), K_BIND(moe_logits_wide, x, x, sizeof x),
                              K_BIND(moe_logits_wide, y, y, sizeof y)};
-            const uint32_t grid[3] = {g ? 2u : 1u, g ? 1u : 2u, 1};
+            const uint32_t grid[3] = {g == 1 ? 1u : 2u, g == 0 ? 1u : 2u, 1};
+            const uint32_t tg = g == 2 ? 32u * (K_MOE_LOGITS_WIDE_MAX_SPLIT + 1u) : 64u;
             emul_options opt = {0, 0};
             char err[600];
             status[0] = status[1] = 0;
-            const int rc = emul_launch(K_ID_moe_logits_wide, grid, 64, b, 5, &opt, err, sizeof err);
-            check(rc == 0 && (status[0] & K_ERR_SHAPE), "moe_logits_wide: a grid of %u x %u for 5 x 70 raises K_ERR_SHAPE",
-                  grid[0], grid[1]);
+            const int rc = emul_launch(K_ID_moe_logits_wide, grid, tg, b, 5, &opt, err, sizeof err);
+            check(rc == 0 && (status[0] & K_ERR_SHAPE),
+                  "moe_logits_wide: a grid of %u x %u for 5 x 70 at %u threads raises K_ERR_SHAPE", grid[0], grid[1],
+                  tg);
         }
     }
 }
