@@ -680,9 +680,11 @@ static void moe_logits_wide_checks(void) {
             char err[600];
             status[0] = status[1] = 0;
             const int rc = emul_launch(K_ID_moe_logits_wide, grid, tg, b, 5, &opt, err, sizeof err);
-            check(rc == 0 && (status[0] & K_ERR_SHAPE),
-                  "moe_logits_wide: a grid of %u x %u for 5 x 70 at %u threads raises K_ERR_SHAPE", grid[0], grid[1],
-                  tg);
+            /* over the cap, a GPU may refuse the launch itself (an H100 does:
+             * too many registers for 544 threads); either way nothing runs */
+            check((rc == 0 && (status[0] & K_ERR_SHAPE)) || (g == 2 && rc != 0),
+                  "moe_logits_wide: a grid of %u x %u for 5 x 70 at %u threads is refused (K_ERR_SHAPE%s)", grid[0],
+                  grid[1], tg, g == 2 ? ", or the launch" : "");
         }
     }
 }
