@@ -807,6 +807,15 @@ def _gemm_path(backend: str) -> str:
     return "prefill matrices: gemm_q8_0_mma / gemm_kq_mma (int8 MMA) above 16 rows"
 
 
+def _attn_path() -> str:
+    """The attention kernels the runner takes (gpu/host/runner.c reads
+    K_RUNNER_ATTN_WIDE the same way when a session opens)."""
+    if os.environ.get("K_RUNNER_ATTN_WIDE") == "0":
+        return "attention: attn_partials + attn_merge at every width (K_RUNNER_ATTN_WIDE=0)"
+    return ("attention: attn_partials_wide + attn_merge for chunks of 32+ rows (head_dim a "
+            "multiple of 4), else attn_partials + attn_merge")
+
+
 def _gdn_path() -> str:
     """The GDN recurrence kernels the runner takes (gpu/host/runner.c reads
     K_RUNNER_GDN_ROWS_MIN the same way when a session opens)."""
@@ -829,7 +838,7 @@ class _GpuLine:
                      f"on the GPU layer loop (gpu/host/runner.c: {kinds.count('gdn')} gdn, "
                      f"{kinds.count('attn')} attn, "
                      f"{ffn}; "
-                     f"{_gemm_path(model.backend)}; {_gdn_path()}), "
+                     f"{_gemm_path(model.backend)}; {_attn_path()}; {_gdn_path()}), "
                      f"LM head and logits on the "
                      f"device")
         plugin = model._plugin

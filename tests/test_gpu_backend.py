@@ -758,6 +758,21 @@ def test_paths_report_names_the_moe_router(monkeypatch):
     assert "#define K_MOE_LOGITS_WIDE_MIN 32\n" in src
 
 
+def test_paths_report_names_the_attention_kernels(monkeypatch):
+    """DS4PY_PATHS' attention words follow gpu/host/runner.c's rule:
+    attn_partials_wide for chunks of K_ATTN_WIDE_MIN (32) rows and more,
+    attn_partials at every width with K_RUNNER_ATTN_WIDE=0."""
+    from ds4py.gpu_backend import _attn_path
+    monkeypatch.delenv("K_RUNNER_ATTN_WIDE", raising=False)
+    assert "attn_partials_wide + attn_merge for chunks of 32+ rows" in _attn_path()
+    monkeypatch.setenv("K_RUNNER_ATTN_WIDE", "0")
+    assert "attn_partials + attn_merge at every width" in _attn_path()
+    assert "attn_partials_wide" not in _attn_path()
+    src = open(os.path.join(os.path.dirname(__file__), "..", "gpu", "host", "runner.c")).read()
+    assert "#define K_ATTN_WIDE_MIN 32\n" in src
+    assert 'getenv("K_RUNNER_ATTN_WIDE")' in src
+
+
 def test_paths_report_names_the_gdn_kernels(monkeypatch):
     """DS4PY_PATHS' GDN words follow gpu/host/runner.c's K_RUNNER_GDN_ROWS_MIN
     rule: gdn_prep + gdn_rows from 17 tokens by default, from N with the

@@ -24,7 +24,7 @@ import amalgamate  # noqa: E402
 # (2026-12-07; several floors had fallen behind their suites, gdnseq's at
 # 10 of 43). Raise it with the checks a change adds.
 SUITES = {"tables": 7, "f16": 2, "rmsnorm": 18, "quantize": 5, "matvec": 16, "rope": 4,
-          "attn": 12, "kquant": 23, "gdn": 8, "argmax": 4, "glue": 10, "fused": 39, "gdnseq": 43,
+          "attn": 20, "kquant": 23, "gdn": 8, "argmax": 4, "glue": 10, "fused": 39, "gdnseq": 43,
           "gdnnq": 9, "gemm": 50, "mma": 146, "moe": 182, "q4_64a": 23}
 
 
@@ -125,6 +125,11 @@ PLANTED = [
     # bit for bit against the per-pair kernels' rows and y
     ("PLANT_MOE_GEMM_NEXT_EXPERT", "moe",
      r"ne=13 k=3 .* grouped rows=40: gate/up GEMM \+ swiglu_quant = the per-pair"),
+    # attn_partials_wide adds each score's per-lane products in descending
+    # element order: caught bit for bit against attn_partials' partials
+    ("PLANT_ATTN_WIDE_CHAIN_ORDER", "attn",
+     r"attn_partials_wide n_head=8 kv=2 G=4 head_dim=256 pos0=0 rows=40 .*: "
+     r"every partial bit-identical"),
     # moe_logits_wide adds a router row's S partials in descending order:
     # caught bit for bit against moe_logits at the bench router's shape
     ("PLANT_MOE_WIDE_PARTIAL_ORDER", "moe",

@@ -35,6 +35,7 @@
  *   K_DEV, K_DEV_IN, K_TGM   address spaces of pointers kept in locals
  *   K_FN                     qualifiers of a helper function
  *   k_exp, k_log, k_sqrt, k_rint, k_fabs, k_bits_f32, k_f32_bits
+ *   k_fma(a, b, c)           a * b + c with one rounding (IEEE fused multiply-add)
  *                            float math (no fast math), bit casts
  *   k_raise(status, bits)    OR bits into the status word
  *

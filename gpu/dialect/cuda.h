@@ -62,6 +62,7 @@ typedef uint2 k_u32x2; /* 8-byte loads */
 #define k_sqrt(x) sqrtf(x)
 #define k_rint(x) rintf(x)
 #define k_fabs(x) fabsf(x)
+#define k_fma(a, b, c) __fmaf_rn((a), (b), (c)) /* one rounding, explicit: --fmad=false leaves it alone */
 #define K_NEG_INF (-INFINITY)
 
 K_FN float k_h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }

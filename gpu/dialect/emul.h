@@ -48,6 +48,7 @@ typedef struct { uint32_t x, y; } k_u32x2;       /* 8-byte loads */
 #define k_sqrt sqrtf
 #define k_rint rintf /* round to nearest even in the default rounding mode */
 #define k_fabs fabsf
+#define k_fma fmaf /* C99: a * b + c with one rounding */
 #define K_NEG_INF (-INFINITY)
 
 K_FN float k_bits_f32(uint32_t u) { union { uint32_t u; float f; } c; c.u = u; return c.f; }

@@ -53,6 +53,7 @@ typedef uint2 k_u32x2; /* 8-byte loads */
 #define k_sqrt(x) precise::sqrt(x)
 #define k_rint(x) rint(x)
 #define k_fabs(x) fabs(x)
+#define k_fma(a, b, c) fma((a), (b), (c)) /* Metal: a * b + c with one rounding */
 #define K_NEG_INF (-INFINITY)
 
 K_FN float k_h2f(ushort h) { return float(as_type<half>(h)); }

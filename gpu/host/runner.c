@@ -94,6 +94,13 @@ static unsigned fused_units(int64_t rows) { return rows > K_FUSED_CHUNK_ROWS_MAX
 #define K_MOE_LOGITS_SPLIT 16u
 #endif
 
+#ifndef K_ATTN_WIDE_MIN
+/* Query rows from which attention takes attn_partials_wide (the same
+ * partials; only speed depends on it): verify widths (2..16) keep
+ * attn_partials, whose head split keeps more of the GPU busy. */
+#define K_ATTN_WIDE_MIN 32
+#endif
+
 #ifndef K_MOE_LOGITS_WIDE_MIN
 /* Token rows from which the router takes moe_logits_wide (the same bits;
  * only speed depends on it): below, moe_logits' one threadgroup per router
@@ -749,18 +756,23 @@ int kr_attn_layer(k_runner *r, dev_layer *L, dev_state *S, int64_t n, int64_t po
         const float *aq = qn + t0 * qf_dim;
         const uint32_t nb = (uint32_t)((apos + an + K_ATTN_BLOCK - 1) / K_ATTN_BLOCK);
         const uint32_t G = (uint32_t)(nh / nkv);
+        /* chunks of K_ATTN_WIDE_MIN+ rows: attn_partials_wide (the same
+         * partials), r->attn_wide query vectors a threadgroup */
+        const int wide = r->attn_wide && an >= K_ATTN_WIDE_MIN && dh % 4 == 0 && G <= r->attn_wide;
         /* query rows per threadgroup: as many as K_ATTN_MAX_QV query vectors
          * allow (each K/V tile then serves them all); K_RUNNER_ATTN_RG fixes it */
-        uint32_t rg = G <= K_ATTN_MAX_QV ? K_ATTN_MAX_QV / G : 1u;
-        if (r->attn_rg && r->attn_rg * G <= K_ATTN_MAX_QV) rg = r->attn_rg;
+        uint32_t rg = wide ? r->attn_wide / G : G <= K_ATTN_MAX_QV ? K_ATTN_MAX_QV / G : 1u;
+        if (!wide && r->attn_rg && r->attn_rg * G <= K_ATTN_MAX_QV) rg = r->attn_rg;
         if (rg > (uint32_t)an) rg = (uint32_t)an;
         const uint32_t ng = ((uint32_t)an + rg - 1u) / rg;
         const uint32_t bps = k_attn_blocks_per_split(nb, (uint32_t)nkv, ng, ATTN_TARGET_GROUPS);
         const uint32_t ns = k_attn_n_splits(nb, bps);
         uint32_t hs = k_attn_head_split(G, (uint32_t)nkv * ns * ng, K_ATTN_HEAD_SPLIT_GROUPS);
         if (r->attn_hs && G % r->attn_hs == 0) hs = r->attn_hs;
+        if (wide) hs = 1;
         const size_t part = F4((size_t)an * nh * nb * (2 + dh));
-        k_attn_partials_params pp = {K_TAG_OF(attn_partials), (uint32_t)nh, (uint32_t)nkv, (uint32_t)dh,
+        k_attn_partials_params pp = {wide ? K_TAG_OF(attn_partials_wide) : K_TAG_OF(attn_partials),
+                                     (uint32_t)nh, (uint32_t)nkv, (uint32_t)dh,
                                      (uint32_t)an, (uint32_t)apos, nb, bps, (uint32_t)r->n_pages,
                                      (uint32_t)qf_dim, (uint32_t)(2 * dh), c->attn_scale, hs, rg};
         k_binding bp[] = {STATUS_BIND(attn_partials), K_BIND(attn_partials, p, &pp, sizeof pp),
@@ -771,8 +783,8 @@ int kr_attn_layer(k_runner *r, dev_layer *L, dev_state *S, int64_t n, int64_t po
         /* r->attn_tg threads (K_ATTN_TG on CUDA): at short contexts only a
          * few threadgroups exist, so each needs its own latency hiding (no
          * effect on the bits: attn.h's work is placed by position) */
-        if ((rc = kr_launch(r, K_ID_attn_partials, (uint32_t)nkv * hs, ns, ng, r->attn_tg, bp, 7,
-                         err)))
+        if ((rc = wide ? kr_launch(r, K_ID_attn_partials_wide, (uint32_t)nkv, ns, ng, K_ATTN_WIDE_TG, bp, 7, err)
+                       : kr_launch(r, K_ID_attn_partials, (uint32_t)nkv * hs, ns, ng, r->attn_tg, bp, 7, err)))
             return rc;
         k_attn_merge_params pm = {K_TAG_OF(attn_merge), (uint32_t)nh, (uint32_t)dh, (uint32_t)an, (uint32_t)apos,
                                   nb, (uint32_t)(nh * dh)};
@@ -1383,6 +1395,9 @@ int k_runner_open(k_gpu_model *g, int64_t n_ctx, k_runner **out, ds4_error *err)
         r->gdn_nq = !(nq && !strcmp(nq, "0"));
         const char *lw = getenv("K_RUNNER_MOE_LOGITS_WIDE"); /* 0: moe_logits at every width (A/B) */
         r->moe_lw = !(lw && !strcmp(lw, "0"));
+        const char *aw = getenv("K_RUNNER_ATTN_WIDE"); /* 0: attn_partials at every width (A/B) */
+        r->attn_wide = aw && !strcmp(aw, "0") ? 0u
+                       : !strcmp(r->dev->name, "metal") ? K_ATTN_WIDE_QV_METAL : K_ATTN_WIDE_QV_OTHER;
         /* K_RUNNER_GEMM: 0 the matvecs, dp4a the dp4a GEMMs (gemm.h) for
          * every type, kq gemm_kq_mma for the K-quants and gemm.h for Q8_0;
          * unset or mma: the int8 tensor-core GEMMs (gemm_mma.h) for every

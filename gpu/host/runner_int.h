@@ -153,6 +153,7 @@ struct k_runner {
     int fuse;               /* fused glue kernels (fused.h); K_RUNNER_FUSE=0: the unfused sequence */
     int gdn_nq;             /* gdn_norm_quant where it fits (gdn.h); K_RUNNER_GDN_NQ=0: gdn_norm + quantizer */
     int moe_lw;             /* moe_logits_wide for chunks (moe.h); K_RUNNER_MOE_LOGITS_WIDE=0: moe_logits */
+    uint32_t attn_wide;     /* query vectors per attn_partials_wide threadgroup (attn.h); 0 (K_RUNNER_ATTN_WIDE=0): attn_partials */
     int gemm;               /* prefill GEMM for chunks > 16 rows: 2 gemm_mma.h, 3 gemm_kq_mma for K-quants + gemm.h for Q8_0, 1 gemm.h, 0 matvecs */
     uint32_t moe_split;     /* SIMD-groups per router row (moe_logits); K_RUNNER_MOE_SPLIT overrides */
     int64_t moe_group_min;  /* MoE chunks of at least this many rows run grouped by expert (moe_gemm.h);

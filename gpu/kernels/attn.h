@@ -87,22 +87,27 @@ K_FN void k_attn_prefetch_block(K_DEV_IN k_u16 *kpool, K_DEV_IN k_u16 *vpool, k_
     }
 }
 
-/* Stage s of a block with nt tiles: K tile s for s < nt, then V tile
- * (s - nt) % nt (once per d slice). The tile's first 16-byte chunk in the
+/* Stage s of a block with nt tiles of `tile` positions (K_ATTN_TILE in
+ * attn_partials, K_ATTN_WIDE_TILE in attn_partials_wide): K tile s for
+ * s < nt, then V tile (s - nt) % nt (once per d slice). The tile's first 16-byte chunk in the
  * pool, its chunk count (rounded up: the last chunk may run into positions
  * past the block's length, inside the page, never used), and which pool. */
 typedef struct {
     K_DEV_IN k_u32x4 *src;
     k_u32 n;
 } k_attn_stage;
-K_FN k_attn_stage k_attn_stage_of(K_DEV_IN k_u16 *kpool, K_DEV_IN k_u16 *vpool, k_u32 kb, k_u32 len, k_u32 dh,
-                                  k_u32 nt, k_u32 s) {
-    const k_u32 j = s < nt ? s : (s - nt) % nt, p0 = j * K_ATTN_TILE;
-    const k_u32 tl = len - p0 < K_ATTN_TILE ? len - p0 : K_ATTN_TILE;
+K_FN k_attn_stage k_attn_stage_tile(K_DEV_IN k_u16 *kpool, K_DEV_IN k_u16 *vpool, k_u32 kb, k_u32 len, k_u32 dh,
+                                    k_u32 nt, k_u32 s, const k_u32 tile) {
+    const k_u32 j = s < nt ? s : (s - nt) % nt, p0 = j * tile;
+    const k_u32 tl = len - p0 < tile ? len - p0 : tile;
     k_attn_stage st;
     st.src = (K_DEV_IN k_u32x4 *)(s < nt ? kpool : vpool) + (kb + p0 * dh) / 8u;
     st.n = (tl * dh + 7u) / 8u;
     return st;
+}
+K_FN k_attn_stage k_attn_stage_of(K_DEV_IN k_u16 *kpool, K_DEV_IN k_u16 *vpool, k_u32 kb, k_u32 len, k_u32 dh,
+                                  k_u32 nt, k_u32 s) {
+    return k_attn_stage_tile(kpool, vpool, kb, len, dh, nt, s, K_ATTN_TILE);
 }
 
 /* The chunks tid, tid + tg, ... of stage st that a thread keeps in
@@ -131,6 +136,21 @@ K_FN void k_attn_stage_store(k_attn_stage st, k_attn_regs reg, K_TGM k_u32x4 *ti
         if (c < st.n) K_ST(tile, c, reg.c[i]);
     }
     for (k_u32 c = tid + K_ATTN_STAGE_REGS * tg; c < st.n; c += tg) K_ST(tile, c, K_LD(st.src, c));
+}
+
+/* One step of a dot-product or V chain: acc + a * b, two roundings (the
+ * order every partial has had since the first version), or with
+ * K_ATTN_FMA 1 one fused rounding (an experiment: other bits, the same
+ * tolerance or better; decode and prefill must agree on it). */
+#ifndef K_ATTN_FMA
+#define K_ATTN_FMA 0
+#endif
+K_FN float k_attn_madd(float acc, float a, float b) {
+#if K_ATTN_FMA
+    return k_fma(a, b, acc);
+#else
+    return acc + a * b;
+#endif
 }
 
 /* Positions of block p0b that query row vis (it sees [0, vis)) sees. */
@@ -245,8 +265,8 @@ K_FN void k_attn_partials_body(k_attn_partials_params p, K_DEV_IN float *q, K_DE
                                 const k_u32 d = lane + 32u * i;
                                 if (d < dh) {
                                     const float qv = K_LD(qs, (vh + u) * dh + d);
-                                    a0 += k0[i] * qv;
-                                    a1 += k1[i] * qv;
+                                    a0 = k_attn_madd(a0, k0[i], qv);
+                                    a1 = k_attn_madd(a1, k1[i], qv);
                                 }
                             }
                         x.v[u] = a0, x.v[4u + u] = a1;
@@ -301,7 +321,7 @@ K_FN void k_attn_partials_body(k_attn_partials_params p, K_DEV_IN float *q, K_DE
                             const float vv = k_h2f(K_LD(th, (pl0 + u) * dh + d));
                             K_UNROLL for (k_u32 k = 0; k < K_ATTN_MAX_QV; k++) {
                                 if (r + k * R >= NQ) break;
-                                acc[k] += K_LD(S, (r + k * R) * K_ATTN_BLOCK + tp0 + pl0 + u) * vv;
+                                acc[k] = k_attn_madd(acc[k], K_LD(S, (r + k * R) * K_ATTN_BLOCK + tp0 + pl0 + u), vv);
                             }
                         }
                     continue;
@@ -313,7 +333,7 @@ K_FN void k_attn_partials_body(k_attn_partials_params p, K_DEV_IN float *q, K_DE
                         const k_u32 v = r + k * R;
                         if (v >= NQ) break;
                         if (pb < lmin || pb < k_attn_qlen(p, g, v, p0b)) /* each query's own length */
-                            acc[k] += K_LD(S, v * K_ATTN_BLOCK + pb) * vv;
+                            acc[k] = k_attn_madd(acc[k], K_LD(S, v * K_ATTN_BLOCK + pb), vv);
                     }
                 }
             }
@@ -369,6 +389,215 @@ K_KERNEL_BOUNDED(attn_partials, K_ATTN_BOUND_TG, 1) {
         k_attn_partials_body(p, q, kpool, vpool, pages, part, K_ATTN_MAX_DIM, g, qs, S, ML, tile, K_TID, K_TG_SIZE);
     else
         k_attn_partials_body(p, q, kpool, vpool, pages, part, dh, g, qs, S, ML, tile, K_TID, K_TG_SIZE);
+}
+
+/* ------------------------------------------------- attn_partials_wide --
+ * attn_partials for chunks of query rows (prefill): the same partials, bit
+ * for bit, from one threadgroup per (kv head, split, group of query rows)
+ * serving up to K_ATTN_WIDE_QV query vectors (all G heads of group_rows
+ * rows; attn_partials serves K_ATTN_MAX_QV = 8, so each K/V byte is now
+ * read a quarter as often at G = 4), with the per-thread work blocked so
+ * that the operands of the dependent chains sit in registers:
+ *  - step 2: SIMD-group sg takes the 4 query vectors 4 qd .. 4 qd + 3
+ *    (qd = sg / wpq) and, of each tile, the position pairs 2 sub, 2 sub +
+ *    2 wpq, ...; lane l keeps its queries' elements d = l + 32 i in
+ *    registers for the whole launch (attn_partials reads them from
+ *    threadgroup memory at every product). The products, their ascending
+ *    chains, k_attn_sums8's tree and the scale are attn_partials' own;
+ *  - step 3: attn_partials' code;
+ *  - step 4: thread (dq, qg) owns elements 4 dq .. 4 dq + 3 (one 8-byte
+ *    load of each position's V) of query vectors qg, qg + QG, ...: one
+ *    score load serves 4 products (attn_partials: one per product). Each
+ *    (query, element) chain still adds e * v over the positions the query
+ *    sees in ascending order, starting from 0.
+ * So every score, max, sum and accumulator is the same float computation as
+ * in attn_partials (the emulator compares the partials bit for bit). */
+#define K_ATTN_WIDE_QPT (K_ATTN_WIDE_QV / (K_ATTN_WIDE_TG / 64u)) /* step 4's query vectors a thread, at most */
+K_FN void k_attn_wide_body(k_attn_partials_params p, K_DEV_IN float *q, K_DEV_IN k_u16 *kpool, K_DEV_IN k_u16 *vpool,
+                           K_DEV_IN k_u32 *pages, K_DEV float *part, const k_u32 dh, k_attn_geom g, K_TGM float *S,
+                           K_TGM float *ML, K_TGM k_u32x4 *tile, k_u32 tid, k_u32 tg) {
+    const k_u32 lane = tid & 31u, sg = tid >> 5, nsg = tg >> 5, GS = g.GS, NQ = g.NQ, t0 = g.t0;
+    K_TGM k_u16 *th = (K_TGM k_u16 *)tile;
+    K_TGM k_u32x2 *t2 = (K_TGM k_u32x2 *)tile;
+
+    /* step 2's place: 4 query vectors per SIMD-group, wpq SIMD-groups per quad */
+    const k_u32 nq4 = (NQ + 3u) / 4u, wpq = nsg / nq4, qd = sg / wpq, sub = sg % wpq;
+    float qr[4][K_ATTN_MAX_DIM / 32u];
+    K_UNROLL for (k_u32 u = 0; u < 4u; u++) {
+        const k_u32 v = 4u * qd + u;
+        K_UNROLL for (k_u32 i = 0; i < K_ATTN_MAX_DIM / 32u; i++) {
+            const k_u32 d = lane + 32u * i;
+            qr[u][i] = qd < nq4 && v < NQ && d < dh
+                           ? K_LD(q, (t0 + v / GS) * p.q_stride + (g.h0 + v % GS) * p.q_head_stride + d)
+                           : 0.0f;
+        }
+    }
+    /* step 4's place: elements d0 .. d0 + 3 of query vectors qg, qg + QG, ... */
+    const k_u32 C = dh / 4u, QG = tg / C, dq = tid % C, qg = tid / C, d0 = 4u * dq;
+    const int owns = qg < QG;
+
+    for (k_u32 b = g.b0; b < g.b1; b++) {
+        const k_u32 p0b = b * K_ATTN_BLOCK;
+        const k_u32 len = k_attn_len(g.vis_last, p0b); /* the group's longest: its last row's */
+        const k_u32 page = K_LD(pages, b);
+        const k_u32 kb = (page * p.n_head_kv + g.kvh) * K_ATTN_BLOCK * dh;
+        if (K_ATTN_L2AHEAD) {
+            if (b == g.b0) k_attn_prefetch_block(kpool, vpool, kb, len * dh, tid, tg);
+            if (b + 1u < g.b1)
+                k_attn_prefetch_block(kpool, vpool, (K_LD(pages, b + 1u) * p.n_head_kv + g.kvh) * K_ATTN_BLOCK * dh,
+                                      k_attn_len(g.vis_last, p0b + K_ATTN_BLOCK) * dh, tid, tg);
+        }
+        const k_u32 nt = (len + K_ATTN_WIDE_TILE - 1u) / K_ATTN_WIDE_TILE;
+        k_attn_regs reg =
+            k_attn_stage_load(k_attn_stage_tile(kpool, vpool, kb, len, dh, nt, 0u, K_ATTN_WIDE_TILE), tid, tg);
+        for (k_u32 s = 0; s < nt; s++) { /* the K tiles: step 2 */
+            const k_u32 tp0 = s * K_ATTN_WIDE_TILE;
+            const k_u32 tl = len - tp0 < K_ATTN_WIDE_TILE ? len - tp0 : K_ATTN_WIDE_TILE;
+            K_BARRIER(); /* the tile's readers of the previous stage are done */
+            k_attn_stage_store(k_attn_stage_tile(kpool, vpool, kb, len, dh, nt, s, K_ATTN_WIDE_TILE), reg, tile,
+                               tid, tg);
+            K_BARRIER();
+            reg = k_attn_stage_load(k_attn_stage_tile(kpool, vpool, kb, len, dh, nt, s + 1u, K_ATTN_WIDE_TILE), tid,
+                                    tg);
+            if (qd >= nq4) continue; /* a SIMD-group without queries (uniform) */
+            for (k_u32 pl = 2u * sub; pl < tl; pl += 2u * wpq) {
+                const int two = pl + 1u < tl;
+                float k0[K_ATTN_MAX_DIM / 32u], k1[K_ATTN_MAX_DIM / 32u];
+                K_UNROLL for (k_u32 i = 0; i < K_ATTN_MAX_DIM / 32u; i++) {
+                    const k_u32 d = lane + 32u * i;
+                    k0[i] = d < dh ? k_h2f(K_LD(th, pl * dh + d)) : 0.0f;
+                    k1[i] = d < dh && two ? k_h2f(K_LD(th, (pl + 1u) * dh + d)) : 0.0f;
+                }
+                k_attn_items8 x;
+                K_UNROLL for (k_u32 u = 0; u < 4u; u++) {
+                    float a0 = 0.0f, a1 = 0.0f;
+                    if (4u * qd + u < NQ)
+                        K_UNROLL for (k_u32 i = 0; i < K_ATTN_MAX_DIM / 32u; i++) {
+                            const k_u32 d = lane + 32u * i;
+                            if (d < dh) {
+#ifdef PLANT_ATTN_WIDE_CHAIN_ORDER
+                                const k_u32 ii = K_ATTN_MAX_DIM / 32u - 1u - i; /* planted: chains descending */
+                                if (lane + 32u * ii < dh) a0 = k_attn_madd(a0, k0[ii], qr[u][ii]), a1 = k_attn_madd(a1, k1[ii], qr[u][ii]);
+#else
+                                a0 = k_attn_madd(a0, k0[i], qr[u][i]);
+                                a1 = k_attn_madd(a1, k1[i], qr[u][i]);
+#endif
+                            }
+                        }
+                    x.v[u] = a0, x.v[4u + u] = a1;
+                }
+                const float sum = k_attn_sums8(x, lane);
+                const k_u32 item = (lane >> 2) & 7u, j = item >> 2, v = 4u * qd + (item & 3u);
+                if ((lane & 3u) == 0u && v < NQ && (j == 0u || two)) K_ST(S, v * K_ATTN_BLOCK + tp0 + pl + j, sum * p.scale);
+            }
+        }
+        K_BARRIER(); /* every score of the block written */
+        /* step 3: attn_partials' */
+        for (k_u32 v = sg; v < NQ; v += nsg) {
+            const k_u32 lv = k_attn_qlen(p, g, v, p0b);
+            if (lv == 0u) continue; /* this row does not see the block */
+            float m = K_NEG_INF;
+            for (k_u32 pp = lane; pp < lv; pp += 32u) m = k_max2(m, K_LD(S, v * K_ATTN_BLOCK + pp));
+            m = k_simd_max(m);
+            float l = 0.0f;
+            for (k_u32 pp = lane; pp < lv; pp += 32u) {
+                const float e = k_exp(K_LD(S, v * K_ATTN_BLOCK + pp) - m);
+                K_ST(S, v * K_ATTN_BLOCK + pp, e);
+                l += e;
+            }
+            l = k_simd_sum(l);
+            if (lane == 0u) {
+                K_ST(ML, 2u * v, m);
+                K_ST(ML, 2u * v + 1u, l);
+            }
+        }
+        /* positions every row of the group sees: its first row's */
+        const k_u32 lmin = k_attn_len(p.pos0 + t0 + 1u, p0b);
+        float acc[K_ATTN_WIDE_QPT][4];
+        K_UNROLL for (k_u32 k = 0; k < K_ATTN_WIDE_QPT; k++) acc[k][0] = acc[k][1] = acc[k][2] = acc[k][3] = 0.0f;
+        for (k_u32 j = 0; j < nt; j++) { /* the V tiles: step 4 */
+            const k_u32 s = nt + j;
+            const k_u32 tp0 = j * K_ATTN_WIDE_TILE;
+            const k_u32 tl = len - tp0 < K_ATTN_WIDE_TILE ? len - tp0 : K_ATTN_WIDE_TILE;
+            K_BARRIER(); /* the tile's readers of the previous stage are done (and, first, S's writers) */
+            k_attn_stage_store(k_attn_stage_tile(kpool, vpool, kb, len, dh, nt, s, K_ATTN_WIDE_TILE), reg, tile,
+                               tid, tg);
+            K_BARRIER();
+            if (s + 1u < 2u * nt)
+                reg = k_attn_stage_load(k_attn_stage_tile(kpool, vpool, kb, len, dh, nt, s + 1u, K_ATTN_WIDE_TILE),
+                                        tid, tg);
+            if (!owns) continue;
+            const int whole = tl == K_ATTN_WIDE_TILE && tp0 + K_ATTN_WIDE_TILE <= lmin; /* every row sees it */
+            for (k_u32 pl = 0; pl < tl; pl++) {
+                const k_u32 pb = tp0 + pl;
+                const k_u32x2 w = K_LD(t2, (pl * dh + d0) / 4u);
+                const float v0 = k_h2f((k_u16)(w.x & 0xffffu)), v1 = k_h2f((k_u16)(w.x >> 16));
+                const float v2 = k_h2f((k_u16)(w.y & 0xffffu)), v3 = k_h2f((k_u16)(w.y >> 16));
+                K_UNROLL for (k_u32 k = 0; k < K_ATTN_WIDE_QPT; k++) {
+                    const k_u32 v = qg + k * QG;
+                    if (v >= NQ) break;
+                    if (whole || pb < lmin || pb < k_attn_qlen(p, g, v, p0b)) { /* each query's own length */
+                        const float e = K_LD(S, v * K_ATTN_BLOCK + pb);
+                        acc[k][0] = k_attn_madd(acc[k][0], e, v0);
+                        acc[k][1] = k_attn_madd(acc[k][1], e, v1);
+                        acc[k][2] = k_attn_madd(acc[k][2], e, v2);
+                        acc[k][3] = k_attn_madd(acc[k][3], e, v3);
+                    }
+                }
+            }
+        }
+        if (owns)
+            K_UNROLL for (k_u32 k = 0; k < K_ATTN_WIDE_QPT; k++) {
+                const k_u32 v = qg + k * QG;
+                if (v >= NQ) break;
+                if (k_attn_qlen(p, g, v, p0b) == 0u) continue;
+                const k_u32 o = k_attn_part_at(p, g, v, b, dh) + 2u + d0;
+                K_ST(part, o, acc[k][0]);
+                K_ST(part, o + 1u, acc[k][1]);
+                K_ST(part, o + 2u, acc[k][2]);
+                K_ST(part, o + 3u, acc[k][3]);
+            }
+        for (k_u32 v = tid; v < NQ; v += tg) {
+            if (k_attn_qlen(p, g, v, p0b) == 0u) continue;
+            const k_u32 o = k_attn_part_at(p, g, v, b, dh);
+            K_ST(part, o, K_LD(ML, 2u * v));
+            K_ST(part, o + 1u, K_LD(ML, 2u * v + 1u));
+        }
+    }
+}
+
+/* Launch bound: K_ATTN_WIDE_TG threads, K_ATTN_WIDE_MINB threadgroups an
+ * SM (2: ptxas may take 128 registers). Only speed depends on it. */
+#ifndef K_ATTN_WIDE_MINB
+#define K_ATTN_WIDE_MINB 2
+#endif
+K_KERNEL_BOUNDED(attn_partials_wide, K_ATTN_WIDE_TG, K_ATTN_WIDE_MINB) {
+    K_CHECK_TAG(attn_partials_wide);
+    const k_u32 dh = p.head_dim, rg = p.group_rows;
+    if (p.n_head_kv == 0u || p.n_head % p.n_head_kv || p.n_head / p.n_head_kv > K_ATTN_MAX_GROUP || dh == 0u ||
+        dh > K_ATTN_MAX_DIM || dh % 4u || p.blocks_per_split == 0u || p.head_split != 1u || rg == 0u ||
+        (p.n_head / p.n_head_kv) * rg > K_ATTN_WIDE_QV || K_TG_SIZE != K_ATTN_WIDE_TG) {
+        k_raise(status, K_ERR_SHAPE);
+        return;
+    }
+    k_attn_geom g;
+    g.G = p.n_head / p.n_head_kv, g.GS = g.G;
+    g.kvh = K_GX, g.t0 = K_GZ * rg;
+    g.h0 = g.kvh * g.G;
+    const k_u32 nr = g.t0 < p.n_rows ? (p.n_rows - g.t0 < rg ? p.n_rows - g.t0 : rg) : 0u;
+    g.NQ = g.GS * nr;
+    g.vis_last = p.pos0 + g.t0 + nr;
+    const k_u32 nb_t = (g.vis_last + K_ATTN_BLOCK - 1u) / K_ATTN_BLOCK;
+    g.b0 = K_GY * p.blocks_per_split;
+    g.b1 = g.b0 + p.blocks_per_split < nb_t ? g.b0 + p.blocks_per_split : nb_t;
+    K_TG_ARRAY(float, S, K_ATTN_WIDE_QV * K_ATTN_BLOCK);
+    K_TG_ARRAY(float, ML, 2 * K_ATTN_WIDE_QV);
+    K_TG_ARRAY(k_u32x4, tile, K_ATTN_WIDE_TILE * K_ATTN_MAX_DIM / 8u);
+    if (g.kvh >= p.n_head_kv || nr == 0u || g.b0 >= g.b1) return; /* whole threadgroup */
+    if (dh == K_ATTN_MAX_DIM)
+        k_attn_wide_body(p, q, kpool, vpool, pages, part, K_ATTN_MAX_DIM, g, S, ML, tile, K_TID, K_TG_SIZE);
+    else
+        k_attn_wide_body(p, q, kpool, vpool, pages, part, dh, g, S, ML, tile, K_TID, K_TG_SIZE);
 }
 
 /* One threadgroup per (query head, row); thread d (stride K_TG_SIZE) merges

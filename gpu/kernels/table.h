@@ -92,7 +92,8 @@ typedef uchar k_u8;
     X(44, gdn_rows)      \
     X(45, gemm_q4_64a)   \
     X(46, gdn_norm_quant) \
-    X(47, moe_logits_wide)
+    X(47, moe_logits_wide) \
+    X(48, attn_partials_wide)
 
 /* The int8 tensor-core GEMMs (gemm_mma.h) exist on CUDA and under the
  * emulator only: Metal has no int8 simdgroup matrix, so neither its kernel
@@ -238,6 +239,25 @@ typedef struct {
     X(K, 4, vpool, k_u16, K_IN, p.n_pages * p.n_head_kv * K_ATTN_BLOCK * p.head_dim) \
     X(K, 5, pages, k_u32, K_IN, p.n_blocks)                               \
     X(K, 6, part, float, K_OUT, p.n_rows * p.n_head * p.n_blocks * (2 + p.head_dim))
+
+/* attn_partials for chunks of query rows, the same partials bit for bit
+ * (attn.h): one threadgroup of K_ATTN_WIDE_TG threads per (kv head, split,
+ * group of group_rows query rows) serves up to K_ATTN_WIDE_QV query vectors
+ * (all G heads of the group: head_split must be 1) from one read of each
+ * K/V tile, with the queries in registers. head_dim must be a multiple of 4
+ * (a thread's V elements are one 8-byte load); anything else raises
+ * K_ERR_SHAPE and the runner keeps attn_partials. */
+#define K_ATTN_WIDE_QV_METAL 16u /* scores 16 KB + tile 8 KB: within Apple GPUs' 32 KB */
+#define K_ATTN_WIDE_QV_OTHER 32u /* scores 32 KB + tile 8 KB: within CUDA's 48 KB of static shared memory */
+#ifdef K_DEVICE_METAL
+#define K_ATTN_WIDE_QV K_ATTN_WIDE_QV_METAL /* the kernel's own bound (the host asks by device name) */
+#else
+#define K_ATTN_WIDE_QV K_ATTN_WIDE_QV_OTHER
+#endif
+#define K_ATTN_WIDE_TG 256u   /* threads: 8 SIMD-groups, one per 4 query vectors at most */
+#define K_ATTN_WIDE_TILE 16u  /* positions per K/V tile (a divisor of K_ATTN_BLOCK) */
+typedef k_attn_partials_params k_attn_partials_wide_params;
+#define K_ARGS_attn_partials_wide(X, K) K_ARGS_attn_partials(X, K)
 
 /* --------------------------------------------------------- attn_merge -- */
 /* Second pass: per (query head, row), the row's block partials merged in

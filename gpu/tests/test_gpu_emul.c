@@ -1092,6 +1092,117 @@ static double attn_check_row(const attn_case *c, uint32_t pos, const float *q, c
     return worst;
 }
 
+/* The partials of one attn_partials (hs 1, one row a threadgroup, 128
+ * threads: the base) or attn_partials_wide (rg rows, K_ATTN_WIDE_TG
+ * threads unless tg is given) launch into part (NaN where unwritten); 0 on
+ * success, or with expect_shape 1 when the launch raises K_ERR_SHAPE. */
+static int run_attn_part(const attn_case *c, uint32_t n_rows, uint32_t bps, int wide, uint32_t hs, uint32_t rg,
+                         uint32_t tg, int schedule, float *part, size_t part_n, int expect_shape) {
+    const uint32_t nb = (c->pos0 + n_rows + K_ATTN_BLOCK - 1) / K_ATTN_BLOCK, qs = c->n_head * c->dh;
+    fill_nan(part, part_n);
+    k_attn_partials_params p = {wide ? K_TAG_OF(attn_partials_wide) : K_TAG_OF(attn_partials), c->n_head,
+                                c->n_head_kv, c->dh, n_rows, c->pos0, nb, bps, c->n_pages, qs, c->dh, c->scale, hs, rg};
+    const size_t pool = (size_t)c->n_pages * c->n_head_kv * K_ATTN_BLOCK * c->dh * 2;
+    k_binding b[] = {K_BIND(attn_partials, status, status, 8), K_BIND(attn_partials, p, &p, sizeof p),
+                     K_BIND(attn_partials, q, c->q, sizeof(float) * n_rows * qs),
+                     K_BIND(attn_partials, kpool, c->kpool, pool), K_BIND(attn_partials, vpool, c->vpool, pool),
+                     K_BIND(attn_partials, pages, c->pages, 4 * nb),
+                     K_BIND(attn_partials, part, part, sizeof(float) * part_n)};
+    const int id = wide ? K_ID_attn_partials_wide : K_ID_attn_partials;
+    const uint32_t gx = c->n_head_kv * (wide ? 1 : hs), ng = (n_rows + rg - 1) / rg;
+    if (expect_shape) {
+        const uint32_t grid[3] = {gx, k_attn_n_splits(nb, bps), ng};
+        emul_options opt = {schedule, 0};
+        char err[600];
+        status[0] = status[1] = 0;
+        const int rc = emul_launch(id, grid, tg, b, 7, &opt, err, sizeof err);
+        return rc == 0 && (status[0] & K_ERR_SHAPE);
+    }
+    return launch(id, gx, k_attn_n_splits(nb, bps), ng, tg, b, 7, schedule,
+                  wide ? "attn_partials_wide" : "attn_partials");
+}
+
+/* attn_partials_wide against attn_partials: every partial (max, sum, acc)
+ * bit for bit, for chunks of rows that cross block boundaries and the
+ * diagonal, GQA factors 1..8 (row groups of 32 / G rows, a short last
+ * group), head_dims from 32 to 256 (the constant-256 path), split counts
+ * from one block a split to one split. */
+static void attn_wide_checks(void) {
+    const uint32_t shapes[][5] = {
+        /* n_head_kv, G, head_dim, pos0, n_rows */
+        {2, 4, 256, 0, 40},  /* the 0.8B shape's attention, a chunk from position 0 */
+        {1, 8, 64, 250, 37}, /* G 8: 4 rows a group; the chunk crosses a block */
+        {2, 6, 32, 700, 11}, /* G 6: 5 rows (30 vectors), one short group */
+        {1, 1, 36, 255, 33}, /* G 1: 32 rows a group; 9 element quads a row */
+        {3, 2, 128, 511, 20},
+        {1, 3, 72, 5, 3},    /* fewer rows than a group */
+        {1, 5, 256, 300, 7},
+    };
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        attn_case c;
+        c.n_head_kv = shapes[k][0];
+        c.n_head = shapes[k][0] * shapes[k][1];
+        c.dh = shapes[k][2];
+        c.pos0 = shapes[k][3];
+        c.n_rows = shapes[k][4];
+        c.scale = 1.0f / sqrtf((float)c.dh);
+        c.n_blocks = (c.pos0 + c.n_rows + K_ATTN_BLOCK - 1) / K_ATTN_BLOCK;
+        c.n_pages = c.n_blocks + 1;
+        const size_t pe = (size_t)c.n_pages * c.n_head_kv * K_ATTN_BLOCK * c.dh;
+        c.kpool = malloc(2 * pe), c.vpool = malloc(2 * pe);
+        for (size_t i = 0; i < pe; i++) {
+            c.kpool[i] = ds4_f32_to_fp16(frand(-2, 2));
+            c.vpool[i] = ds4_f32_to_fp16(frand(-3, 3));
+        }
+        c.pages = malloc(4 * c.n_blocks);
+        for (uint32_t b = 0; b < c.n_blocks; b++) c.pages[b] = (c.n_blocks - b) % c.n_pages;
+        const uint32_t qs = c.n_head * c.dh, G = shapes[k][1];
+        c.q = malloc(sizeof(float) * c.n_rows * qs);
+        for (uint32_t i = 0; i < c.n_rows * qs; i++) c.q[i] = frand(-2, 2) * (k == 1 ? 5.0f : 1.0f);
+        const size_t part_n = (size_t)c.n_rows * c.n_head * c.n_blocks * (2 + c.dh);
+        float *base = malloc(sizeof(float) * part_n), *o = malloc(sizeof(float) * part_n);
+        int ok = run_attn_part(&c, c.n_rows, c.n_blocks, 0, 1, 1, 128, EMUL_FORWARD, base, part_n, 0) == 0;
+        size_t diff = 0;
+        int runs = 0;
+        const uint32_t rg = K_ATTN_WIDE_QV_OTHER / G;
+        for (uint32_t bps = 1; ok && bps <= c.n_blocks; bps++) {
+            ok = run_attn_part(&c, c.n_rows, bps, 1, 1, rg, K_ATTN_WIDE_TG, bps & 1 ? EMUL_REVERSE : EMUL_FORWARD, o,
+                               part_n, 0) == 0;
+            for (size_t i = 0; ok && i < part_n; i++)
+                if (memcmp(&o[i], &base[i], 4)) diff++;
+            runs++;
+        }
+        /* fewer rows a group than fit: the same bits */
+        if (ok && rg > 1) {
+            ok = run_attn_part(&c, c.n_rows, c.n_blocks, 1, 1, rg - 1, K_ATTN_WIDE_TG, EMUL_REVERSE, o, part_n, 0) == 0;
+            for (size_t i = 0; ok && i < part_n; i++)
+                if (memcmp(&o[i], &base[i], 4)) diff++;
+            runs++;
+        }
+        check(ok && diff == 0,
+              "attn_partials_wide n_head=%u kv=%u G=%u head_dim=%u pos0=%u rows=%u (%u rows a group): every partial "
+              "bit-identical to attn_partials (%d launches of %zu floats each, %zu floats differ)", c.n_head, c.n_head_kv, G, c.dh,
+              c.pos0, c.n_rows, rg, runs, part_n, diff);
+        free(c.kpool), free(c.vpool), free(c.pages), free(c.q), free(base), free(o);
+    }
+    /* what it refuses (the runner keeps attn_partials there) */
+    {
+        attn_case c = {4, 2, 32, 0, 4, 1, 1, NULL, NULL, NULL, NULL, 0.25f};
+        const size_t pe = (size_t)c.n_pages * c.n_head_kv * K_ATTN_BLOCK * 36;
+        c.kpool = calloc(pe, 2), c.vpool = calloc(pe, 2), c.pages = calloc(1, 4), c.q = calloc(4 * 4 * 36, 4);
+        const size_t part_n = (size_t)4 * 4 * (2 + 36);
+        float *o = malloc(sizeof(float) * part_n);
+        const int hs2 = run_attn_part(&c, 4, 1, 1, 2, 2, K_ATTN_WIDE_TG, EMUL_FORWARD, o, part_n, 1);
+        const int tg128 = run_attn_part(&c, 4, 1, 1, 1, 2, 128, EMUL_FORWARD, o, part_n, 1);
+        const int over = run_attn_part(&c, 4, 1, 1, 1, K_ATTN_WIDE_QV / 2 + 1, K_ATTN_WIDE_TG, EMUL_FORWARD, o, part_n, 1);
+        c.dh = 34; /* not a multiple of 4 */
+        const int dh34 = run_attn_part(&c, 4, 1, 1, 1, 2, K_ATTN_WIDE_TG, EMUL_FORWARD, o, part_n, 1);
+        check(hs2 && tg128 && over && dh34, "attn_partials_wide: a head split of 2, 128 threads, more than "
+                                            "K_ATTN_WIDE_QV query vectors and head_dim 34 raise K_ERR_SHAPE");
+        free(c.kpool), free(c.vpool), free(c.pages), free(c.q), free(o);
+    }
+}
+
 static void suite_attn(void) {
     const uint32_t shapes[][4] = {
         /* n_head_kv, G, head_dim, pos0 */
@@ -1220,6 +1331,7 @@ static void suite_attn(void) {
                                     "past K_ATTN_MAX_QV query vectors raise K_ERR_SHAPE");
         free(c.kpool), free(c.vpool), free(c.pages), free(c.q), free(o);
     }
+    attn_wide_checks();
 }
 
 /* ------------------------------------------------------------ kquant -- */

@@ -23,6 +23,7 @@ struct half { ushort bits; half() = default; explicit half(float); operator floa
 namespace metal {
 namespace precise { float exp(float); float log(float); float sqrt(float); }
 using std::fabs;
+using std::fma;
 using std::rint;
 template <class T, class U> T as_type(U u) { static_assert(sizeof(T) == sizeof(U), "as_type size"); T t; std::memcpy(&t, &u, sizeof t); return t; }
 float simd_shuffle_xor(float, ushort);
