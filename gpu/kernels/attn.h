@@ -39,8 +39,7 @@
  * element) chain of step 4 is the same float computation whichever
  * threadgroup, thread, tile or row group runs it, so the partials do not
  * depend on head_split, group_rows, the threadgroup size or K_ATTN_TILE
- * either (tested), and they are the bits of the first, untiled version of
- * this kernel (golden model outputs cmp-identical).
+ * either (tested); each chain step is k_attn_madd (one fused rounding).
  * The numerics differ from the CPU's F16 recipe (which keeps llama.cpp's F16
  * accumulator); docs/gpu.md derives the stated tolerance against an exact
  * reference.
@@ -138,12 +137,15 @@ K_FN void k_attn_stage_store(k_attn_stage st, k_attn_regs reg, K_TGM k_u32x4 *ti
     for (k_u32 c = tid + K_ATTN_STAGE_REGS * tg; c < st.n; c += tg) K_ST(tile, c, K_LD(st.src, c));
 }
 
-/* One step of a dot-product or V chain: acc + a * b, two roundings (the
- * order every partial has had since the first version), or with
- * K_ATTN_FMA 1 one fused rounding (an experiment: other bits, the same
- * tolerance or better; decode and prefill must agree on it). */
+/* One step of a dot-product or V chain: a * b + acc with one rounding
+ * (K_ATTN_FMA 1, the default since session 33: half the float
+ * instructions of the two steps; H100, attn_partials_wide at 4096 tokens of
+ * the 0.8B shape 984 -> 822 us a launch), or K_ATTN_FMA 0 the separate
+ * product and add of sessions 8-32 (other bits; the derived tolerance
+ * covers both). Every attention kernel calls it, so decode, verify and
+ * prefill keep one order. */
 #ifndef K_ATTN_FMA
-#define K_ATTN_FMA 0
+#define K_ATTN_FMA 1
 #endif
 K_FN float k_attn_madd(float acc, float a, float b) {
 #if K_ATTN_FMA
