@@ -201,6 +201,75 @@ K_FN k_u32 k_attn_part_at(k_attn_partials_params p, k_attn_geom g, k_u32 v, k_u3
     return (((g.t0 + v / g.GS) * p.n_head + g.h0 + v % g.GS) * p.n_blocks + b) * (2u + dh);
 }
 
+/* Step 2's K elements of positions pl and pl + 1 (when two) of the tile
+ * in threadgroup memory th: lane's d = lane + 32 i, as float (0 past dh). */
+typedef struct {
+    float k0[K_ATTN_MAX_DIM / 32u], k1[K_ATTN_MAX_DIM / 32u];
+} k_attn_kpair;
+K_FN k_attn_kpair k_attn_load_kpair(K_TGM k_u16 *th, k_u32 pl, int two, k_u32 dh, k_u32 lane) {
+    k_attn_kpair kp;
+    K_UNROLL for (k_u32 i = 0; i < K_ATTN_MAX_DIM / 32u; i++) {
+        const k_u32 d = lane + 32u * i;
+        kp.k0[i] = d < dh ? k_h2f(K_LD(th, pl * dh + d)) : 0.0f;
+        kp.k1[i] = d < dh && two ? k_h2f(K_LD(th, (pl + 1u) * dh + d)) : 0.0f;
+    }
+    return kp;
+}
+
+/* The start of block b in the K/V pools (kv head g.kvh), and the L2
+ * look-ahead (K_ATTN_L2AHEAD): the block itself when it is the split's
+ * first, and the next block of the split. len: the positions of block b
+ * the group's last row sees. */
+K_FN k_u32 k_attn_block_start(k_attn_partials_params p, k_attn_geom g, K_DEV_IN k_u16 *kpool,
+                              K_DEV_IN k_u16 *vpool, K_DEV_IN k_u32 *pages, k_u32 b, k_u32 len, k_u32 dh,
+                              k_u32 tid, k_u32 tg) {
+    const k_u32 kb = (K_LD(pages, b) * p.n_head_kv + g.kvh) * K_ATTN_BLOCK * dh;
+    if (K_ATTN_L2AHEAD) {
+        if (b == g.b0) k_attn_prefetch_block(kpool, vpool, kb, len * dh, tid, tg);
+        if (b + 1u < g.b1)
+            k_attn_prefetch_block(kpool, vpool, (K_LD(pages, b + 1u) * p.n_head_kv + g.kvh) * K_ATTN_BLOCK * dh,
+                                  k_attn_len(g.vis_last, (b + 1u) * K_ATTN_BLOCK) * dh, tid, tg);
+    }
+    return kb;
+}
+
+/* Step 3 of the block at p0b: per query vector v (SIMD-group v % nsg) that
+ * sees the block, the max m of its scores in S, then e = exp(s - m) written
+ * back over them and their sum l (lane-strided, butterfly); (m, l) to ML. */
+K_FN void k_attn_softmax_block(k_attn_partials_params p, k_attn_geom g, K_TGM float *S, K_TGM float *ML,
+                               k_u32 p0b, k_u32 lane, k_u32 sg, k_u32 nsg) {
+    for (k_u32 v = sg; v < g.NQ; v += nsg) {
+        const k_u32 lv = k_attn_qlen(p, g, v, p0b);
+        if (lv == 0u) continue; /* this row does not see the block */
+        float m = K_NEG_INF;
+        for (k_u32 pp = lane; pp < lv; pp += 32u) m = k_max2(m, K_LD(S, v * K_ATTN_BLOCK + pp));
+        m = k_simd_max(m);
+        float l = 0.0f;
+        for (k_u32 pp = lane; pp < lv; pp += 32u) {
+            const float e = k_exp(K_LD(S, v * K_ATTN_BLOCK + pp) - m);
+            K_ST(S, v * K_ATTN_BLOCK + pp, e);
+            l += e;
+        }
+        l = k_simd_sum(l);
+        if (lane == 0u) {
+            K_ST(ML, 2u * v, m);
+            K_ST(ML, 2u * v + 1u, l);
+        }
+    }
+}
+
+/* Each query vector's (m, l) of block b into its partial (the acc part is
+ * written by step 4). */
+K_FN void k_attn_store_ml(k_attn_partials_params p, k_attn_geom g, K_DEV float *part, K_TGM float *ML, k_u32 b,
+                          k_u32 p0b, k_u32 dh, k_u32 tid, k_u32 tg) {
+    for (k_u32 v = tid; v < g.NQ; v += tg) {
+        if (k_attn_qlen(p, g, v, p0b) == 0u) continue;
+        const k_u32 o = k_attn_part_at(p, g, v, b, dh);
+        K_ST(part, o, K_LD(ML, 2u * v));
+        K_ST(part, o + 1u, K_LD(ML, 2u * v + 1u));
+    }
+}
+
 /* One threadgroup's blocks b0..b1 (steps 1-4 of the header). head_dim dh
  * is an argument so that the kernel can call it with a constant 256 (the
  * real models' head_dim): inlined, its guards and index arithmetic fold
@@ -226,14 +295,7 @@ K_FN void k_attn_partials_body(k_attn_partials_params p, K_DEV_IN float *q, K_DE
     for (k_u32 b = g.b0; b < g.b1; b++) {
         const k_u32 p0b = b * K_ATTN_BLOCK;
         const k_u32 len = k_attn_len(g.vis_last, p0b); /* the group's longest: its last row's */
-        const k_u32 page = K_LD(pages, b);
-        const k_u32 kb = (page * p.n_head_kv + g.kvh) * K_ATTN_BLOCK * dh;
-        if (K_ATTN_L2AHEAD) {
-            if (b == g.b0) k_attn_prefetch_block(kpool, vpool, kb, len * dh, tid, tg);
-            if (b + 1u < g.b1)
-                k_attn_prefetch_block(kpool, vpool, (K_LD(pages, b + 1u) * p.n_head_kv + g.kvh) * K_ATTN_BLOCK * dh,
-                                      k_attn_len(g.vis_last, p0b + K_ATTN_BLOCK) * dh, tid, tg);
-        }
+        const k_u32 kb = k_attn_block_start(p, g, kpool, vpool, pages, b, len, dh, tid, tg);
         const k_u32 nt = (len + K_ATTN_TILE - 1u) / K_ATTN_TILE, n_stage = nt * (1u + n_slice);
         k_attn_regs reg = k_attn_stage_load(k_attn_stage_of(kpool, vpool, kb, len, dh, nt, 0u), tid, tg);
         /* The per-query loops run to the constant K_ATTN_MAX_QV with a
@@ -252,12 +314,7 @@ K_FN void k_attn_partials_body(k_attn_partials_params p, K_DEV_IN float *q, K_DE
              * query's K element loads serve both */
             for (k_u32 pl = 2u * sg; pl < tl; pl += 2u * nsg) {
                 const int two = pl + 1u < tl;
-                float k0[K_ATTN_MAX_DIM / 32u], k1[K_ATTN_MAX_DIM / 32u];
-                K_UNROLL for (k_u32 i = 0; i < K_ATTN_MAX_DIM / 32u; i++) {
-                    const k_u32 d = lane + 32u * i;
-                    k0[i] = d < dh ? k_h2f(K_LD(th, pl * dh + d)) : 0.0f;
-                    k1[i] = d < dh && two ? k_h2f(K_LD(th, (pl + 1u) * dh + d)) : 0.0f;
-                }
+                const k_attn_kpair kp = k_attn_load_kpair(th, pl, two, dh, lane);
                 for (k_u32 vh = 0; vh < NQ; vh += 4u) { /* queries vh .. vh + 3 */
                     k_attn_items8 x;
                     K_UNROLL for (k_u32 u = 0; u < 4u; u++) {
@@ -267,8 +324,8 @@ K_FN void k_attn_partials_body(k_attn_partials_params p, K_DEV_IN float *q, K_DE
                                 const k_u32 d = lane + 32u * i;
                                 if (d < dh) {
                                     const float qv = K_LD(qs, (vh + u) * dh + d);
-                                    a0 = k_attn_madd(a0, k0[i], qv);
-                                    a1 = k_attn_madd(a1, k1[i], qv);
+                                    a0 = k_attn_madd(a0, kp.k0[i], qv);
+                                    a1 = k_attn_madd(a1, kp.k1[i], qv);
                                 }
                             }
                         x.v[u] = a0, x.v[4u + u] = a1;
@@ -281,25 +338,7 @@ K_FN void k_attn_partials_body(k_attn_partials_params p, K_DEV_IN float *q, K_DE
             }
         }
         K_BARRIER(); /* every score of the block written */
-        /* step 3 */
-        for (k_u32 v = sg; v < NQ; v += nsg) {
-            const k_u32 lv = k_attn_qlen(p, g, v, p0b);
-            if (lv == 0u) continue; /* this row does not see the block */
-            float m = K_NEG_INF;
-            for (k_u32 pp = lane; pp < lv; pp += 32u) m = k_max2(m, K_LD(S, v * K_ATTN_BLOCK + pp));
-            m = k_simd_max(m);
-            float l = 0.0f;
-            for (k_u32 pp = lane; pp < lv; pp += 32u) {
-                const float e = k_exp(K_LD(S, v * K_ATTN_BLOCK + pp) - m);
-                K_ST(S, v * K_ATTN_BLOCK + pp, e);
-                l += e;
-            }
-            l = k_simd_sum(l);
-            if (lane == 0u) {
-                K_ST(ML, 2u * v, m);
-                K_ST(ML, 2u * v + 1u, l);
-            }
-        }
+        k_attn_softmax_block(p, g, S, ML, p0b, lane, sg, nsg); /* step 3 */
         /* positions every row of the group sees: its first row's (row t0 + i
          * sees i more, so only the last block's last few positions differ) */
         const k_u32 lmin = k_attn_len(p.pos0 + t0 + 1u, p0b);
@@ -348,12 +387,7 @@ K_FN void k_attn_partials_body(k_attn_partials_params p, K_DEV_IN float *q, K_DE
                     K_ST(part, o + 2u + d, acc[k]);
                 }
         }
-        for (k_u32 v = tid; v < NQ; v += tg) {
-            if (k_attn_qlen(p, g, v, p0b) == 0u) continue;
-            const k_u32 o = k_attn_part_at(p, g, v, b, dh);
-            K_ST(part, o, K_LD(ML, 2u * v));
-            K_ST(part, o + 1u, K_LD(ML, 2u * v + 1u));
-        }
+        k_attn_store_ml(p, g, part, ML, b, p0b, dh, tid, tg);
     }
 }
 
@@ -441,14 +475,7 @@ K_FN void k_attn_wide_body(k_attn_partials_params p, K_DEV_IN float *q, K_DEV_IN
     for (k_u32 b = g.b0; b < g.b1; b++) {
         const k_u32 p0b = b * K_ATTN_BLOCK;
         const k_u32 len = k_attn_len(g.vis_last, p0b); /* the group's longest: its last row's */
-        const k_u32 page = K_LD(pages, b);
-        const k_u32 kb = (page * p.n_head_kv + g.kvh) * K_ATTN_BLOCK * dh;
-        if (K_ATTN_L2AHEAD) {
-            if (b == g.b0) k_attn_prefetch_block(kpool, vpool, kb, len * dh, tid, tg);
-            if (b + 1u < g.b1)
-                k_attn_prefetch_block(kpool, vpool, (K_LD(pages, b + 1u) * p.n_head_kv + g.kvh) * K_ATTN_BLOCK * dh,
-                                      k_attn_len(g.vis_last, p0b + K_ATTN_BLOCK) * dh, tid, tg);
-        }
+        const k_u32 kb = k_attn_block_start(p, g, kpool, vpool, pages, b, len, dh, tid, tg);
         const k_u32 nt = (len + K_ATTN_WIDE_TILE - 1u) / K_ATTN_WIDE_TILE;
         k_attn_regs reg =
             k_attn_stage_load(k_attn_stage_tile(kpool, vpool, kb, len, dh, nt, 0u, K_ATTN_WIDE_TILE), tid, tg);
@@ -464,12 +491,7 @@ K_FN void k_attn_wide_body(k_attn_partials_params p, K_DEV_IN float *q, K_DEV_IN
             if (qd >= nq4) continue; /* a SIMD-group without queries (uniform) */
             for (k_u32 pl = 2u * sub; pl < tl; pl += 2u * wpq) {
                 const int two = pl + 1u < tl;
-                float k0[K_ATTN_MAX_DIM / 32u], k1[K_ATTN_MAX_DIM / 32u];
-                K_UNROLL for (k_u32 i = 0; i < K_ATTN_MAX_DIM / 32u; i++) {
-                    const k_u32 d = lane + 32u * i;
-                    k0[i] = d < dh ? k_h2f(K_LD(th, pl * dh + d)) : 0.0f;
-                    k1[i] = d < dh && two ? k_h2f(K_LD(th, (pl + 1u) * dh + d)) : 0.0f;
-                }
+                const k_attn_kpair kp = k_attn_load_kpair(th, pl, two, dh, lane);
                 k_attn_items8 x;
                 K_UNROLL for (k_u32 u = 0; u < 4u; u++) {
                     float a0 = 0.0f, a1 = 0.0f;
@@ -479,10 +501,10 @@ K_FN void k_attn_wide_body(k_attn_partials_params p, K_DEV_IN float *q, K_DEV_IN
                             if (d < dh) {
 #ifdef PLANT_ATTN_WIDE_CHAIN_ORDER
                                 const k_u32 ii = K_ATTN_MAX_DIM / 32u - 1u - i; /* planted: chains descending */
-                                if (lane + 32u * ii < dh) a0 = k_attn_madd(a0, k0[ii], qr[u][ii]), a1 = k_attn_madd(a1, k1[ii], qr[u][ii]);
+                                if (lane + 32u * ii < dh) a0 = k_attn_madd(a0, kp.k0[ii], qr[u][ii]), a1 = k_attn_madd(a1, kp.k1[ii], qr[u][ii]);
 #else
-                                a0 = k_attn_madd(a0, k0[i], qr[u][i]);
-                                a1 = k_attn_madd(a1, k1[i], qr[u][i]);
+                                a0 = k_attn_madd(a0, kp.k0[i], qr[u][i]);
+                                a1 = k_attn_madd(a1, kp.k1[i], qr[u][i]);
 #endif
                             }
                         }
@@ -494,25 +516,7 @@ K_FN void k_attn_wide_body(k_attn_partials_params p, K_DEV_IN float *q, K_DEV_IN
             }
         }
         K_BARRIER(); /* every score of the block written */
-        /* step 3: attn_partials' */
-        for (k_u32 v = sg; v < NQ; v += nsg) {
-            const k_u32 lv = k_attn_qlen(p, g, v, p0b);
-            if (lv == 0u) continue; /* this row does not see the block */
-            float m = K_NEG_INF;
-            for (k_u32 pp = lane; pp < lv; pp += 32u) m = k_max2(m, K_LD(S, v * K_ATTN_BLOCK + pp));
-            m = k_simd_max(m);
-            float l = 0.0f;
-            for (k_u32 pp = lane; pp < lv; pp += 32u) {
-                const float e = k_exp(K_LD(S, v * K_ATTN_BLOCK + pp) - m);
-                K_ST(S, v * K_ATTN_BLOCK + pp, e);
-                l += e;
-            }
-            l = k_simd_sum(l);
-            if (lane == 0u) {
-                K_ST(ML, 2u * v, m);
-                K_ST(ML, 2u * v + 1u, l);
-            }
-        }
+        k_attn_softmax_block(p, g, S, ML, p0b, lane, sg, nsg); /* step 3 */
         /* positions every row of the group sees: its first row's */
         const k_u32 lmin = k_attn_len(p.pos0 + t0 + 1u, p0b);
         float acc[K_ATTN_WIDE_QPT][4];
@@ -559,12 +563,7 @@ K_FN void k_attn_wide_body(k_attn_partials_params p, K_DEV_IN float *q, K_DEV_IN
                 K_ST(part, o + 2u, acc[k][2]);
                 K_ST(part, o + 3u, acc[k][3]);
             }
-        for (k_u32 v = tid; v < NQ; v += tg) {
-            if (k_attn_qlen(p, g, v, p0b) == 0u) continue;
-            const k_u32 o = k_attn_part_at(p, g, v, b, dh);
-            K_ST(part, o, K_LD(ML, 2u * v));
-            K_ST(part, o + 1u, K_LD(ML, 2u * v + 1u));
-        }
+        k_attn_store_ml(p, g, part, ML, b, p0b, dh, tid, tg);
     }
 }
 

@@ -1092,6 +1092,22 @@ static double attn_check_row(const attn_case *c, uint32_t pos, const float *q, c
     return worst;
 }
 
+/* The case's scale, block and page counts (spare pages past the blocks)
+ * and random F16 K/V pools (K in [-2, 2], V in [-3, 3]); c->pages
+ * allocated, its mapping left to the caller. */
+static void attn_case_pools(attn_case *c, uint32_t n_rows, uint32_t spare) {
+    c->scale = 1.0f / sqrtf((float)c->dh);
+    c->n_blocks = (c->pos0 + n_rows + K_ATTN_BLOCK - 1) / K_ATTN_BLOCK;
+    c->n_pages = c->n_blocks + spare;
+    const size_t pe = (size_t)c->n_pages * c->n_head_kv * K_ATTN_BLOCK * c->dh;
+    c->kpool = malloc(2 * pe), c->vpool = malloc(2 * pe);
+    for (size_t i = 0; i < pe; i++) {
+        c->kpool[i] = ds4_f32_to_fp16(frand(-2, 2));
+        c->vpool[i] = ds4_f32_to_fp16(frand(-3, 3));
+    }
+    c->pages = malloc(4 * c->n_blocks);
+}
+
 /* The partials of one attn_partials (hs 1, one row a threadgroup, 128
  * threads: the base) or attn_partials_wide (rg rows, K_ATTN_WIDE_TG
  * threads unless tg is given) launch into part (NaN where unwritten); 0 on
@@ -1145,16 +1161,7 @@ static void attn_wide_checks(void) {
         c.dh = shapes[k][2];
         c.pos0 = shapes[k][3];
         c.n_rows = shapes[k][4];
-        c.scale = 1.0f / sqrtf((float)c.dh);
-        c.n_blocks = (c.pos0 + c.n_rows + K_ATTN_BLOCK - 1) / K_ATTN_BLOCK;
-        c.n_pages = c.n_blocks + 1;
-        const size_t pe = (size_t)c.n_pages * c.n_head_kv * K_ATTN_BLOCK * c.dh;
-        c.kpool = malloc(2 * pe), c.vpool = malloc(2 * pe);
-        for (size_t i = 0; i < pe; i++) {
-            c.kpool[i] = ds4_f32_to_fp16(frand(-2, 2));
-            c.vpool[i] = ds4_f32_to_fp16(frand(-3, 3));
-        }
-        c.pages = malloc(4 * c.n_blocks);
+        attn_case_pools(&c, c.n_rows, 1);
         for (uint32_t b = 0; b < c.n_blocks; b++) c.pages[b] = (c.n_blocks - b) % c.n_pages;
         const uint32_t qs = c.n_head * c.dh, G = shapes[k][1];
         c.q = malloc(sizeof(float) * c.n_rows * qs);
@@ -1219,16 +1226,7 @@ static void suite_attn(void) {
         c.dh = shapes[k][2];
         c.pos0 = shapes[k][3];
         c.n_rows = n_rows;
-        c.scale = 1.0f / sqrtf((float)c.dh);
-        c.n_blocks = (c.pos0 + n_rows + K_ATTN_BLOCK - 1) / K_ATTN_BLOCK;
-        c.n_pages = c.n_blocks + 2; /* a pool with spare pages, mapped out of order */
-        const size_t pe = (size_t)c.n_pages * c.n_head_kv * K_ATTN_BLOCK * c.dh;
-        c.kpool = malloc(2 * pe), c.vpool = malloc(2 * pe);
-        for (size_t i = 0; i < pe; i++) {
-            c.kpool[i] = ds4_f32_to_fp16(frand(-2, 2));
-            c.vpool[i] = ds4_f32_to_fp16(frand(-3, 3));
-        }
-        c.pages = malloc(4 * c.n_blocks);
+        attn_case_pools(&c, n_rows, 2); /* a pool with spare pages, mapped out of order */
         for (uint32_t b = 0; b < c.n_blocks; b++) c.pages[b] = (b * 5 + 1) % c.n_pages;
         const uint32_t qs = c.n_head * c.dh;
         c.q = malloc(sizeof(float) * n_rows * qs);
