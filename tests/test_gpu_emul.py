@@ -56,6 +56,21 @@ def test_suite_green(harness, suite):
     assert len(passed) >= SUITES[suite], passed
 
 
+def test_attn_wide_at_metals_query_vectors(tmp_path):
+    """attn_partials_wide at K_ATTN_WIDE_QV_METAL (16 query vectors a
+    threadgroup: two SIMD-groups share each quad of queries in step 2,
+    K_ATTN_WIDE_QPT halves) is the same code Metal compiles: the emulator
+    runs suite attn with that bound, every wide check bit-identical."""
+    src = open(os.path.join(ROOT, "gpu", "kernels", "table.h")).read()
+    assert "#define K_ATTN_WIDE_QV_METAL 16u" in src
+    binary = build(str(tmp_path), "attn_qv16", "-DK_ATTN_WIDE_QV=16u")
+    rc, passed, failed = run(binary, "attn")
+    assert failed == [] and rc == 0, "\n".join(failed)
+    wide = [ln for ln in passed if "attn_partials_wide n_head" in ln]
+    assert len(wide) == 7, passed
+    assert any("(4 rows a group)" in ln and "G=4" in ln for ln in wide), wide
+
+
 def test_unknown_suite_is_an_error(harness):
     r = subprocess.run([harness, "nosuch"], capture_output=True, text=True)
     assert r.returncode == 2 and "unknown suite 'nosuch'" in r.stderr

@@ -249,10 +249,12 @@ typedef struct {
  * K_ERR_SHAPE and the runner keeps attn_partials. */
 #define K_ATTN_WIDE_QV_METAL 16u /* scores 16 KB + tile 8 KB: within Apple GPUs' 32 KB */
 #define K_ATTN_WIDE_QV_OTHER 32u /* scores 32 KB + tile 8 KB: within CUDA's 48 KB of static shared memory */
+#ifndef K_ATTN_WIDE_QV /* -DK_ATTN_WIDE_QV=16u: the emulator's run of Metal's value (tests/test_gpu_emul.py) */
 #ifdef K_DEVICE_METAL
 #define K_ATTN_WIDE_QV K_ATTN_WIDE_QV_METAL /* the kernel's own bound (the host asks by device name) */
 #else
 #define K_ATTN_WIDE_QV K_ATTN_WIDE_QV_OTHER
+#endif
 #endif
 #define K_ATTN_WIDE_TG 256u   /* threads: 8 SIMD-groups, one per 4 query vectors at most */
 #define K_ATTN_WIDE_TILE 16u  /* positions per K/V tile (a divisor of K_ATTN_BLOCK) */
