@@ -141,7 +141,7 @@ K_FN void k_attn_stage_store(k_attn_stage st, k_attn_regs reg, K_TGM k_u32x4 *ti
  * (K_ATTN_FMA 1, the default since session 33: half the float
  * instructions of the two steps; H100, attn_partials_wide at 4096 tokens of
  * the 0.8B shape 984 -> 822 us a launch), or K_ATTN_FMA 0 the separate
- * product and add of sessions 8-32 (other bits; the derived tolerance
+ * product and add of every earlier build (other bits; the derived tolerance
  * covers both). Every attention kernel calls it, so decode, verify and
  * prefill keep one order. */
 #ifndef K_ATTN_FMA
