@@ -70,6 +70,27 @@ K_FN float k_simd_sum(float v) {
     return v;
 }
 
+/* Two k_simd_sum in lockstep (each value its own butterfly, so its own
+ * bits): two independent shuffle chains in flight instead of one. */
+typedef struct {
+    float a, b;
+} k_f32x2;
+K_FN k_f32x2 k_simd_sum2(float a, float b) {
+    a = a + k_shfl_xor(a, 16u);
+    b = b + k_shfl_xor(b, 16u);
+    a = a + k_shfl_xor(a, 8u);
+    b = b + k_shfl_xor(b, 8u);
+    a = a + k_shfl_xor(a, 4u);
+    b = b + k_shfl_xor(b, 4u);
+    a = a + k_shfl_xor(a, 2u);
+    b = b + k_shfl_xor(b, 2u);
+    a = a + k_shfl_xor(a, 1u);
+    b = b + k_shfl_xor(b, 1u);
+    k_f32x2 r;
+    r.a = a, r.b = b;
+    return r;
+}
+
 /* Float sum over the 8 lanes of an octet by xor butterfly (1, 2, 4): the
  * one order on every target; every lane of the octet ends with it. */
 K_FN float k_octet_sum(float v) {

@@ -167,8 +167,14 @@ typedef struct {
     k_gdn_cols st; /* the row after the step */
     float o;       /* its S.q (every lane) */
 } k_gdn_row_step_t;
-K_FN k_gdn_row_step_t k_gdn_row_step(k_gdn_cols st, const k_gdn_cols kx, const k_gdn_cols qx, float v, float beta,
-                                     float decay, k_u32 per, k_u32 d, k_u32 lane) {
+/* The step's two halves, each with its lane's partial dot before the
+ * butterfly: decay the row and S.k (u), then the update and S.q (o). */
+typedef struct {
+    k_gdn_cols st;
+    float part;
+} k_gdn_half_t;
+K_FN k_gdn_half_t k_gdn_row_decay_part(k_gdn_cols st, const k_gdn_cols kx, float decay, k_u32 per, k_u32 d,
+                                       k_u32 lane) {
     float u = 0.0f;
     K_UNROLL for (k_u32 c = 0; c < K_GDN_SEQ_COLS; c++) {
         const k_u32 i = c * 32u + lane;
@@ -177,8 +183,13 @@ K_FN k_gdn_row_step_t k_gdn_row_step(k_gdn_cols st, const k_gdn_cols kx, const k
             u += st.e[c] * kx.e[c];
         }
     }
-    u = k_simd_sum(u);
-    const float dm = (v - u) * beta;
+    k_gdn_half_t h;
+    h.st = st;
+    h.part = u;
+    return h;
+}
+K_FN k_gdn_half_t k_gdn_row_update_part(k_gdn_cols st, const k_gdn_cols kx, const k_gdn_cols qx, float dm,
+                                        k_u32 per, k_u32 d, k_u32 lane) {
     float o = 0.0f;
     K_UNROLL for (k_u32 c = 0; c < K_GDN_SEQ_COLS; c++) {
         const k_u32 i = c * 32u + lane;
@@ -187,9 +198,19 @@ K_FN k_gdn_row_step_t k_gdn_row_step(k_gdn_cols st, const k_gdn_cols kx, const k
             o += st.e[c] * qx.e[c];
         }
     }
+    k_gdn_half_t h;
+    h.st = st;
+    h.part = o;
+    return h;
+}
+K_FN k_gdn_row_step_t k_gdn_row_step(k_gdn_cols st, const k_gdn_cols kx, const k_gdn_cols qx, float v, float beta,
+                                     float decay, k_u32 per, k_u32 d, k_u32 lane) {
+    const k_gdn_half_t hu = k_gdn_row_decay_part(st, kx, decay, per, d, lane);
+    const float u = k_simd_sum(hu.part);
+    const k_gdn_half_t ho = k_gdn_row_update_part(hu.st, kx, qx, (v - u) * beta, per, d, lane);
     k_gdn_row_step_t R;
-    R.st = st;
-    R.o = k_simd_sum(o);
+    R.st = ho.st;
+    R.o = k_simd_sum(ho.part);
     return R;
 }
 
@@ -621,10 +642,17 @@ K_KERNEL(gdn_prep) {
         }
 }
 
+/* One token's inputs to gdn_rows (q^, k^ elements of the lane, v of the
+ * SIMD-group's rows, beta, decay). */
+typedef struct {
+    k_gdn_cols q, k;
+    float v[K_GDN_ROWS_MAX], beta, decay;
+} k_gdn_rows_in;
+
 /* gdn_rows (table.h): p.rows state rows of one value head per
  * SIMD-group through n_tok tokens, gdn_seq's row operations (lane l holds
  * elements c 32 + l of a row, c < ceil(d / 32)) on pq's token rows, which
- * do not depend on the recurrence and are loaded a token ahead. */
+ * do not depend on the recurrence and are loaded K_GDN_AHEAD tokens ahead. */
 K_KERNEL(gdn_rows) {
     K_CHECK_TAG(gdn_rows);
     const k_u32 d = p.d, per = (d + 31u) / 32u, R = p.rows;
@@ -646,44 +674,85 @@ K_KERNEL(gdn_rows) {
         }
     const float oscale = 1.0f / k_sqrt((float)d);
     /* token t's inputs: q^ and k^ (the lane's elements), v of the rows,
-     * beta, decay */
-#define K_GDN_ROWS_FETCH_(t_, QX, KX, VX, BD)                                                       \
+     * beta, decay; a clamped t reads the last token (uniform: no branch) */
+#define K_GDN_ROWS_FETCH_(t_, X)                                                                   \
     do {                                                                                           \
-        K_DEV_IN float *r_ = pq + (t_) * qs;                                                       \
+        const k_u32 tc_ = (t_) < p.n_tok ? (t_) : p.n_tok - 1u;                                    \
+        K_DEV_IN float *r_ = pq + tc_ * qs;                                                        \
         K_UNROLL for (k_u32 c = 0; c < K_GDN_SEQ_COLS; c++) {                                     \
             const k_u32 i = c * 32u + K_LANE;                                                      \
-            QX.e[c] = c < per && i < d ? K_LD(r_, kh * d + i) : 0.0f;                              \
-            KX.e[c] = c < per && i < d ? K_LD(r_, (p.n_k + kh) * d + i) : 0.0f;                    \
+            X.q.e[c] = c < per && i < d ? K_LD(r_, kh * d + i) : 0.0f;                             \
+            X.k.e[c] = c < per && i < d ? K_LD(r_, (p.n_k + kh) * d + i) : 0.0f;                   \
         }                                                                                          \
         K_UNROLL for (k_u32 r = 0; r < K_GDN_ROWS_MAX; r++)                                        \
-            VX[r] = r < R && m0 + r < d ? K_LD(r_, (2u * p.n_k + j) * d + m0 + r) : 0.0f;          \
-        BD[0] = K_LD(r_, cd + j), BD[1] = K_LD(r_, cd + p.n_v + j);                                \
+            X.v[r] = r < R && m0 + r < d ? K_LD(r_, (2u * p.n_k + j) * d + m0 + r) : 0.0f;         \
+        X.beta = K_LD(r_, cd + j), X.decay = K_LD(r_, cd + p.n_v + j);                             \
     } while (0)
-    k_gdn_cols qx, kx;
-    float vx[K_GDN_ROWS_MAX], bd[2];
-    K_GDN_ROWS_FETCH_(0u, qx, kx, vx, bd);
-    for (k_u32 t = 0; t < p.n_tok; t++) {
-        k_gdn_cols qx1, kx1;
-        float vx1[K_GDN_ROWS_MAX], bd1[2];
 #ifdef PLANT_GDN_ROWS_LAG
-        /* planted fault (tests must turn red): each token after the first
-         * meets the previous token's inputs */
-        K_GDN_ROWS_FETCH_(t, qx1, kx1, vx1, bd1);
+    /* planted fault (tests must turn red): each token after the first
+     * meets the previous token's inputs */
+#define K_GDN_ROWS_SRC_(t_) ((t_) > 0u ? (t_) - 1u : 0u)
 #else
-        K_GDN_ROWS_FETCH_(t + 1u < p.n_tok ? t + 1u : t, qx1, kx1, vx1, bd1); /* uniform */
+#define K_GDN_ROWS_SRC_(t_) (t_)
 #endif
-        const float beta = bd[0], decay = bd[1];
-        K_UNROLL for (k_u32 r = 0; r < K_GDN_ROWS_MAX; r++) {
-            const k_u32 m = m0 + r;
-            if (r >= R || m >= d) continue; /* uniform per SIMD-group */
-            const k_gdn_row_step_t Rs = k_gdn_row_step(st[r], kx, qx, vx[r], beta, decay, per, d, K_LANE);
-            st[r] = Rs.st;
-            if (K_LANE == 0u) K_ST(o, t * p.o_stride + j * d + m, Rs.o * oscale);
-        }
-        qx = qx1, kx = kx1;
-        K_UNROLL for (k_u32 r = 0; r < K_GDN_ROWS_MAX; r++) vx[r] = vx1[r];
-        bd[0] = bd1[0], bd[1] = bd1[1];
+    /* Tokens go in groups of K_GDN_AHEAD: a group's inputs are loaded
+     * while the group before it runs, so a load has a whole group's steps
+     * (each a latency chain of two butterflies) to arrive in. */
+    k_gdn_rows_in cur[K_GDN_AHEAD], nxt[K_GDN_AHEAD];
+    K_UNROLL for (k_u32 a = 0; a < K_GDN_AHEAD; a++) K_GDN_ROWS_FETCH_(K_GDN_ROWS_SRC_(a), cur[a]);
+#if K_GDN_ROWS_PIPE
+    /* Pipelined: token t's S.q butterfly runs beside token t + 1's S.k one
+     * (k_simd_sum2: each value's own butterfly), so the o reduction, which
+     * the recurrence does not wait for, no longer sits between two u
+     * reductions. The same operations on the same values as
+     * k_gdn_row_step, token by token. */
+    float u[K_GDN_ROWS_MAX];
+    K_UNROLL for (k_u32 r = 0; r < K_GDN_ROWS_MAX; r++) {
+        u[r] = 0.0f;
+        if (r >= R || m0 + r >= d) continue; /* uniform per SIMD-group */
+        const k_gdn_half_t h = k_gdn_row_decay_part(st[r], cur[0].k, cur[0].decay, per, d, K_LANE);
+        st[r] = h.st;
+        u[r] = k_simd_sum(h.part);
     }
+#endif
+    for (k_u32 t0 = 0; t0 < p.n_tok; t0 += K_GDN_AHEAD) {
+        K_UNROLL for (k_u32 a = 0; a < K_GDN_AHEAD; a++)
+            K_GDN_ROWS_FETCH_(K_GDN_ROWS_SRC_(t0 + K_GDN_AHEAD + a), nxt[a]);
+        K_UNROLL for (k_u32 a = 0; a < K_GDN_AHEAD; a++) {
+            const k_u32 t = t0 + a;
+            if (t >= p.n_tok) continue; /* uniform */
+#if K_GDN_ROWS_PIPE
+            const k_gdn_rows_in nx = a + 1u < K_GDN_AHEAD ? cur[a + 1u] : nxt[0];
+            const int more = t + 1u < p.n_tok; /* uniform */
+#endif
+            K_UNROLL for (k_u32 r = 0; r < K_GDN_ROWS_MAX; r++) {
+                const k_u32 m = m0 + r;
+                if (r >= R || m >= d) continue; /* uniform per SIMD-group */
+#if K_GDN_ROWS_PIPE
+                const k_gdn_half_t h =
+                    k_gdn_row_update_part(st[r], cur[a].k, cur[a].q, (cur[a].v[r] - u[r]) * cur[a].beta, per, d, K_LANE);
+                float ov;
+                if (more) {
+                    const k_gdn_half_t g = k_gdn_row_decay_part(h.st, nx.k, nx.decay, per, d, K_LANE);
+                    st[r] = g.st;
+                    const k_f32x2 ou = k_simd_sum2(h.part, g.part);
+                    ov = ou.a, u[r] = ou.b;
+                } else {
+                    st[r] = h.st;
+                    ov = k_simd_sum(h.part);
+                }
+                if (K_LANE == 0u) K_ST(o, t * p.o_stride + j * d + m, ov * oscale);
+#else
+                const k_gdn_row_step_t Rs =
+                    k_gdn_row_step(st[r], cur[a].k, cur[a].q, cur[a].v[r], cur[a].beta, cur[a].decay, per, d, K_LANE);
+                st[r] = Rs.st;
+                if (K_LANE == 0u) K_ST(o, t * p.o_stride + j * d + m, Rs.o * oscale);
+#endif
+            }
+        }
+        K_UNROLL for (k_u32 a = 0; a < K_GDN_AHEAD; a++) cur[a] = nxt[a];
+    }
+#undef K_GDN_ROWS_SRC_
 #undef K_GDN_ROWS_FETCH_
     K_UNROLL for (k_u32 r = 0; r < K_GDN_ROWS_MAX; r++)
         K_UNROLL for (k_u32 c = 0; c < K_GDN_SEQ_COLS; c++) {

@@ -697,6 +697,16 @@ typedef k_gdn_norm_params k_gdn_norm_quant_params;
 #define K_GDN_ROWS_MAX 2
 #endif
 #define K_GDN_PQ_STRIDE(n_k, n_v, d) ((2 * (n_k) + (n_v)) * (d) + 2 * (n_v))
+/* gdn_rows loads the inputs of tokens in groups of K_GDN_AHEAD, a group
+ * ahead (the same operations whatever it is: a test knob). */
+#ifndef K_GDN_AHEAD
+#define K_GDN_AHEAD 1
+#endif
+/* gdn_rows overlaps token t's S.q butterfly with token t + 1's S.k one
+ * (1), or runs k_gdn_row_step token by token (0); the same bits. */
+#ifndef K_GDN_ROWS_PIPE
+#define K_GDN_ROWS_PIPE 0
+#endif
 #define K_GDN_ROWS_WARPS(n_v, d, rows) ((n_v) * (((d) + (rows) - 1) / (rows)))
 typedef k_gdn_seq_params k_gdn_prep_params; /* split, o_stride unused */
 #define K_ARGS_gdn_prep(X, K)                                             \
