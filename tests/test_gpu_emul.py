@@ -71,6 +71,21 @@ def test_attn_wide_at_metals_query_vectors(tmp_path):
     assert any("(4 rows a group)" in ln and "G=4" in ln for ln in wide), wide
 
 
+@pytest.mark.parametrize("defs", ["-DK_GDN_AHEAD=1 -DK_GDN_ROWS_PIPE=0", "-DK_GDN_AHEAD=3"])
+def test_gdn_rows_token_loop_knobs(tmp_path, defs):
+    """gdn_rows' look-ahead group size and paired butterflies change when
+    work is issued, never a value: suite gdnseq (gdn_prep + gdn_rows +
+    gdn_norm against n single-token launches, bit for bit) stays green with
+    the previous token loop (one token ahead, k_gdn_row_step) and with
+    groups of 3, which most of the 2..9-token shapes end partway through."""
+    src = open(os.path.join(ROOT, "gpu", "kernels", "table.h")).read()
+    assert "#define K_GDN_AHEAD 2" in src and "#define K_GDN_ROWS_PIPE 1" in src
+    binary = build(str(tmp_path), "gdn_knobs", defs)
+    rc, passed, failed = run(binary, "gdnseq")
+    assert failed == [] and rc == 0, "\n".join(failed)
+    assert len(passed) >= SUITES["gdnseq"], passed
+
+
 def test_unknown_suite_is_an_error(harness):
     r = subprocess.run([harness, "nosuch"], capture_output=True, text=True)
     assert r.returncode == 2 and "unknown suite 'nosuch'" in r.stderr

@@ -79,12 +79,13 @@ static unsigned fused_units(int64_t rows) { return rows > K_FUSED_CHUNK_ROWS_MAX
 #define K_GDN_ROWS_MIN 2
 #endif
 #ifndef K_GDN_ROWS_TARGET_WARPS
-/* gdn_rows' SIMD-groups that one wave holds: 132 SMs x 20 (the H100 /
- * H200 at gdn_rows' 89 registers: 5 threadgroups of 4 SIMD-groups an SM).
- * H100, 512 tokens, rows us at 1 / 2 rows a SIMD-group: n_v 16 (2048 /
- * 1024 SIMD-groups) 281 / 333, n_v 32 (4096 / 2048) 536 / 399, n_v 48
- * (6144 / 3072) 799 / 708 */
-#define K_GDN_ROWS_TARGET_WARPS (132u * 20u)
+/* gdn_rows' SIMD-groups that one wave holds: 132 SMs x 16 (the H100 /
+ * H200 at gdn_rows' 128 registers since its two-token look-ahead and
+ * paired butterflies: 4 threadgroups of 4 SIMD-groups an SM; 20 at the
+ * 89 before). H200, 512 tokens, rows us at 1 / 2 rows a SIMD-group: n_v
+ * 16 (2048 / 1024 SIMD-groups) 267.7 / 295.9, n_v 32 (4096 / 2048)
+ * 526.5 / 376.9, n_v 48 (6144 / 3072) 784.7 / 639.9 */
+#define K_GDN_ROWS_TARGET_WARPS (132u * 16u)
 #endif
 
 #ifndef K_MOE_LOGITS_SPLIT

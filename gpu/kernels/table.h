@@ -700,12 +700,12 @@ typedef k_gdn_norm_params k_gdn_norm_quant_params;
 /* gdn_rows loads the inputs of tokens in groups of K_GDN_AHEAD, a group
  * ahead (the same operations whatever it is: a test knob). */
 #ifndef K_GDN_AHEAD
-#define K_GDN_AHEAD 1
+#define K_GDN_AHEAD 2
 #endif
 /* gdn_rows overlaps token t's S.q butterfly with token t + 1's S.k one
  * (1), or runs k_gdn_row_step token by token (0); the same bits. */
 #ifndef K_GDN_ROWS_PIPE
-#define K_GDN_ROWS_PIPE 0
+#define K_GDN_ROWS_PIPE 1
 #endif
 #define K_GDN_ROWS_WARPS(n_v, d, rows) ((n_v) * (((d) + (rows) - 1) / (rows)))
 typedef k_gdn_seq_params k_gdn_prep_params; /* split, o_stride unused */
