@@ -1190,17 +1190,25 @@ static void dot_q5_k(int64_t n, float *s, const void *vx, const void *vy) {
 /* The weight side of one Q6_K superblock for k_pair rows: the four 64-code
  * vectors (codes 0..63 of each 128-chunk: (l & 15) | ((h >> {0|2}) & 3) << 4,
  * codes 64..127: (l >> 4) | ((h >> {4|6}) & 3) << 4, {lower|upper} 32 bytes,
- * h = [qh | qh] of the chunk; 16-bit shifts <= 6 never bring a neighbour
- * byte's bits into the bits kept), in element order, the pairs' scale
- * lanes, and 32 * the scales as int16 (the second sum's weights). */
+ * h = [qh | qh] of the chunk), in element order, the pairs' scale lanes,
+ * and 32 * the scales as int16 (the second sum's weights). The high bits
+ * are moved straight to bits 4-5 ((h << {4|2}) & 0x30, then h & 0x30 and
+ * (h >> 2) & 0x30: 16-bit shifts <= 4 bring a neighbour byte's bits only
+ * into bits the mask drops) and joined with the nibble by one vpternlogd
+ * ((l & 0x0F) | hi): 7 operations per 128 codes instead of 12, 0.91-0.96x
+ * the one-row dot's time in cache (Zen 5 VM, 2026-12-07). */
 #define K6_CHAINS 4
 
 typedef struct {
     __m512i codes[4], scl01, scl23, sc32;
 } k6_side;
 
+/* vpternlogd's truth table for (a & c) | b. */
+#define TERN_A_AND_C_OR_B 0xEC
+
 static inline __attribute__((always_inline)) void k6_weight_side(const block_q6_K *x, k6_side *w) {
-    const __m512i m4 = _mm512_set1_epi8(0x0F), m3 = _mm512_set1_epi8(3);
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    const __m512i shl = _mm512_mask_blend_epi16(UPPER16, _mm512_set1_epi16(4), _mm512_set1_epi16(2));
     const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x->scales));
     const __m512i sc512 = _mm512_castsi256_si512(sc16);
     w->scl01 = _mm512_permutexvar_epi16(_mm512_loadu_si512(k_idx_q6k[0]), sc512);
@@ -1209,12 +1217,11 @@ static inline __attribute__((always_inline)) void k6_weight_side(const block_q6_
     for (int c = 0; c < 2; c++) {
         const __m512i l = _mm512_loadu_si512(x->ql + 64 * c);
         const __m512i h = _mm512_broadcast_i64x4(load32(x->qh + 32 * c));
-        const __m512i ha = _mm512_mask_srli_epi16(h, UPPER16, h, 2);
-        const __m512i hb = _mm512_mask_srli_epi16(_mm512_srli_epi16(h, 4), UPPER16, h, 6);
-        w->codes[2 * c] = _mm512_or_si512(_mm512_and_si512(l, m4),
-                                          _mm512_slli_epi16(_mm512_and_si512(ha, m3), 4));
-        w->codes[2 * c + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
-                                              _mm512_slli_epi16(_mm512_and_si512(hb, m3), 4));
+        const __m512i ha = _mm512_and_si512(_mm512_sllv_epi16(h, shl), m30);
+        const __m512i hb = _mm512_and_si512(_mm512_mask_srli_epi16(h, UPPER16, h, 2), m30);
+        w->codes[2 * c] = _mm512_ternarylogic_epi32(l, ha, m4, TERN_A_AND_C_OR_B);
+        w->codes[2 * c + 1] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(l, 4), hb, m4,
+                                                        TERN_A_AND_C_OR_B);
     }
 }
 
