@@ -653,7 +653,7 @@ static inline __m512i k4_scale_idx0(void) {
  * so one decode serves up to four superblocks: the one-row dot decodes four
  * at once, and takes each superblock's mins as a third vpermw of the same
  * words (before: one 128-bit decode per superblock and a 6-operation mins
- * build): 0.89-0.94x the time per superblock at rows of 1024-3584, 0.97x
+ * build): 0.89-0.94x the time per superblock at rows of 1024-3584, 0.97-1.0x
  * at 512 (Zen 5 VM, one thread, in cache, interleaved, 2026-12-07).
  * No round trip through memory (a store of four words then an 8-byte
  * reload defeats store forwarding). */
@@ -1195,8 +1195,9 @@ static void dot_q5_k(int64_t n, float *s, const void *vx, const void *vy) {
  * are moved straight to bits 4-5 ((h << {4|2}) & 0x30, then h & 0x30 and
  * (h >> 2) & 0x30: 16-bit shifts <= 4 bring a neighbour byte's bits only
  * into bits the mask drops) and joined with the nibble by one vpternlogd
- * ((l & 0x0F) | hi): 7 operations per 128 codes instead of 12, 0.91-0.96x
- * the one-row dot's time in cache (Zen 5 VM, 2026-12-07). */
+ * ((l & 0x0F) | hi): 7 operations per 128 codes instead of 12, 0.86-0.96x
+ * the one-row dot's time in cache at rows of 1024-3584, 0.94-1.0x at 512
+ * (Zen 5 VM, 2026-12-07). */
 #define K6_CHAINS 4
 
 typedef struct {
