@@ -352,8 +352,10 @@ static void bench_prefill(uint32_t a_in, uint32_t a_out) {
                                kq ? K_BIND(gemm_kq_mma, p, &pkm, sizeof pkm) : K_BIND(gemm_q8_0_mma, p, &p8m, sizeof p8m),
                                K_BIND(gemm_kq_mma, w, dw, wbytes), K_BIND(gemm_kq_mma, xq, dx, xbytes),
                                K_BIND(gemm_kq_mma, y, dy2, sizeof(float) * rows * n_out)};
-            const uint32_t gmm[3] = {K_MMA_GROUPS_X(rows), K_MMA_GROUPS_Y(n_out), 1};
-            const double us_mma = time_launches(kq ? K_ID_gemm_kq_mma : K_ID_gemm_q8_0_mma, gmm, K_MMA_TG, bmm, 5, 20);
+            const uint32_t gmm[3] = {kq ? K_MMA_KQ_GROUPS_X(rows) : K_MMA_GROUPS_X(rows),
+                                     kq ? K_MMA_KQ_GROUPS_Y(n_out) : K_MMA_GROUPS_Y(n_out), 1};
+            const double us_mma = time_launches(kq ? K_ID_gemm_kq_mma : K_ID_gemm_q8_0_mma, gmm,
+                                                kq ? K_MMA_KQ_TG : K_MMA_TG, bmm, 5, 20);
             {
                 float *y1 = (float *)malloc(sizeof(float) * rows * n_out), *y2 = (float *)malloc(sizeof(float) * rows * n_out);
                 CK(cudaMemcpy(y1, dy, sizeof(float) * rows * n_out, cudaMemcpyDeviceToHost));
@@ -363,7 +365,7 @@ static void bench_prefill(uint32_t a_in, uint32_t a_out) {
                 const double macs = (double)n_in * n_out * rows;
                 printf("PREFILL mma %s n_in=%5u n_out=%5u rows=%u tile NSG=%d NT=%d: %8.1f us (%6.1f int8 TMAC/s, "
                        "%5.1f us/row); dp4a gemm %8.1f us: %.2fx; outputs %s (%zu of %zu differ)\n", type_name(type), n_in,
-                       n_out, rows, (int)K_MMA_NSG, (int)K_MMA_NT, us_mma, macs / (us_mma * 1e6), us_mma / rows, us_g,
+                       n_out, rows, kq ? (int)K_MMA_KQ_NSG : (int)K_MMA_NSG, kq ? (int)K_MMA_KQ_NT : (int)K_MMA_NT, us_mma, macs / (us_mma * 1e6), us_mma / rows, us_g,
                        us_g / us_mma, ndiff ? "DIFFER FROM THE DP4A GEMM" : "bit-identical to the dp4a gemm", ndiff,
                        (size_t)rows * n_out);
                 free(y1), free(y2);

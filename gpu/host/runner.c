@@ -390,7 +390,7 @@ static int mm_rows(k_runner *r, const mm_job *job, int64_t n_rows, ds4_error *er
     uint8_t *const xq = q8 ? r->xq8 : r->xqk;
 #ifdef K_HAS_MMA_KERNELS
     if (n_rows > K_MATVEC_MAX_ROWS && (r->gemm == 2 || (r->gemm == 3 && !q8)) &&
-        K_MMA_GROUPS_Y((uint64_t)w->n_out) <= 65535u) { /* int8 tensor cores (gemm_mma.h): the same bits */
+        (q8 ? K_MMA_GROUPS_Y((uint64_t)w->n_out) : K_MMA_KQ_GROUPS_Y((uint64_t)w->n_out)) <= 65535u) { /* int8 tensor cores (gemm_mma.h): the same bits */
         k_matvec_kq_params p = {K_TAG_OF(gemm_kq_mma), (uint32_t)w->type, (uint32_t)n_in, (uint32_t)w->n_out,
                                 (uint32_t)n_rows, (uint32_t)ys};
         k_gemm_q8_0_mma_params p8 = {K_TAG_OF(gemm_q8_0_mma), (uint32_t)n_in, (uint32_t)w->n_out, (uint32_t)n_rows,
@@ -399,8 +399,11 @@ static int mm_rows(k_runner *r, const mm_job *job, int64_t n_rows, ds4_error *er
                          q8 ? K_BIND(gemm_q8_0_mma, p, &p8, sizeof p8) : K_BIND(gemm_kq_mma, p, &p, sizeof p),
                          K_BIND(gemm_kq_mma, w, w->p, w->bytes), K_BIND(gemm_kq_mma, xq, xq, (size_t)n_rows * xrow),
                          K_BIND(gemm_kq_mma, y, job->y, F4((n_rows - 1) * ys + w->n_out))};
-        return kr_launch(r, q8 ? K_ID_gemm_q8_0_mma : K_ID_gemm_kq_mma, K_MMA_GROUPS_X((uint32_t)n_rows),
-                      K_MMA_GROUPS_Y((uint32_t)w->n_out), 1, K_MMA_TG, b, 5, err);
+        if (q8)
+            return kr_launch(r, K_ID_gemm_q8_0_mma, K_MMA_GROUPS_X((uint32_t)n_rows), K_MMA_GROUPS_Y((uint32_t)w->n_out),
+                             1, K_MMA_TG, b, 5, err);
+        return kr_launch(r, K_ID_gemm_kq_mma, K_MMA_KQ_GROUPS_X((uint32_t)n_rows),
+                         K_MMA_KQ_GROUPS_Y((uint32_t)w->n_out), 1, K_MMA_KQ_TG, b, 5, err);
     }
 #endif
     if (n_rows > K_MATVEC_MAX_ROWS && r->gemm &&
@@ -883,7 +886,7 @@ static int moe_grouped_ok(const k_runner *r, const dev_moe *M, int64_t n) {
  * over down, moe_combine into y. Every value is the per-pair path's
  * (moe_gate_up, the quantizers, moe_down) bit for bit; each expert's
  * weights are read once per tile of up to K_GEMM_TR of its pairs (moe_gemm)
- * or K_MMA_TR (moe_gemm_mma: int8 tensor cores, where the device has them,
+ * or K_MMA_KQ_TR (moe_gemm_mma: int8 tensor cores, where the device has them,
  * every matrix of the layer is a K-quant and K_RUNNER_GEMM is not dp4a)
  * instead of once per pair. */
 static int moe_grouped(k_runner *r, const dev_moe *M, int64_t n, ds4_error *err) {
@@ -892,7 +895,7 @@ static int moe_grouped(k_runner *r, const dev_moe *M, int64_t n, ds4_error *err)
     const int64_t nf = F > Fs ? F : Fs, nk = n * k, pairs = nk + (Fs ? n : 0);
     uint32_t gemm_id = K_ID_moe_gemm, TR = K_GEMM_TR, tile_rows = K_GEMM_NSG * K_GEMM_TOS, TG = K_GEMM_TG;
 #ifdef K_HAS_MMA_KERNELS
-    if (r->gemm >= 2 && M->all_kq) gemm_id = K_ID_moe_gemm_mma, TR = K_MMA_TR, tile_rows = K_MMA_WR, TG = K_MMA_TG;
+    if (r->gemm >= 2 && M->all_kq) gemm_id = K_ID_moe_gemm_mma, TR = K_MMA_KQ_TR, tile_rows = K_MMA_KQ_WR, TG = K_MMA_KQ_TG;
 #endif
     const uint32_t T = K_MOE_GROUP_TILES((uint32_t)n, (uint32_t)k, (uint32_t)ne, Fs ? 1u : 0u, TR);
     int rc;
@@ -1177,7 +1180,7 @@ static int open_moe_scratch(k_runner *r, ds4_error *err) {
          !(r->moe_dn = kr_dalloc(r, F4(ROWS * (k + 1) * c->n_embd), err)) ||
          !(r->moe_order = kr_dalloc(r, 4 * (size_t)(ROWS * (k + 1)), err)) ||
          !(r->moe_tiles = kr_dalloc(r, 8 * (size_t)K_MOE_GROUP_TILES(ROWS, (uint32_t)k, (uint32_t)ne, 1u,
-                                                                   K_GEMM_TR < K_MMA_TR ? K_GEMM_TR : K_MMA_TR),
+                                                                   K_GEMM_TR < K_MMA_KQ_TR ? K_GEMM_TR : K_MMA_KQ_TR),
                                          err))))
         return err->code;
     return 0;

@@ -152,8 +152,15 @@ K_FN void k_gemm_kq_tile(K_DEV_IN k_u8 *w, k_u32 wbase, k_u32 type, k_u32 n_in, 
         /* stage: entry (r, L) = the Q8_K words lane L's share of super-block
          * base + P meets (quant_kq.h's xw[], in its order), d_x, bsums */
         for (k_u32 e = tid; e < K_GEMM_TR * 32u; e += K_GEMM_TG) {
+#if K_KQ_ORDER == 2
+            /* a block past the row's end is staged as block 0 (its octet
+             * computes it for the butterflies and adds nothing) */
+            const k_u32 r = e / 32u, L = e % 32u, ib = base + (L >> 3) < nb ? base + (L >> 3) : 0u, tl = L & 7u;
+            if (r >= m.n) continue; /* never read */
+#else
             const k_u32 r = e / 32u, L = e % 32u, ib = base + (L >> 3), tl = L & 7u;
             if (r >= m.n || ib >= nb) continue; /* never read */
+#endif
             const k_u32 xb = k_gemm_act(m, k_gemm_row(order, m, r)) / 4u + ib * 73u;
             const k_u32 xlo = 1u + (q6 ? 32u * (tl >> 2) + 2u * (tl & 3u) : 16u * (tl >> 1) + 4u * (tl & 1u));
             k_u32 v[8];
@@ -180,8 +187,13 @@ K_FN void k_gemm_kq_tile(K_DEV_IN k_u8 *w, k_u32 wbase, k_u32 type, k_u32 n_in, 
             K_ST(xt, 3u * e + 2u, c);
         }
         K_BARRIER();
+#if K_KQ_ORDER == 2
+        const k_u32 valid = base + P < nb, ib = valid ? base + P : 0u;
+        { /* every octet: its integer butterflies need all 32 lanes */
+#else
         const k_u32 ib = base + P;
         if (ib < nb) {
+#endif
             k_kq_lane Lw[K_GEMM_TOS];
             K_UNROLL for (k_u32 i = 0; i < K_GEMM_TOS; i++) {
 #ifdef PLANT_GEMM_OFF_BY_ONE_ROW
@@ -206,8 +218,16 @@ K_FN void k_gemm_kq_tile(K_DEV_IN k_u8 *w, k_u32 wbase, k_u32 type, k_u32 n_in, 
                     K_UNROLL for (k_u32 G = 0; G < 4u; G++)
                         part += Lw[i].sc[G] * k_dot4(Lw[i].code[2u * G + 1u], xw[2u * G + 1u],
                                                      k_dot4(Lw[i].code[2u * G], xw[2u * G], 0));
+#if K_KQ_ORDER == 2
+                    const int S = k_octet_isum(part), M = q6 ? 0 : k_octet_isum(Lw[i].m_lo * b0 + Lw[i].m_hi * b1);
+                    if (valid) {
+                        acc[i][r] += (Lw[i].d * dx) * (float)S;
+                        if (!q6) acc[i][r] -= (Lw[i].dmin * dx) * (float)M;
+                    }
+#else
                     acc[i][r] += (Lw[i].d * dx) * (float)part;
                     if (!q6) acc[i][r] -= (Lw[i].dmin * dx) * (float)(Lw[i].m_lo * b0 + Lw[i].m_hi * b1);
+#endif
                 }
             }
         }
@@ -216,11 +236,17 @@ K_FN void k_gemm_kq_tile(K_DEV_IN k_u8 *w, k_u32 wbase, k_u32 type, k_u32 n_in, 
     K_UNROLL for (k_u32 i = 0; i < K_GEMM_TOS; i++)
         K_UNROLL for (k_u32 r = 0; r < K_GEMM_TR; r++) {
             if (r >= m.n) continue;
-            /* ((S0 + S1) + (S2 + S3)), S_P the octet sums: matvec_kq1's combine
-             * (whatever K_MATVEC_ROWS_PER_SIMD, which is Q8_0's) */
+            /* matvec_kq1's combine (whatever K_MATVEC_ROWS_PER_SIMD, which is
+             * Q8_0's; quant_kq.h K_KQ_ORDER) */
+#if K_KQ_ORDER == 2
+            /* ((S0 + S1) + S2) + S3 in lane 0 (the octets' lanes hold the same chain) */
+            const float a1 = k_shfl_xor(acc[i][r], 8u), a2 = k_shfl_xor(acc[i][r], 16u), a3 = k_shfl_xor(acc[i][r], 24u);
+            const float s = ((acc[i][r] + a1) + a2) + a3;
+#else
             float s = k_octet_sum(acc[i][r]);
             s = s + k_shfl_xor(s, 8u);
             s = s + k_shfl_xor(s, 16u);
+#endif
             if (lane == 0u && o0 + i < n_out) K_ST(y, m.ybase + k_gemm_row(order, m, r) * m.ystride + o0 + i, s);
         }
 }

@@ -8,6 +8,11 @@
  * no int8 simdgroup matrix (all.h includes this file under K_HAS_MMA; the
  * Metal amalgamation leaves it out), and there the dp4a GEMM serves.
  *
+ * The K-quants' tile under K_KQ_ORDER 2 (the default: quant_kq.h) is the
+ * whole-super-block tile further down (k_m2_stage, "K_KQ_ORDER 2"); what
+ * follows here describes Q8_0's tile and the K-quants' first tile, which
+ * serves K_KQ_ORDER 1.
+ *
  * Why the bits agree (gemm.h's header has the canonical order): the
  * matvec gives an output 32 float chains, one per lane L, and combines
  * them by the xor butterfly 1, 2, 4, 8, 16, i.e. the balanced binary tree
@@ -480,6 +485,277 @@ K_FN void k_mma_kq_next(k_u32 nb, k_u32 *L, k_u32 *ib) {
  * the map (gemm.h k_gemm_map: dense rows, or moe_gemm_mma's pairs of one
  * expert). Every thread of the threadgroup calls it (barriers); tid, lane,
  * sg: K_TID, K_LANE, K_SIMD. */
+#if K_KQ_ORDER == 2
+/* K_KQ_ORDER 2 (quant_kq.h): the whole-super-block tile. The order per
+ * output: one exact integer pair (S, M) per super-block ib, then
+ * acc += (d_w d_x) S and (Q4_K/Q5_K) acc -= (dmin_w d_x) M into the chain
+ * of phase ib mod 4, ascending; the value is ((S0 + S1) + S2) + S3.
+ * Integers are exact however they are formed, so here:
+ *  - the threadgroup stages one whole super-block per barrier pair: for
+ *    each of its K_MMA_KQ_WR weight rows the 256 codes unpacked to int8
+ *    (kw), the scales (and mins) as ints (ksc), d and dmin (kdw); for each
+ *    of its K_MMA_KQ_TR activation rows the 256 Q8_K codes (kx), the 8
+ *    sums of 32 of the bsums (kbs) and d_x (kdx);
+ *  - a SIMD-group owns 32 weight rows (2 MMA m-tiles) x 8 K_M2_WNT
+ *    activation rows (K_M2_WNT = K_MMA_KQ_NT / 2 n-tiles): SIMD-group sg
+ *    takes weight rows 32 (sg mod K_M2_WMW).. and activation rows
+ *    8 K_M2_WNT (sg / K_M2_WMW).. (K_M2_WMW = K_MMA_KQ_NSG / 2), so the
+ *    threadgroup's tile is K_MMA_KQ_WR x K_MMA_KQ_TR as table.h says;
+ *  - S: per 32-value sub-block (Q6_K: 16-value scale group) one MMA with
+ *    a zero accumulator, times the row's scale, added as integers; M: the
+ *    8 mins times the 8 bsums of 32, as integers, once per super-block;
+ *  - the float terms: 2 per output and super-block (the old tile: 16).
+ * kw / kx rows hold, per sub-block pair sp (0..3) and thread column c
+ * (0..3), one 16-byte word (word c, word c + 4 of sub-block 2 sp, the
+ * same of sub-block 2 sp + 1): an MMA's A (rows g, g + 8) and B (row g)
+ * fragment words for both sub-blocks in one 16-byte load. The word index
+ * is XORed with 4 on odd rows, so the 8 threads of a quarter-warp (rows
+ * g, g + 1) read disjoint banks. */
+typedef char k_mma2_tile_fits[K_MMA_KQ_NSG % 2 == 0 && K_MMA_KQ_NT % 2 == 0 ? 1 : -1];
+#define K_M2_WNT (K_MMA_KQ_NT / 2u)  /* n-tiles per SIMD-group */
+#define K_M2_WMW (K_MMA_KQ_NSG / 2u) /* SIMD-groups along the weight rows (2 along the activation rows) */
+#define K_M2_IX(row, sp, c) (16u * (row) + ((4u * (sp) + (c)) ^ (((row) & 1u) << 2)))
+
+/* Stage super-block ib of the tile (every thread; a barrier before and
+ * after is the caller's). Weight element (row j, half h): codes of
+ * sub-blocks 4h..4h+3 and their scales; activation element (row a, pair
+ * sp): the codes of sub-blocks 2sp, 2sp + 1 (sp 0 also bsums and d_x).
+ * Rows past n_out / m.n are staged clamped (never stored). */
+K_FN void k_m2_stage(K_DEV_IN k_u8 *w, k_u32 wbase, k_u32 type, k_u32 nb, k_u32 n_out, k_u32 wr0,
+                     K_DEV_IN k_u8 *xq, K_DEV_IN k_u32 *order, k_gemm_map m, k_u32 ib, K_TGM k_u32x4 *kw,
+                     K_TGM k_u32x4 *ksc, K_TGM float *kdw, K_TGM k_u32x4 *kx, K_TGM k_u32x4 *kbs,
+                     K_TGM float *kdx, k_u32 tid) {
+    const k_u32 bs = K_KQ_BLOCK_BYTES(type);
+    K_DEV_IN k_u32x4 *w4 = (K_DEV_IN k_u32x4 *)w;
+    K_DEV_IN k_u32 *w32 = (K_DEV_IN k_u32 *)w;
+    K_DEV_IN k_u16 *w16 = (K_DEV_IN k_u16 *)w;
+    K_DEV_IN k_u32 *x32 = (K_DEV_IN k_u32 *)xq;
+    for (k_u32 e = tid; e < 2u * K_MMA_KQ_WR; e += K_MMA_KQ_TG) {
+        const k_u32 j = e >> 1, h = e & 1u, blk = k_mma_min(wr0 + j, n_out - 1u) * nb + ib;
+        k_u32x4 v;
+        if (type == K_TYPE_Q6_K) {
+            /* 210-byte blocks (2-aligned): ql[64h..+63], qh[32h..+31],
+             * scales[8h..+7], d; sub-block 4h + q, word wd (values 4wd..+3):
+             * ql word 8 (q & 1) + wd, nibble q >> 1; qh word wd, bits 2q */
+            const k_u32 wo = wbase + blk * 210u;
+            k_u32 ql[16], qh[8];
+            K_UNROLL for (k_u32 i = 0; i < 8u; i++) {
+                const k_u32x2 a = k_ld_pair2(w32, wo + 64u * h + 8u * i);
+                ql[2u * i] = a.x, ql[2u * i + 1u] = a.y;
+            }
+            K_UNROLL for (k_u32 i = 0; i < 4u; i++) {
+                const k_u32x2 a = k_ld_pair2(w32, wo + 128u + 32u * h + 8u * i);
+                qh[2u * i] = a.x, qh[2u * i + 1u] = a.y;
+            }
+            K_UNROLL for (k_u32 u = 0; u < 2u; u++) { /* pair sp = 2h + u: q = 2u, 2u + 1 */
+                k_u32 c0[8], c1[8];
+                K_UNROLL for (k_u32 wd = 0; wd < 8u; wd++) {
+                    c0[wd] = k_q6_signed(((ql[wd] >> (4u * u)) & 0x0f0f0f0fu) | (((qh[wd] >> (4u * u)) & 0x03030303u) << 4));
+                    c1[wd] = k_q6_signed(((ql[8u + wd] >> (4u * u)) & 0x0f0f0f0fu) |
+                                         (((qh[wd] >> (4u * u + 2u)) & 0x03030303u) << 4));
+                }
+                K_UNROLL for (k_u32 c = 0; c < 4u; c++) {
+                    v.x = c0[c], v.y = c0[c + 4u], v.z = c1[c], v.w = c1[c + 4u];
+                    K_ST(kw, K_M2_IX(j, 2u * h + u, c), v);
+                }
+            }
+            const k_u32x2 sc = k_ld_pair2(w32, wo + 192u + 8u * h); /* scales 8h..8h+7: ints 8h.. of ksc row j */
+            K_UNROLL for (k_u32 u = 0; u < 2u; u++) {
+                const k_u32 s4 = u ? sc.y : sc.x;
+                v.x = (k_u32)k_i8(s4 & 0xffu), v.y = (k_u32)k_i8((s4 >> 8) & 0xffu);
+                v.z = (k_u32)k_i8((s4 >> 16) & 0xffu), v.w = (k_u32)k_i8(s4 >> 24);
+                K_ST(ksc, 4u * j + 2u * h + u, v);
+            }
+            if (h == 0u) K_ST(kdw, 2u * j, k_h2f((k_u16)k_ld_u16_at(w16, wo + 208u))), K_ST(kdw, 2u * j + 1u, 0.0f);
+        } else {
+            /* Q4_K / Q5_K (16-aligned): header chunk, qs[64h..+63] (byte
+             * 32 sp + l: value l of sub-block 2 sp low, of 2 sp + 1 high),
+             * Q5_K qh[0..31] (bit s of byte l: the fifth bit of value l of
+             * sub-block s) */
+            const k_u32 c0 = wbase / 16u + blk * (bs / 16u), q5 = type == K_TYPE_Q5_K;
+            const k_u32x4 hd = K_LD(w4, c0);
+            k_u32 qs[16], qh[8];
+            K_UNROLL for (k_u32 i = 0; i < 4u; i++) {
+                const k_u32x4 a = K_LD(w4, c0 + (q5 ? 3u : 1u) + 4u * h + i);
+                qs[4u * i] = a.x, qs[4u * i + 1u] = a.y, qs[4u * i + 2u] = a.z, qs[4u * i + 3u] = a.w;
+            }
+            K_UNROLL for (k_u32 i = 0; i < 8u; i++) qh[i] = 0u;
+            if (q5) {
+                const k_u32x4 a = K_LD(w4, c0 + 1u), b = K_LD(w4, c0 + 2u);
+                qh[0] = a.x, qh[1] = a.y, qh[2] = a.z, qh[3] = a.w, qh[4] = b.x, qh[5] = b.y, qh[6] = b.z, qh[7] = b.w;
+            }
+            K_UNROLL for (k_u32 u = 0; u < 2u; u++) {
+                const k_u32 sp = 2u * h + u;
+                k_u32 lo[8], hi[8];
+                K_UNROLL for (k_u32 wd = 0; wd < 8u; wd++) {
+                    const k_u32 q = qs[8u * u + wd];
+                    lo[wd] = (q & 0x0f0f0f0fu) | (((qh[wd] >> (2u * sp)) & 0x01010101u) << 4);
+                    hi[wd] = ((q >> 4) & 0x0f0f0f0fu) | (((qh[wd] >> (2u * sp + 1u)) & 0x01010101u) << 4);
+                }
+                K_UNROLL for (k_u32 c = 0; c < 4u; c++) {
+                    v.x = lo[c], v.y = lo[c + 4u], v.z = hi[c], v.w = hi[c + 4u];
+                    K_ST(kw, K_M2_IX(j, sp, c), v);
+                }
+            }
+            /* ggml get_scale_min_k4 of sub-blocks 4h..4h+3: with k = s & 3
+             * and bytes A = scales[k], B = scales[k + 4], E = scales[k + 8]:
+             * s < 4: sc A & 63, m B & 63; s >= 4: sc (E & 15) | (A >> 6) << 4,
+             * m (E >> 4) | (B >> 6) << 4. ksc row j: ints 0..7 the scales,
+             * 8..15 the mins. */
+            int scv[4], mnv[4];
+            K_UNROLL for (k_u32 k = 0; k < 4u; k++) {
+                const k_u32 A = (hd.y >> (8u * k)) & 0xffu, B = (hd.z >> (8u * k)) & 0xffu, E = (hd.w >> (8u * k)) & 0xffu;
+                scv[k] = (int)(h == 0u ? A & 63u : (E & 15u) | ((A >> 6) << 4));
+                mnv[k] = (int)(h == 0u ? B & 63u : (E >> 4) | ((B >> 6) << 4));
+            }
+            v.x = (k_u32)scv[0], v.y = (k_u32)scv[1], v.z = (k_u32)scv[2], v.w = (k_u32)scv[3];
+            K_ST(ksc, 4u * j + h, v);
+            v.x = (k_u32)mnv[0], v.y = (k_u32)mnv[1], v.z = (k_u32)mnv[2], v.w = (k_u32)mnv[3];
+            K_ST(ksc, 4u * j + 2u + h, v);
+            if (h == 0u) {
+                K_ST(kdw, 2u * j, k_h2f((k_u16)(hd.x & 0xffffu)));
+                K_ST(kdw, 2u * j + 1u, k_h2f((k_u16)(hd.x >> 16)));
+            }
+        }
+    }
+    for (k_u32 e = tid; e < 4u * K_MMA_KQ_TR; e += K_MMA_KQ_TG) {
+        const k_u32 a = e >> 2, sp = e & 3u;
+        const k_u32 xb = k_gemm_act(m, k_gemm_row(order, m, k_mma_min(a, m.n - 1u))) / 4u + ib * 73u;
+        k_u32 x[16];
+        K_UNROLL for (k_u32 i = 0; i < 16u; i++) x[i] = K_LD(x32, xb + 1u + 16u * sp + i);
+        K_UNROLL for (k_u32 c = 0; c < 4u; c++) {
+            k_u32x4 v;
+            v.x = x[c], v.y = x[c + 4u], v.z = x[8u + c], v.w = x[12u + c];
+            K_ST(kx, K_M2_IX(a, sp, c), v);
+        }
+        if (sp == 0u) {
+            /* bsums (int16 at word 65..72): the 8 sums of 32 (Q4_K/Q5_K's
+             * min term; the bsums as stored, as the matvec reads them) */
+            int b32[8];
+            K_UNROLL for (k_u32 i = 0; i < 8u; i++) {
+                const k_u32 bw = K_LD(x32, xb + 65u + i);
+                b32[i] = k_mma_i16(bw) + k_mma_i16(bw >> 16);
+            }
+            k_u32x4 v;
+            v.x = (k_u32)b32[0], v.y = (k_u32)b32[1], v.z = (k_u32)b32[2], v.w = (k_u32)b32[3];
+            K_ST(kbs, 2u * a, v);
+            v.x = (k_u32)b32[4], v.y = (k_u32)b32[5], v.z = (k_u32)b32[6], v.w = (k_u32)b32[7];
+            K_ST(kbs, 2u * a + 1u, v);
+            K_ST(kdx, a, k_bits_f32(K_LD(x32, xb)));
+        }
+    }
+}
+
+/* int i of a 16-byte word */
+K_FN int k_m2_at(k_u32x4 v, k_u32 i) { return (int)(i == 0u ? v.x : i == 1u ? v.y : i == 2u ? v.z : v.w); }
+
+K_FN void k_mma_kq_tile(K_DEV_IN k_u8 *w, k_u32 wbase, k_u32 type, k_u32 n_in, k_u32 n_out, k_u32 wr0,
+                        K_DEV_IN k_u8 *xq, K_DEV_IN k_u32 *order, k_gemm_map m, K_DEV float *y, K_TGM k_u32x4 *kw,
+                        K_TGM k_u32x4 *ksc, K_TGM float *kdw, K_TGM k_u32x4 *kx, K_TGM k_u32x4 *kbs,
+                        K_TGM float *kdx, k_u32 tid, k_u32 lane, k_u32 sg) {
+    const k_u32 nb = n_in / 256u, g = lane >> 2, c = lane & 3u, q6 = type == K_TYPE_Q6_K;
+    const k_u32 wm = sg % K_M2_WMW, wn = sg / K_M2_WMW;
+    k_u32 jr[2][2]; /* tile weight rows of m-tile i: g, g + 8 */
+    K_UNROLL for (k_u32 i = 0; i < 2u; i++) jr[i][0] = 32u * wm + 16u * i + g, jr[i][1] = jr[i][0] + 8u;
+    const k_u32 xr0 = 8u * K_M2_WNT * wn; /* the SIMD-group's first activation row */
+    const k_i32x4 z = {0, 0, 0, 0};
+    float acc[2][K_M2_WNT][4], sv[2][K_M2_WNT][4];
+    for (k_u32 P = 0; P < 4u; P++) {
+        K_UNROLL for (k_u32 i = 0; i < 2u; i++)
+            K_UNROLL for (k_u32 n = 0; n < K_M2_WNT; n++)
+                K_UNROLL for (k_u32 e = 0; e < 4u; e++) acc[i][n][e] = 0.0f;
+        for (k_u32 ib = P; ib < nb; ib += 4u) {
+            K_BARRIER(); /* the previous super-block's words are read */
+            k_m2_stage(w, wbase, type, nb, n_out, wr0, xq, order, m, ib, kw, ksc, kdw, kx, kbs, kdx, tid);
+            K_BARRIER();
+            int S[2][K_M2_WNT][4];
+            K_UNROLL for (k_u32 i = 0; i < 2u; i++)
+                K_UNROLL for (k_u32 n = 0; n < K_M2_WNT; n++)
+                    K_UNROLL for (k_u32 e = 0; e < 4u; e++) S[i][n][e] = 0;
+            K_UNROLL for (k_u32 sp = 0; sp < 4u; sp++) {
+                k_u32x4 ra[2], rb[2], bx[K_M2_WNT], sa[2], sb[2];
+                K_UNROLL for (k_u32 i = 0; i < 2u; i++) {
+                    ra[i] = K_LD(kw, K_M2_IX(jr[i][0], sp, c)), rb[i] = K_LD(kw, K_M2_IX(jr[i][1], sp, c));
+                    /* Q4_K/Q5_K: scales 2sp, 2sp + 1 in ints (sp & 1) 2.. of
+                     * word sp >> 1; Q6_K: groups 4sp..4sp+3 in word sp */
+                    sa[i] = K_LD(ksc, 4u * jr[i][0] + (q6 ? sp : sp >> 1));
+                    sb[i] = K_LD(ksc, 4u * jr[i][1] + (q6 ? sp : sp >> 1));
+                }
+                K_UNROLL for (k_u32 n = 0; n < K_M2_WNT; n++) bx[n] = K_LD(kx, K_M2_IX(xr0 + 8u * n + g, sp, c));
+                K_UNROLL for (k_u32 s = 0; s < 2u; s++) {
+                    K_UNROLL for (k_u32 n = 0; n < K_M2_WNT; n++) {
+                        if (xr0 + 8u * n >= m.n) continue; /* uniform: a whole n-tile past the rows */
+                        K_UNROLL for (k_u32 i = 0; i < 2u; i++) {
+#ifdef PLANT_MMA_FRAGMENT_SWAP
+                            /* planted fault (tests must turn red): A registers of rows g, g + 8
+                             * swapped for the first 16 codes of the even sub-blocks */
+                            const k_u32 a0 = rb[i].x, b0 = ra[i].x;
+#else
+                            const k_u32 a0 = ra[i].x, b0 = rb[i].x;
+#endif
+                            if (!q6) {
+                                const k_i32x4 D = s ? k_mma_s8_k32(z, ra[i].z, rb[i].z, ra[i].w, rb[i].w, bx[n].z, bx[n].w)
+                                                    : k_mma_s8_k32(z, a0, b0, ra[i].y, rb[i].y, bx[n].x, bx[n].y);
+                                const int s0 = k_m2_at(sa[i], 2u * (sp & 1u) + s), s1 = k_m2_at(sb[i], 2u * (sp & 1u) + s);
+                                S[i][n][0] += s0 * D.x, S[i][n][1] += s0 * D.y;
+                                S[i][n][2] += s1 * D.z, S[i][n][3] += s1 * D.w;
+                            } else { /* two 16-value scale groups per sub-block */
+                                const k_i32x4 D0 = s ? k_mma_s8_k16(z, ra[i].z, rb[i].z, bx[n].z) : k_mma_s8_k16(z, a0, b0, bx[n].x);
+                                const k_i32x4 D1 = s ? k_mma_s8_k16(z, ra[i].w, rb[i].w, bx[n].w) : k_mma_s8_k16(z, ra[i].y, rb[i].y, bx[n].y);
+                                const int s00 = k_m2_at(sa[i], 2u * s), s01 = k_m2_at(sa[i], 2u * s + 1u);
+                                const int s10 = k_m2_at(sb[i], 2u * s), s11 = k_m2_at(sb[i], 2u * s + 1u);
+                                S[i][n][0] += s00 * D0.x + s01 * D1.x, S[i][n][1] += s00 * D0.y + s01 * D1.y;
+                                S[i][n][2] += s10 * D0.z + s11 * D1.z, S[i][n][3] += s10 * D0.w + s11 * D1.w;
+                            }
+                        }
+                    }
+                }
+            }
+            /* the super-block's two float terms per output (quant_kq.h) */
+            K_UNROLL for (k_u32 i = 0; i < 2u; i++) {
+                const float dA = K_LD(kdw, 2u * jr[i][0]), dB = K_LD(kdw, 2u * jr[i][1]);
+                const float mA = K_LD(kdw, 2u * jr[i][0] + 1u), mB = K_LD(kdw, 2u * jr[i][1] + 1u);
+                k_u32x4 mn[2][2]; /* mins of rows g, g + 8 */
+                if (!q6) {
+                    mn[0][0] = K_LD(ksc, 4u * jr[i][0] + 2u), mn[0][1] = K_LD(ksc, 4u * jr[i][0] + 3u);
+                    mn[1][0] = K_LD(ksc, 4u * jr[i][1] + 2u), mn[1][1] = K_LD(ksc, 4u * jr[i][1] + 3u);
+                }
+                K_UNROLL for (k_u32 n = 0; n < K_M2_WNT; n++) {
+                    const k_u32 xa = xr0 + 8u * n + 2u * c; /* activation rows xa, xa + 1 */
+                    if (xr0 + 8u * n >= m.n) continue;
+                    const float dx0 = K_LD(kdx, xa), dx1 = K_LD(kdx, xa + 1u);
+                    acc[i][n][0] += (dA * dx0) * (float)S[i][n][0], acc[i][n][1] += (dA * dx1) * (float)S[i][n][1];
+                    acc[i][n][2] += (dB * dx0) * (float)S[i][n][2], acc[i][n][3] += (dB * dx1) * (float)S[i][n][3];
+                    if (!q6) {
+                        const k_u32x4 b00 = K_LD(kbs, 2u * xa), b01 = K_LD(kbs, 2u * xa + 1u);
+                        const k_u32x4 b10 = K_LD(kbs, 2u * xa + 2u), b11 = K_LD(kbs, 2u * xa + 3u);
+                        int M[4] = {0, 0, 0, 0};
+                        K_UNROLL for (k_u32 s = 0; s < 8u; s++) {
+                            const int bx0 = k_m2_at(s < 4u ? b00 : b01, s & 3u), bx1 = k_m2_at(s < 4u ? b10 : b11, s & 3u);
+                            const int ma = k_m2_at(mn[0][s >> 2], s & 3u), mb = k_m2_at(mn[1][s >> 2], s & 3u);
+                            M[0] += ma * bx0, M[1] += ma * bx1, M[2] += mb * bx0, M[3] += mb * bx1;
+                        }
+                        acc[i][n][0] -= (mA * dx0) * (float)M[0], acc[i][n][1] -= (mA * dx1) * (float)M[1];
+                        acc[i][n][2] -= (mB * dx0) * (float)M[2], acc[i][n][3] -= (mB * dx1) * (float)M[3];
+                    }
+                }
+            }
+        }
+        /* ((S0 + S1) + S2) + S3 */
+        K_UNROLL for (k_u32 i = 0; i < 2u; i++)
+            K_UNROLL for (k_u32 n = 0; n < K_M2_WNT; n++)
+                K_UNROLL for (k_u32 e = 0; e < 4u; e++) sv[i][n][e] = P == 0u ? acc[i][n][e] : sv[i][n][e] + acc[i][n][e];
+    }
+    K_UNROLL for (k_u32 i = 0; i < 2u; i++)
+        K_UNROLL for (k_u32 n = 0; n < K_M2_WNT; n++)
+            K_UNROLL for (k_u32 e = 0; e < 4u; e++) {
+                const k_u32 row = xr0 + 8u * n + 2u * c + (e & 1u), o = wr0 + jr[i][e >> 1];
+                if (row < m.n && o < n_out) K_ST(y, m.ybase + k_gemm_row(order, m, row) * m.ystride + o, sv[i][n][e]);
+            }
+}
+#else
+/* the first tile serves gemm_kq_mma with Q8_0's threadgroup shape */
+typedef char k_mma_kq_tile_is_q8s[K_MMA_KQ_NSG == K_MMA_NSG && K_MMA_KQ_NT == K_MMA_NT ? 1 : -1];
 K_FN void k_mma_kq_tile(K_DEV_IN k_u8 *w, k_u32 wbase, k_u32 type, k_u32 n_in, k_u32 n_out, k_u32 wr0,
                         K_DEV_IN k_u8 *xq, K_DEV_IN k_u32 *order, k_gemm_map m, K_DEV float *y, K_TGM float *tp,
                         K_TGM k_u32x4 *kw, K_TGM k_u32x4 *ks, K_TGM k_u32x4 *kx, K_TGM float *kd, K_TGM k_u32x4 *kb,
@@ -603,36 +879,52 @@ K_FN void k_mma_kq_tile(K_DEV_IN k_u8 *w, k_u32 wbase, k_u32 type, k_u32 n_in, k
     }
 }
 
-K_KERNEL_BOUNDED(gemm_kq_mma, K_MMA_TG, K_MMA_KQ_TGS) {
+#endif
+
+K_KERNEL_BOUNDED(gemm_kq_mma, K_MMA_KQ_TG, K_MMA_KQ_TGS) {
     K_CHECK_TAG(gemm_kq_mma);
     const k_u32 type = p.wtype, bs = K_KQ_BLOCK_BYTES(type);
-    if (!K_MMA_SHAPE_OK(p, 256u) || bs == 0u) {
+    if (!(p.n_in % 256u == 0u && p.n_rows > 0u && p.n_out > 0u && K_TG_SIZE == K_MMA_KQ_TG &&
+          K_NGX * K_MMA_KQ_TR >= p.n_rows && K_NGY * K_MMA_KQ_WR >= p.n_out) ||
+        bs == 0u) {
         k_raise(status, K_ERR_SHAPE);
         return;
     }
-    const k_u32 wr0 = K_GY * K_MMA_WR, r0 = K_GX * K_MMA_TR;
+    const k_u32 wr0 = K_GY * K_MMA_KQ_WR, r0 = K_GX * K_MMA_KQ_TR;
     if (wr0 >= p.n_out || r0 >= p.n_rows) return; /* a whole threadgroup (a grid wider than needed) */
     /* the threadgroup memory k_mma_kq_tile works in (one declaration a
      * line: the emulator tells arrays apart by their line) */
+#if K_KQ_ORDER == 2
+    K_TG_ARRAY(k_u32x4, kw, 16 * K_MMA_KQ_WR);
+    K_TG_ARRAY(k_u32x4, ksc, 4 * K_MMA_KQ_WR);
+    K_TG_ARRAY(float, kdw, 2 * K_MMA_KQ_WR);
+    K_TG_ARRAY(k_u32x4, kx, 16 * K_MMA_KQ_TR);
+    K_TG_ARRAY(k_u32x4, kbs, 2 * K_MMA_KQ_TR);
+    K_TG_ARRAY(float, kdx, K_MMA_KQ_TR);
+#define K_MMA_KQ_ARRAYS kw, ksc, kdw, kx, kbs, kdx
+#else
     K_TG_ARRAY(float, tp, 3 * K_MMA_NT * 4 * K_MMA_TG);
     K_TG_ARRAY(k_u32x4, kw, 4 * K_MMA_WR);
     K_TG_ARRAY(k_u32x4, ks, 2 * K_MMA_WR);
     K_TG_ARRAY(k_u32x4, kx, 4 * K_MMA_TR);
     K_TG_ARRAY(float, kd, K_MMA_TR);
     K_TG_ARRAY(k_u32x4, kb, K_MMA_TR);
+#define K_MMA_KQ_ARRAYS tp, kw, ks, kx, kd, kb
+#endif
     k_gemm_map m;
-    m.start = r0, m.n = p.n_rows - r0 < K_MMA_TR ? p.n_rows - r0 : K_MMA_TR, m.grouped = 0u, m.split = 0xffffffffu;
+    m.start = r0, m.n = p.n_rows - r0 < K_MMA_KQ_TR ? p.n_rows - r0 : K_MMA_KQ_TR, m.grouped = 0u, m.split = 0xffffffffu;
     m.div = 1u, m.rb0 = p.n_in / 256u * 292u, m.base1 = 0u, m.rb1 = 0u, m.ystride = p.y_stride, m.ybase = 0u;
-    k_mma_kq_tile(w, 0u, type, p.n_in, p.n_out, wr0, xq, (K_DEV_IN k_u32 *)y, m, y, tp, kw, ks, kx, kd, kb, K_TID,
+    k_mma_kq_tile(w, 0u, type, p.n_in, p.n_out, wr0, xq, (K_DEV_IN k_u32 *)y, m, y, K_MMA_KQ_ARRAYS, K_TID,
                   K_LANE, K_SIMD);
+#undef K_MMA_KQ_ARRAYS
 }
 
 /* The grouped MoE's GEMM (moe_gemm.h) on the staged tensor-core tile: tile
- * K_GX of moe_group's table (tile_rows = K_MMA_TR), weight rows [K_GY
- * K_MMA_WR, + K_MMA_WR) of matrix K_GZ of the tile's expert. Every value
+ * K_GX of moe_group's table (tile_rows = K_MMA_KQ_TR), weight rows [K_GY
+ * K_MMA_KQ_WR, + K_MMA_KQ_WR) of matrix K_GZ of the tile's expert. Every value
  * is gemm_kq_mma's and so the matvec's (the same tile body), as moe_gemm's
  * is: y is the per-pair kernels' bit for bit (suite moe). */
-K_KERNEL_BOUNDED(moe_gemm_mma, K_MMA_TG, K_MMA_KQ_TGS) {
+K_KERNEL_BOUNDED(moe_gemm_mma, K_MMA_KQ_TG, K_MMA_KQ_TGS) {
     K_CHECK_TAG(moe_gemm_mma);
     const k_u32 sh = p.n_out_sh != 0u, nz = K_NGZ;
     const k_u32 nmax = p.n_out > p.n_out_sh ? p.n_out : p.n_out_sh;
@@ -640,22 +932,34 @@ K_KERNEL_BOUNDED(moe_gemm_mma, K_MMA_TG, K_MMA_KQ_TGS) {
     const int types_ok = K_MOE_KQ(p.t0) && (nz < 2u || K_MOE_KQ(p.t1)) &&
                          (!sh || (K_MOE_KQ(p.ts0) && (nz < 2u || K_MOE_KQ(p.ts1))));
 #undef K_MOE_KQ
-    if (!types_ok || K_TG_SIZE != K_MMA_TG || p.k == 0u || nz > (p.down ? 1u : 2u) || K_NGX < p.n_tiles ||
-        K_NGY * K_MMA_WR < nmax || p.y_stride < (nz - 1u) * p.y_zoff + nmax ||
+    if (!types_ok || K_TG_SIZE != K_MMA_KQ_TG || p.k == 0u || nz > (p.down ? 1u : 2u) || K_NGX < p.n_tiles ||
+        K_NGY * K_MMA_KQ_WR < nmax || p.y_stride < (nz - 1u) * p.y_zoff + nmax ||
         (p.base0 | p.estride0 | p.base1 | p.estride1 | p.sbase0 | p.sbase1) % 16u) {
         k_raise(status, K_ERR_SHAPE);
         return;
     }
-    const k_moe_tile T = k_moe_gemm_tile(p, tiles, K_GX, K_GZ, K_GY * K_MMA_WR, K_MMA_TR);
+    const k_moe_tile T = k_moe_gemm_tile(p, tiles, K_GX, K_GZ, K_GY * K_MMA_KQ_WR, K_MMA_KQ_TR);
     if (T.what == 2u) k_raise(status, K_ERR_SHAPE);
     if (T.what != 0u) return; /* a whole threadgroup, before any barrier */
     /* the threadgroup memory k_mma_kq_tile works in (one declaration a line) */
+#if K_KQ_ORDER == 2
+    K_TG_ARRAY(k_u32x4, kw, 16 * K_MMA_KQ_WR);
+    K_TG_ARRAY(k_u32x4, ksc, 4 * K_MMA_KQ_WR);
+    K_TG_ARRAY(float, kdw, 2 * K_MMA_KQ_WR);
+    K_TG_ARRAY(k_u32x4, kx, 16 * K_MMA_KQ_TR);
+    K_TG_ARRAY(k_u32x4, kbs, 2 * K_MMA_KQ_TR);
+    K_TG_ARRAY(float, kdx, K_MMA_KQ_TR);
+#define K_MMA_KQ_ARRAYS kw, ksc, kdw, kx, kbs, kdx
+#else
     K_TG_ARRAY(float, tp, 3 * K_MMA_NT * 4 * K_MMA_TG);
     K_TG_ARRAY(k_u32x4, kw, 4 * K_MMA_WR);
     K_TG_ARRAY(k_u32x4, ks, 2 * K_MMA_WR);
     K_TG_ARRAY(k_u32x4, kx, 4 * K_MMA_TR);
     K_TG_ARRAY(float, kd, K_MMA_TR);
     K_TG_ARRAY(k_u32x4, kb, K_MMA_TR);
-    k_mma_kq_tile(w, T.wbase, T.type, T.n_in, T.n_out, K_GY * K_MMA_WR, xqk, order, T.m, y, tp, kw, ks, kx, kd, kb,
+#define K_MMA_KQ_ARRAYS tp, kw, ks, kx, kd, kb
+#endif
+    k_mma_kq_tile(w, T.wbase, T.type, T.n_in, T.n_out, K_GY * K_MMA_KQ_WR, xqk, order, T.m, y, K_MMA_KQ_ARRAYS,
                   K_TID, K_LANE, K_SIMD);
+#undef K_MMA_KQ_ARRAYS
 }

@@ -58,14 +58,14 @@ K_FN float k_moe_dot_q8_0(K_DEV_IN k_u8 *w, k_u32 wo, k_u32 row, k_u32 n_in, K_D
 
 /* One weight row against one Q8_K activation row, Q4_K / Q5_K / Q6_K:
  * matvec_kq*'s order (quant_kq.h) as its one-row-per-SIMD-group variant
- * runs it: octet P serves super-blocks ib = P, P + 4, ... ascending, lane t
- * adds (d_w d_x) * share and -(dmin_w d_x) * mins per block, then the
- * octet butterfly and ((S0 + S1) + (S2 + S3)). The same weight loaders
+ * runs it (quant_kq.h K_KQ_ORDER): octet P serves super-blocks ib = P,
+ * P + 4, ... ascending, the octet's integer pair per block and its two
+ * float terms, then ((S0 + S1) + S2) + S3. The same weight loaders
  * (k_kq45_load / k_kq6_load) and integer dot; wo / xo are byte offsets of
  * the matrix (16-aligned for Q4_K/Q5_K: whole matrices of 144/176-byte
- * blocks) and of the activation row (292-byte blocks: 4-aligned). Lanes may
- * run different trip counts (no shuffle inside the loop); all 32 reach the
- * butterfly, and every lane returns the row's value. */
+ * blocks) and of the activation row (292-byte blocks: 4-aligned). All 32
+ * lanes run the first octet's trip count (order 2 shuffles inside the
+ * loop), and every lane returns the row's value. */
 K_FN float k_moe_dot_kq(K_DEV_IN k_u8 *w, k_u32 wo, k_u32 row, k_u32 type, k_u32 n_in, K_DEV_IN k_u8 *xq,
                         k_u32 xo, k_u32 lane) {
     const k_u32 nb = n_in / 256u, bs = K_KQ_BLOCK_BYTES(type), t = lane & 7u, q6 = type == K_TYPE_Q6_K;
@@ -75,24 +75,52 @@ K_FN float k_moe_dot_kq(K_DEV_IN k_u8 *w, k_u32 wo, k_u32 row, k_u32 type, k_u32
     const k_u32 xlo = 1u + (q6 ? 32u * (t >> 2) + 2u * (t & 3u) : 16u * (t >> 1) + 4u * (t & 1u));
     const k_u32 bsw = 65u + 2u * (t >> 1), bsh = 16u * (t & 1u);
     float acc = 0.0f;
+#if K_KQ_ORDER == 2
+    /* the octet's integer butterflies need all 32 lanes at every trip: the
+     * trip count is the first octet's, a block past the row's end is
+     * computed on block 0 and not added */
+    for (k_u32 ib0 = 0; ib0 < nb; ib0 += 4u) {
+        const k_u32 ib = ib0 + (lane >> 3), valid = ib < nb, ibc = valid ? ib : 0u;
+#else
     for (k_u32 ib = lane >> 3; ib < nb; ib += 4u) {
-        const k_u32 blk = row * nb + ib;
+        const k_u32 ibc = ib;
+#endif
+        const k_u32 blk = row * nb + ibc;
         const k_kq_lane L = q6 ? k_kq6_load(w16, wo + blk * 210u, t) : k_kq45_load(w4, wo / 16u + blk * (bs / 16u), type, t);
-        const k_u32 xb = xo / 4u + ib * 73u;
+        const k_u32 xb = xo / 4u + ibc * 73u;
         const k_kq_xw X = k_kq_xwords(x32, xb, xlo, q6);
         const int part = k_kq_part(L, X);
         const float dx = k_bits_f32(K_LD(x32, xb));
-        acc += (L.d * dx) * (float)part;
+        int mpart = 0;
         if (!q6) {
             const k_u32 b0 = (K_LD(x32, xb + bsw) >> bsh) & 0xffffu, b1 = (K_LD(x32, xb + bsw + 1u) >> bsh) & 0xffffu;
-            const int mpart = L.m_lo * ((int)b0 - (b0 & 0x8000u ? 65536 : 0)) + L.m_hi * ((int)b1 - (b1 & 0x8000u ? 65536 : 0));
-            acc -= (L.dmin * dx) * (float)mpart;
+            mpart = L.m_lo * ((int)b0 - (b0 & 0x8000u ? 65536 : 0)) + L.m_hi * ((int)b1 - (b1 & 0x8000u ? 65536 : 0));
         }
+#if K_KQ_ORDER == 2
+        const int S = k_octet_isum(part), M = k_octet_isum(mpart);
+        if (valid) {
+            acc += (L.d * dx) * (float)S;
+            if (!q6) acc -= (L.dmin * dx) * (float)M;
+        }
+#else
+        acc += (L.d * dx) * (float)part;
+        if (!q6) acc -= (L.dmin * dx) * (float)mpart;
+#endif
     }
+#if K_KQ_ORDER == 2
+    /* ((S0 + S1) + S2) + S3: the octets' chains, in every lane */
+    const k_u32 base = lane & 7u;
+    const float a0 = k_bits_f32((k_u32)k_shfl_at_i(k_f32_bits(acc), base));
+    const float a1 = k_bits_f32((k_u32)k_shfl_at_i(k_f32_bits(acc), base + 8u));
+    const float a2 = k_bits_f32((k_u32)k_shfl_at_i(k_f32_bits(acc), base + 16u));
+    const float a3 = k_bits_f32((k_u32)k_shfl_at_i(k_f32_bits(acc), base + 24u));
+    return ((a0 + a1) + a2) + a3;
+#else
     float s = k_octet_sum(acc);
     s = s + k_shfl_xor(s, 8u);
     s = s + k_shfl_xor(s, 16u);
     return s;
+#endif
 }
 
 /* Row `row` of the matrix at byte wo of w (a ggml type the GPU has a

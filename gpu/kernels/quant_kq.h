@@ -351,6 +351,27 @@ K_FN k_kq_lane k_kq6_decode(const k_kq_raw R, k_u32 t) {
     return L;
 }
 
+/* The K-quants' summation order on the GPU, K_KQ_ORDER (docs/gpu.md
+ * section 4, "The K-quant order"; every K-quant kernel follows the one
+ * compiled in: the matvecs below, the dp4a GEMM (gemm.h), the MoE dots
+ * (moe.h), the tensor-core GEMMs (gemm_mma.h)):
+ *  2 (the default since session 37): one exact integer pair (S, M) per
+ *    super-block -- S = the sum over its scale groups of scale * (codes .
+ *    q8), M = mins . bsums of 32 (Q4_K/Q5_K; none for Q6_K) -- and two
+ *    float terms, acc += (d_w d_x) S then acc -= (dmin_w d_x) M, into the
+ *    chain of its phase (ib mod 4), ascending; the row's value is
+ *    ((S0 + S1) + S2) + S3. The matvecs form S and M by an octet's integer
+ *    butterfly; the tensor-core GEMM adds its MMAs' integers over a whole
+ *    super-block and has 2 float terms per output and super-block where
+ *    order 1 has 16: prefill on the 27B-like shape +35% (H100).
+ *  1 (sessions 12-36): every lane's own share of a super-block (32
+ *    values) is its own pair of float terms in its own chain, the octet's
+ *    chains joined by the float butterfly: ((S0 + S1) + (S2 + S3)) of the
+ *    octet sums. Kept for one A/B against 2; to be removed. */
+#ifndef K_KQ_ORDER
+#define K_KQ_ORDER 2
+#endif
+
 /* How far ahead (in super-blocks of the row) the L2 prefetch runs. */
 #ifndef K_KQ_AHEAD
 #define K_KQ_AHEAD 8u /* super-blocks of L2 prefetch ahead (CUDA) */
@@ -361,12 +382,13 @@ K_FN k_kq_lane k_kq6_decode(const k_kq_raw R, k_u32 t) {
  * the Q8_K activations read straight from device memory as words (tiny,
  * L1/L2-resident; the layout is only 4-aligned).
  *
- * Summation order, the same for every variant, width and threadgroup
- * size: a row's super-blocks fall into 4 phases (ib mod 4); lane t of the
- * octet serving phase P keeps one accumulator per row, adds 2 float terms
- * per super-block ib = P, P + 4, P + 8, ... in ascending order, the row's
- * value is then ((S0 + S1) + (S2 + S3)) where S_P is the octet butterfly
- * (1, 2, 4) of phase P's 8 accumulators. How the phases are spread over
+ * Summation order (K_KQ_ORDER above), the same for every variant, width
+ * and threadgroup size: a row's super-blocks fall into 4 phases (ib mod
+ * 4), each served by an octet; per super-block ib = P, P + 4, ... the
+ * octet's integer butterfly gives every lane S and M (order 1: lane t
+ * adds its own share's 2 terms), and the phase's chain takes the 2 float
+ * terms in ascending order; the row's value is then ((S0 + S1) + S2) + S3
+ * (order 1: ((S0 + S1) + (S2 + S3)) of the octet butterflies). How the phases are spread over
  * lanes is the variant's choice (RPS rows per SIMD-group, 1, 2 or 4):
  * RPS 1 gives each phase its own octet (the 4 octets of a SIMD-group
  * stream one row, one load instruction reading 4 consecutive super-blocks:
@@ -378,8 +400,8 @@ K_FN k_kq_lane k_kq6_decode(const k_kq_raw R, k_u32 t) {
  *
  * Per super-block and row, a lane forms its exact integer share sum_G
  * sc[G] * (codes . q8) (k_dot4) and, for Q4_K/Q5_K, mins . bsums of its
- * two 16-value runs, and adds (d_w * d_x) * share and -(dmin_w * d_x) *
- * mins to its accumulator (no shuffle per block). The CPU (dot_q*_K_q8_K)
+ * two 16-value runs; order 2 sums both over the octet (k_octet_isum) and
+ * adds (d_w * d_x) * S and -(dmin_w * d_x) * M to the phase's chain. The CPU (dot_q*_K_q8_K)
  * splits the same exact value d * S - dmin * M into its 8 integer lanes
  * instead, so the results differ by rounding only (tolerance:
  * docs/gpu.md). Loops run to the constants R, RPS and STEP with guards so
@@ -433,15 +455,37 @@ K_FN void k_matvec_kq_rows(const k_matvec_kq_params p, K_DEV_IN k_u8 *w, K_DEV_I
         K_UNROLL for (k_u32 u = 0; u < STEP; u++)
             K_UNROLL for (k_u32 h = 0; h < PH; h++) {
                 const k_u32 ib = base + 4u * u + ph0 + h;
+#if K_KQ_ORDER == 2
+                /* the octet's butterfly needs every lane: a block past the
+                 * row's end is computed on block 0 and not added */
+                const int valid = ib < nb;
+                const k_u32 ibc = valid ? ib : 0u;
+#else
                 if (ib >= nb) continue; /* past the row's end: adds nothing */
+                const k_u32 ibc = ib;
+#endif
                 K_UNROLL for (k_u32 r = 0; r < R; r++) {
                     if (r >= nr) continue;
-                    const k_u32 xb = (r * nb + ib) * 73u;
+                    const k_u32 xb = (r * nb + ibc) * 73u;
                     const k_kq_xw X = k_kq_xwords(x32, xb, xlo, q6);
                     /* the lane's exact integer share of the super-block
                      * becomes its own float term */
                     const int part = k_kq_part(L[u * PH + h], X);
                     const float dx = k_bits_f32(K_LD(x32, xb));
+#if K_KQ_ORDER == 2
+                    const int S = k_octet_isum(part);
+                    int Mi = 0;
+                    if (!q6) {
+                        const k_u32 b0 = (K_LD(x32, xb + bsw) >> bsh) & 0xffffu, b1 = (K_LD(x32, xb + bsw + 1u) >> bsh) & 0xffffu;
+                        Mi = k_octet_isum(L[u * PH + h].m_lo * ((int)b0 - (b0 & 0x8000u ? 65536 : 0)) +
+                                          L[u * PH + h].m_hi * ((int)b1 - (b1 & 0x8000u ? 65536 : 0)));
+                    }
+                    if (valid) {
+                        acc[h][r] += (L[u * PH + h].d * dx) * (float)S;
+                        if (!q6) acc[h][r] -= (L[u * PH + h].dmin * dx) * (float)Mi;
+                    }
+                    continue;
+#endif
                     acc[h][r] += (L[u * PH + h].d * dx) * (float)part;
                     if (!q6) {
                         const k_u32 b0 = (K_LD(x32, xb + bsw) >> bsh) & 0xffffu, b1 = (K_LD(x32, xb + bsw + 1u) >> bsh) & 0xffffu;
@@ -455,7 +499,22 @@ K_FN void k_matvec_kq_rows(const k_matvec_kq_params p, K_DEV_IN k_u8 *w, K_DEV_I
     K_DEP_WAIT(); /* (a no-op after the first: here for a row of no blocks) */
     K_UNROLL for (k_u32 r = 0; r < R; r++) {
         if (r >= nr) continue;
+#if K_KQ_ORDER == 2
+        /* every lane of an octet holds its phases' chains (no octet sum);
+         * ((S0 + S1) + S2) + S3 in the row's first lane */
+        float s;
+        if (PH == 1u) {
+            const float a1 = k_shfl_xor(acc[0][r], 8u), a2 = k_shfl_xor(acc[0][r], 16u), a3 = k_shfl_xor(acc[0][r], 24u);
+            s = ((acc[0][r] + a1) + a2) + a3;
+        } else if (PH == 2u) {
+            const float a2 = k_shfl_xor(acc[0][r], 8u), a3 = k_shfl_xor(acc[1][r], 8u);
+            s = ((acc[0][r] + acc[1][r]) + a2) + a3;
+        } else {
+            s = ((acc[0][r] + acc[1][r]) + acc[2][r]) + acc[3][r];
+        }
+#else
         const float s = k_kq_phase_sum(acc[0][r], acc[1][r], acc[2][r], acc[3][r], PH);
+#endif
         if ((lane & (8u * OPR - 1u)) == 0u && o < p.n_out) K_ST(y, r * p.y_stride + o, s);
     }
 }
@@ -539,8 +598,13 @@ K_FN void k_matvec_kq1_shared(const k_matvec_kq_params p, K_DEV_IN k_u8 *w, K_DE
         if (base == 0u) K_DEP_WAIT(); /* weights in flight; activations only now (early start, common.h) */
         K_UNROLL for (k_u32 u = 0; u < STEP; u++) {
             const k_u32 ib = base + 4u * u + j;
+#if K_KQ_ORDER == 2
+            const int valid = ib < nb; /* the octet butterfly needs every lane */
+            const k_u32 xb = (valid ? ib : 0u) * 73u;
+#else
             if (ib >= nb) continue; /* past the row's end: adds nothing */
             const k_u32 xb = ib * 73u;
+#endif
             const k_kq_xw X = k_kq_xwords(x32, xb, xlo, q6);
             const float dx = k_bits_f32(K_LD(x32, xb));
             int bs0 = 0, bs1 = 0;
@@ -548,19 +612,71 @@ K_FN void k_matvec_kq1_shared(const k_matvec_kq_params p, K_DEV_IN k_u8 *w, K_DE
                 const k_u32 b0 = (K_LD(x32, xb + bsw) >> bsh) & 0xffffu, b1 = (K_LD(x32, xb + bsw + 1u) >> bsh) & 0xffffu;
                 bs0 = (int)b0 - (b0 & 0x8000u ? 65536 : 0), bs1 = (int)b1 - (b1 & 0x8000u ? 65536 : 0);
             }
+#if K_KQ_ORDER == 2
+            if (M == 2u) {
+                /* the octet's sums of both rows' integer pairs as one
+                 * transposed butterfly: xor 4 leaves lane t row b2 = bit 2
+                 * of t (half of each other lane's pair), xor 2 and 1 finish
+                 * S in the lanes of bit 1 clear and M in the others, one
+                 * more shuffle brings M beside S: 5 shuffles for the two
+                 * rows (Q6_K: 3) instead of 12 (6). Exact integers in any
+                 * order: the same S and M, so the same bits. */
+                int pv[2], mv[2];
+                float dv[2], mnv[2];
+                K_UNROLL for (k_u32 r2 = 0; r2 < 2u; r2++) {
+                    const k_kq_lane L = q6 ? k_kq6_decode(Rw[u * 2u + r2], t) : k_kq45_decode(Rw[u * 2u + r2], type, t);
+                    pv[r2] = k_kq_part(L, X), mv[r2] = q6 ? 0 : L.m_lo * bs0 + L.m_hi * bs1;
+                    dv[r2] = L.d, mnv[r2] = L.dmin;
+                }
+                const k_u32 b2 = (t >> 2) & 1u, b1 = (t >> 1) & 1u;
+                int S = (b2 ? pv[1] : pv[0]) + k_shfl_xor_i(b2 ? pv[0] : pv[1], 4u), Mi = 0;
+                if (!q6) {
+                    const int Mh = (b2 ? mv[1] : mv[0]) + k_shfl_xor_i(b2 ? mv[0] : mv[1], 4u);
+                    int v = (b1 ? Mh : S) + k_shfl_xor_i(b1 ? S : Mh, 2u);
+                    v = v + k_shfl_xor_i(v, 1u);
+                    S = v, Mi = k_shfl_xor_i(v, 2u); /* meaningful where bit 1 is clear */
+                } else {
+                    S = S + k_shfl_xor_i(S, 2u);
+                    S = S + k_shfl_xor_i(S, 1u);
+                }
+                if (valid) {
+                    acc[0] += ((b2 ? dv[1] : dv[0]) * dx) * (float)S;
+                    if (!q6) acc[0] -= ((b2 ? mnv[1] : mnv[0]) * dx) * (float)Mi;
+                }
+                continue;
+            }
+#endif
             K_UNROLL for (k_u32 m = 0; m < M; m++) {
                 const k_kq_lane L = q6 ? k_kq6_decode(Rw[u * M + m], t) : k_kq45_decode(Rw[u * M + m], type, t);
                 const int part = k_kq_part(L, X);
+#if K_KQ_ORDER == 2
+                const int S = k_octet_isum(part), Mi = q6 ? 0 : k_octet_isum(L.m_lo * bs0 + L.m_hi * bs1);
+                if (valid) {
+                    acc[m] += (L.d * dx) * (float)S;
+                    if (!q6) acc[m] -= (L.dmin * dx) * (float)Mi;
+                }
+#else
                 acc[m] += (L.d * dx) * (float)part;
                 if (!q6) acc[m] -= (L.dmin * dx) * (float)(L.m_lo * bs0 + L.m_hi * bs1);
+#endif
             }
         }
     }
     K_DEP_WAIT(); /* (a no-op after the first: here for a row of no blocks) */
     K_UNROLL for (k_u32 m = 0; m < M; m++) {
+#if K_KQ_ORDER == 2
+        /* the octet's lanes hold the same chain (M 2: lanes 4m, 4m + 1 of
+         * each octet hold row m's): ((S0 + S1) + S2) + S3 */
+        const k_u32 mi = M == 2u ? 0u : m, at = M == 2u ? 4u * m : 0u;
+        const float a1 = k_shfl_xor(acc[mi], 8u), a2 = k_shfl_xor(acc[mi], 16u), a3 = k_shfl_xor(acc[mi], 24u);
+        const float s = ((acc[mi] + a1) + a2) + a3;
+        if (lane == at && o0 + m < p.n_out) K_ST(y, o0 + m, s);
+        continue;
+#else
         float s = k_octet_sum(acc[m]);
         s = s + k_shfl_xor(s, 8u);
         s = s + k_shfl_xor(s, 16u);
+#endif
         if (lane == 0u && o0 + m < p.n_out) K_ST(y, o0 + m, s);
     }
 }

@@ -790,6 +790,20 @@ typedef k_matvec_kq_params k_gemm_kq_params;
 #define K_MMA_WR (16u * K_MMA_NSG) /* weight rows per threadgroup */
 #define K_MMA_GROUPS_X(n_rows) (((n_rows) + K_MMA_TR - 1) / K_MMA_TR)
 #define K_MMA_GROUPS_Y(n_out) (((n_out) + 16 * K_MMA_NSG - 1) / (16 * K_MMA_NSG))
+/* gemm_kq_mma and moe_gemm_mma have their own tile (the same meaning:
+ * 16 K_MMA_KQ_NSG weight rows x 8 K_MMA_KQ_NT activation rows, K_MMA_KQ_TG
+ * threads); under K_KQ_ORDER 1 it must be Q8_0's (the shared first tile). */
+#ifndef K_MMA_KQ_NSG
+#define K_MMA_KQ_NSG K_MMA_NSG
+#endif
+#ifndef K_MMA_KQ_NT
+#define K_MMA_KQ_NT K_MMA_NT
+#endif
+#define K_MMA_KQ_TG (32 * K_MMA_KQ_NSG)
+#define K_MMA_KQ_TR (8 * K_MMA_KQ_NT)
+#define K_MMA_KQ_WR (16u * K_MMA_KQ_NSG)
+#define K_MMA_KQ_GROUPS_X(n_rows) (((n_rows) + K_MMA_KQ_TR - 1) / K_MMA_KQ_TR)
+#define K_MMA_KQ_GROUPS_Y(n_out) (((n_out) + 16 * K_MMA_KQ_NSG - 1) / (16 * K_MMA_KQ_NSG))
 typedef k_matvec_q8_0_params k_gemm_q8_0_mma_params;
 typedef k_matvec_kq_params k_gemm_kq_mma_params;
 #define K_ARGS_gemm_q8_0_mma(X, K) K_ARGS_matvec_q8_0(X, K)

@@ -76,7 +76,7 @@ static void mma_case(int type, uint32_t n_in, uint32_t n_out, uint32_t n_rows, i
         k_gemm_kq_mma_params pm = {K_TAG_OF(gemm_kq_mma), (uint32_t)type, n_in, n_out, n_rows, ys};
         k_binding bm[] = {K_BIND(gemm_kq_mma, status, status, 8), K_BIND(gemm_kq_mma, p, &pm, sizeof pm),
                           K_BIND(gemm_kq_mma, w, w, wb), K_BIND(gemm_kq_mma, xq, xq, xb), K_BIND(gemm_kq_mma, y, ym, yb)};
-        ok = ok && !launch(K_ID_gemm_kq_mma, K_MMA_GROUPS_X(n_rows), K_MMA_GROUPS_Y(n_out), 1, K_MMA_TG, bm, 5,
+        ok = ok && !launch(K_ID_gemm_kq_mma, K_MMA_KQ_GROUPS_X(n_rows), K_MMA_KQ_GROUPS_Y(n_out), 1, K_MMA_KQ_TG, bm, 5,
                            (int)(n_rows & 1), "gemm_kq_mma");
     }
     if (ok) {
@@ -138,14 +138,14 @@ static void suite_mma(void) {
     /* a grid one threadgroup short (either dimension) and a wrong
      * threadgroup size raise K_ERR_SHAPE (or are refused at launch on
      * CUDA, above the kernel's __launch_bounds__) */
-    const uint32_t n_in = 256, n_out = 16 * K_MMA_NSG + 6, rows = K_MMA_TR + 1, nb = 1; /* 2 x 2 threadgroups */
-    uint8_t *w = calloc(n_out * nb, 8 * 34), *xq = calloc(rows * nb, 292); /* large enough for either type */
-    float *y = malloc(sizeof(float) * rows * n_out);
-    const uint32_t cases[][3] = {{K_MMA_GROUPS_X(rows) - 1, K_MMA_GROUPS_Y(n_out), K_MMA_TG},
-                                 {K_MMA_GROUPS_X(rows), K_MMA_GROUPS_Y(n_out) - 1, K_MMA_TG},
-                                 {K_MMA_GROUPS_X(rows), K_MMA_GROUPS_Y(n_out), K_MMA_TG + 32}};
-    for (int k = 0; k < 3; k++)
-        for (int q = 0; q < 2; q++) {
+    for (int q = 0; q < 2; q++) { /* each kernel with its own tile */
+        const uint32_t NSG = q ? K_MMA_NSG : K_MMA_KQ_NSG, TR = q ? K_MMA_TR : K_MMA_KQ_TR, TG = 32 * NSG;
+        const uint32_t n_in = 256, n_out = 16 * NSG + 6, rows = TR + 1, nb = 1; /* 2 x 2 threadgroups */
+        const uint32_t gx = (rows + TR - 1) / TR, gy = (n_out + 16 * NSG - 1) / (16 * NSG);
+        uint8_t *w = calloc(n_out * nb, 8 * 34), *xq = calloc(rows * nb, 292); /* large enough for either type */
+        float *y = malloc(sizeof(float) * rows * n_out);
+        const uint32_t cases[][3] = {{gx - 1, gy, TG}, {gx, gy - 1, TG}, {gx, gy, TG + 32}};
+        for (int k = 0; k < 3; k++) {
             k_gemm_kq_mma_params p = {K_TAG_OF(gemm_kq_mma), K_TYPE_Q4_K, n_in, n_out, rows, n_out};
             k_gemm_q8_0_mma_params p8 = {K_TAG_OF(gemm_q8_0_mma), n_in, n_out, rows, n_out};
             k_binding b[] = {K_BIND(gemm_kq_mma, status, status, 8),
@@ -159,11 +159,12 @@ static void suite_mma(void) {
             status[0] = status[1] = 0;
             const int rc = emul_launch(q ? K_ID_gemm_q8_0_mma : K_ID_gemm_kq_mma, grid, cases[k][2], b, 5, &opt, err,
                                        sizeof err);
-            check((rc == 0 && (status[0] & K_ERR_SHAPE)) || REFUSED_AT_LAUNCH(rc, cases[k][2], K_MMA_TG),
+            check((rc == 0 && (status[0] & K_ERR_SHAPE)) || REFUSED_AT_LAUNCH(rc, cases[k][2], TG),
                   "%s grid %ux%u tg %u for n_out=%u rows=%u: refused with K_ERR_SHAPE",
                   q ? "gemm_q8_0_mma" : "gemm_kq_mma", cases[k][0], cases[k][1], cases[k][2], n_out, rows);
         }
-    free(w), free(xq), free(y);
+        free(w), free(xq), free(y);
+    }
 }
 #else
 static void suite_mma(void) { check(0, "this build has no MMA kernels (K_HAS_MMA unset)"); }

@@ -433,7 +433,7 @@ static void moe_check_case(const moe_layer_t *L, const moe_out *o, uint32_t n, c
  * [row0, row0 + n)), from o's routing: moe_group, moe_gemm (gate and up),
  * swiglu_quant, moe_gemm (down), moe_combine. Checks moe_group's order and
  * tiles, then y and the quantized SwiGLU rows bit-identical to o's. mma:
- * moe_gemm_mma (gemm_mma.h, tiles of K_MMA_TR pairs) instead of moe_gemm,
+ * moe_gemm_mma (gemm_mma.h, tiles of K_MMA_KQ_TR pairs) instead of moe_gemm,
  * as the runner takes it where every matrix of the layer is a K-quant. */
 static void moe_check_grouped(const moe_layer_t *L, uint32_t row0, uint32_t n, const moe_out *o, const char *name,
                               int schedule, int mma) {
@@ -441,8 +441,8 @@ static void moe_check_grouped(const moe_layer_t *L, uint32_t row0, uint32_t n, c
     const uint32_t ne = c->ne, k = c->k, E = c->n_in, nf = c->n_ff > c->n_ff_sh ? c->n_ff : c->n_ff_sh;
     const uint32_t nk = n * k, P = moe_pairs(c, n), sh = c->n_ff_sh != 0;
 #ifdef K_HAS_MMA_KERNELS
-    const uint32_t TR = mma ? K_MMA_TR : K_GEMM_TR, WR = mma ? K_MMA_WR : K_GEMM_NSG * K_GEMM_TOS;
-    const uint32_t TG = mma ? K_MMA_TG : K_GEMM_TG, GEMM = mma ? K_ID_moe_gemm_mma : K_ID_moe_gemm;
+    const uint32_t TR = mma ? K_MMA_KQ_TR : K_GEMM_TR, WR = mma ? K_MMA_KQ_WR : K_GEMM_NSG * K_GEMM_TOS;
+    const uint32_t TG = mma ? K_MMA_KQ_TG : K_GEMM_TG, GEMM = mma ? K_ID_moe_gemm_mma : K_ID_moe_gemm;
 #else
     const uint32_t TR = K_GEMM_TR, WR = K_GEMM_NSG * K_GEMM_TOS, TG = K_GEMM_TG, GEMM = K_ID_moe_gemm;
     if (mma) return;
