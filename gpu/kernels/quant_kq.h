@@ -436,6 +436,31 @@ K_FN void k_matvec_kq_rows(const k_matvec_kq_params p, K_DEV_IN k_u8 *w, K_DEV_I
     float acc[4][K_MATVEC_MAX_ROWS]; /* all 4 phases set: k_kq_phase_sum reads them */
     K_UNROLL for (k_u32 h = 0; h < 4u; h++)
         K_UNROLL for (k_u32 r = 0; r < R; r++) acc[h][r] = 0.0f;
+#if K_KQ_ORDER == 2
+    /* The octet's sums of the R rows' integer pairs (S_r, M_r: 2R values,
+     * M 0 for Q6_K) as one transposed butterfly: at xor 4, 2, 1 each lane
+     * keeps half of its values and sends the other half, so after the
+     * three levels lane t holds the full sums of values [vs, vs + vn)
+     * (vn = max(2R / 8, 1)); where fewer than 2 values are left a level is
+     * a plain butterfly (tmask: its lanes hold the same sums). R 16: 28
+     * shuffles per super-block where a butterfly per value takes 96; R 4:
+     * 8 instead of 24. Lane t then owns rows vs / 2 .. (QN of them) and
+     * runs only their chains: acc[h][q] is row rb + q's. vn 1: lane t
+     * holds S or M of row vs / 2 and fetches M from its partner (xor
+     * pmask). Exact integers in any order: the same S and M, the same
+     * float terms, so the same bits as the other variants. */
+    const k_u32 NV = 2u * R, QN = R >= 8u ? R / 8u : 1u;
+    k_u32 vs = 0u, vn = NV, pmask = 0u, tmask = 0u;
+    K_UNROLL for (k_u32 lv = 4u; lv >= 1u; lv >>= 1) {
+        if (vn >= 2u) {
+            if (vn == 2u) pmask = lv;
+            vn >>= 1;
+            if (t & lv) vs += vn;
+        } else
+            tmask |= lv;
+    }
+    const k_u32 rb = vs >> 1, owner = (t & tmask) == 0u && (vn >= 2u || (vs & 1u) == 0u);
+#endif
     for (k_u32 base = 0; base < nb; base += 4u * STEP) {
         /* L2 prefetch K_KQ_AHEAD super-blocks ahead: lane t touches the
          * 32-byte sector t of each (the loads then wait on L2, not HBM,
@@ -464,6 +489,44 @@ K_FN void k_matvec_kq_rows(const k_matvec_kq_params p, K_DEV_IN k_u8 *w, K_DEV_I
                 if (ib >= nb) continue; /* past the row's end: adds nothing */
                 const k_u32 ibc = ib;
 #endif
+#if K_KQ_ORDER == 2
+                {
+                    int v[2u * K_MATVEC_MAX_ROWS];
+                    K_UNROLL for (k_u32 r = 0; r < R; r++) {
+                        v[2u * r] = 0, v[2u * r + 1u] = 0;
+                        if (r >= nr) continue;
+                        const k_u32 xb = (r * nb + ibc) * 73u;
+                        v[2u * r] = k_kq_part(L[u * PH + h], k_kq_xwords(x32, xb, xlo, q6));
+                        if (!q6) {
+                            const k_u32 b0 = (K_LD(x32, xb + bsw) >> bsh) & 0xffffu, b1 = (K_LD(x32, xb + bsw + 1u) >> bsh) & 0xffffu;
+                            v[2u * r + 1u] = L[u * PH + h].m_lo * ((int)b0 - (b0 & 0x8000u ? 65536 : 0)) +
+                                             L[u * PH + h].m_hi * ((int)b1 - (b1 & 0x8000u ? 65536 : 0));
+                        }
+                    }
+                    k_u32 n = NV;
+                    K_UNROLL for (k_u32 lv = 4u; lv >= 1u; lv >>= 1) {
+                        if (n >= 2u) {
+                            n >>= 1;
+                            const k_u32 up = (t & lv) != 0u;
+                            K_UNROLL for (k_u32 i = 0; i < n; i++) {
+                                const int keep = up ? v[n + i] : v[i], send = up ? v[i] : v[n + i];
+                                v[i] = keep + k_shfl_xor_i(send, lv);
+                            }
+                        } else
+                            v[0] = v[0] + k_shfl_xor_i(v[0], lv);
+                    }
+                    if (vn == 1u) v[1] = k_shfl_xor_i(v[0], pmask); /* M beside S (where vs is even) */
+                    K_UNROLL for (k_u32 q = 0; q < QN; q++) {
+                        const k_u32 row = rb + q;
+                        const float dx = row < nr ? k_bits_f32(K_LD(x32, (row * nb + ibc) * 73u)) : 0.0f;
+                        if (valid && row < nr) {
+                            acc[h][q] += (L[u * PH + h].d * dx) * (float)v[2u * q];
+                            if (!q6) acc[h][q] -= (L[u * PH + h].dmin * dx) * (float)v[2u * q + 1u];
+                        }
+                    }
+                }
+                continue;
+#endif
                 K_UNROLL for (k_u32 r = 0; r < R; r++) {
                     if (r >= nr) continue;
                     const k_u32 xb = (r * nb + ibc) * 73u;
@@ -472,20 +535,6 @@ K_FN void k_matvec_kq_rows(const k_matvec_kq_params p, K_DEV_IN k_u8 *w, K_DEV_I
                      * becomes its own float term */
                     const int part = k_kq_part(L[u * PH + h], X);
                     const float dx = k_bits_f32(K_LD(x32, xb));
-#if K_KQ_ORDER == 2
-                    const int S = k_octet_isum(part);
-                    int Mi = 0;
-                    if (!q6) {
-                        const k_u32 b0 = (K_LD(x32, xb + bsw) >> bsh) & 0xffffu, b1 = (K_LD(x32, xb + bsw + 1u) >> bsh) & 0xffffu;
-                        Mi = k_octet_isum(L[u * PH + h].m_lo * ((int)b0 - (b0 & 0x8000u ? 65536 : 0)) +
-                                          L[u * PH + h].m_hi * ((int)b1 - (b1 & 0x8000u ? 65536 : 0)));
-                    }
-                    if (valid) {
-                        acc[h][r] += (L[u * PH + h].d * dx) * (float)S;
-                        if (!q6) acc[h][r] -= (L[u * PH + h].dmin * dx) * (float)Mi;
-                    }
-                    continue;
-#endif
                     acc[h][r] += (L[u * PH + h].d * dx) * (float)part;
                     if (!q6) {
                         const k_u32 b0 = (K_LD(x32, xb + bsw) >> bsh) & 0xffffu, b1 = (K_LD(x32, xb + bsw + 1u) >> bsh) & 0xffffu;
@@ -497,21 +546,28 @@ K_FN void k_matvec_kq_rows(const k_matvec_kq_params p, K_DEV_IN k_u8 *w, K_DEV_I
             }
     }
     K_DEP_WAIT(); /* (a no-op after the first: here for a row of no blocks) */
-    K_UNROLL for (k_u32 r = 0; r < R; r++) {
-        if (r >= nr) continue;
 #if K_KQ_ORDER == 2
-        /* every lane of an octet holds its phases' chains (no octet sum);
-         * ((S0 + S1) + S2) + S3 in the row's first lane */
+    /* lane t of each octet holds its rows' chains of the octet's phases:
+     * ((S0 + S1) + S2) + S3 in the row group's first octet */
+    K_UNROLL for (k_u32 q = 0; q < QN; q++) {
         float s;
         if (PH == 1u) {
-            const float a1 = k_shfl_xor(acc[0][r], 8u), a2 = k_shfl_xor(acc[0][r], 16u), a3 = k_shfl_xor(acc[0][r], 24u);
-            s = ((acc[0][r] + a1) + a2) + a3;
+            const float a1 = k_shfl_xor(acc[0][q], 8u), a2 = k_shfl_xor(acc[0][q], 16u), a3 = k_shfl_xor(acc[0][q], 24u);
+            s = ((acc[0][q] + a1) + a2) + a3;
         } else if (PH == 2u) {
-            const float a2 = k_shfl_xor(acc[0][r], 8u), a3 = k_shfl_xor(acc[1][r], 8u);
-            s = ((acc[0][r] + acc[1][r]) + a2) + a3;
+            const float a2 = k_shfl_xor(acc[0][q], 8u), a3 = k_shfl_xor(acc[1][q], 8u);
+            s = ((acc[0][q] + acc[1][q]) + a2) + a3;
         } else {
-            s = ((acc[0][r] + acc[1][r]) + acc[2][r]) + acc[3][r];
+            s = ((acc[0][q] + acc[1][q]) + acc[2][q]) + acc[3][q];
         }
+        const k_u32 row = rb + q;
+        if (owner && ((lane >> 3) % OPR) == 0u && row < nr && o < p.n_out) K_ST(y, row * p.y_stride + o, s);
+    }
+#endif
+    K_UNROLL for (k_u32 r = 0; r < R; r++) {
+        if (r >= nr || K_KQ_ORDER == 2) continue;
+#if K_KQ_ORDER == 2
+        float s = 0.0f;
 #else
         const float s = k_kq_phase_sum(acc[0][r], acc[1][r], acc[2][r], acc[3][r], PH);
 #endif
