@@ -503,13 +503,16 @@ K_FN void k_matvec_kq_rows(const k_matvec_kq_params p, K_DEV_IN k_u8 *w, K_DEV_I
                                              L[u * PH + h].m_hi * ((int)b1 - (b1 & 0x8000u ? 65536 : 0));
                         }
                     }
-                    k_u32 n = NV;
-                    K_UNROLL for (k_u32 lv = 4u; lv >= 1u; lv >>= 1) {
-                        if (n >= 2u) {
-                            n >>= 1;
+                    /* the three levels, each with its half size a
+                     * constant (NV >> 1, >> 2, >> 3; a plain level where
+                     * it is 0) so v stays in registers */
+                    K_UNROLL for (k_u32 lvl = 0; lvl < 3u; lvl++) {
+                        const k_u32 lv = 4u >> lvl, hn = NV >> (lvl + 1u);
+                        if (hn >= 1u) {
                             const k_u32 up = (t & lv) != 0u;
-                            K_UNROLL for (k_u32 i = 0; i < n; i++) {
-                                const int keep = up ? v[n + i] : v[i], send = up ? v[i] : v[n + i];
+                            K_UNROLL for (k_u32 i = 0; i < K_MATVEC_MAX_ROWS; i++) {
+                                if (i >= hn) break;
+                                const int keep = up ? v[hn + i] : v[i], send = up ? v[i] : v[hn + i];
                                 v[i] = keep + k_shfl_xor_i(send, lv);
                             }
                         } else
