@@ -516,6 +516,19 @@ typedef char k_mma2_tile_fits[K_MMA_KQ_NSG % 2 == 0 && K_MMA_KQ_NT % 2 == 0 ? 1 
 #define K_M2_WMW (K_MMA_KQ_NSG / 2u) /* SIMD-groups along the weight rows (2 along the activation rows) */
 #define K_M2_IX(row, sp, c) (16u * (row) + ((4u * (sp) + (c)) ^ (((row) & 1u) << 2)))
 
+/* The tile's threadgroup memory, one struct so that both kernels declare
+ * it in one line (the emulator tells threadgroup arrays apart by their
+ * source line): kw, ksc, kdw per weight row; kx, kbs, kdx per activation
+ * row (the layouts above and in k_m2_stage). */
+typedef struct {
+    k_u32x4 kw[16 * K_MMA_KQ_WR];
+    k_u32x4 ksc[4 * K_MMA_KQ_WR];
+    float kdw[2 * K_MMA_KQ_WR];
+    k_u32x4 kx[16 * K_MMA_KQ_TR];
+    k_u32x4 kbs[2 * K_MMA_KQ_TR];
+    float kdx[K_MMA_KQ_TR];
+} k_m2_smem;
+
 /* Stage super-block ib of the tile (every thread; a barrier before and
  * after is the caller's). Weight element (row j, half h): codes of
  * sub-blocks 4h..4h+3 and their scales; activation element (row a, pair
@@ -895,13 +908,8 @@ K_KERNEL_BOUNDED(gemm_kq_mma, K_MMA_KQ_TG, K_MMA_KQ_TGS) {
     /* the threadgroup memory k_mma_kq_tile works in (one declaration a
      * line: the emulator tells arrays apart by their line) */
 #if K_KQ_ORDER == 2
-    K_TG_ARRAY(k_u32x4, kw, 16 * K_MMA_KQ_WR);
-    K_TG_ARRAY(k_u32x4, ksc, 4 * K_MMA_KQ_WR);
-    K_TG_ARRAY(float, kdw, 2 * K_MMA_KQ_WR);
-    K_TG_ARRAY(k_u32x4, kx, 16 * K_MMA_KQ_TR);
-    K_TG_ARRAY(k_u32x4, kbs, 2 * K_MMA_KQ_TR);
-    K_TG_ARRAY(float, kdx, K_MMA_KQ_TR);
-#define K_MMA_KQ_ARRAYS kw, ksc, kdw, kx, kbs, kdx
+    K_TG_ARRAY(k_m2_smem, sm, 1);
+#define K_MMA_KQ_ARRAYS sm->kw, sm->ksc, sm->kdw, sm->kx, sm->kbs, sm->kdx
 #else
     K_TG_ARRAY(float, tp, 3 * K_MMA_NT * 4 * K_MMA_TG);
     K_TG_ARRAY(k_u32x4, kw, 4 * K_MMA_WR);
@@ -943,13 +951,8 @@ K_KERNEL_BOUNDED(moe_gemm_mma, K_MMA_KQ_TG, K_MMA_KQ_TGS) {
     if (T.what != 0u) return; /* a whole threadgroup, before any barrier */
     /* the threadgroup memory k_mma_kq_tile works in (one declaration a line) */
 #if K_KQ_ORDER == 2
-    K_TG_ARRAY(k_u32x4, kw, 16 * K_MMA_KQ_WR);
-    K_TG_ARRAY(k_u32x4, ksc, 4 * K_MMA_KQ_WR);
-    K_TG_ARRAY(float, kdw, 2 * K_MMA_KQ_WR);
-    K_TG_ARRAY(k_u32x4, kx, 16 * K_MMA_KQ_TR);
-    K_TG_ARRAY(k_u32x4, kbs, 2 * K_MMA_KQ_TR);
-    K_TG_ARRAY(float, kdx, K_MMA_KQ_TR);
-#define K_MMA_KQ_ARRAYS kw, ksc, kdw, kx, kbs, kdx
+    K_TG_ARRAY(k_m2_smem, sm, 1);
+#define K_MMA_KQ_ARRAYS sm->kw, sm->ksc, sm->kdw, sm->kx, sm->kbs, sm->kdx
 #else
     K_TG_ARRAY(float, tp, 3 * K_MMA_NT * 4 * K_MMA_TG);
     K_TG_ARRAY(k_u32x4, kw, 4 * K_MMA_WR);
